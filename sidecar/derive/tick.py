@@ -1,0 +1,96 @@
+"""One tick of derivation: the window (with the new snapshot already in it) to `Derived`. Pure."""
+
+from __future__ import annotations
+
+from sidecar.derive.engine import derive_engine, engine_history
+from sidecar.derive.gpu import derive_gpu, memory_history
+from sidecar.derive.progress import ProgressTracker
+from sidecar.derive.settings import DeriveSettings
+from sidecar.derive.window import Window
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.model.snapshot import Snapshot
+from sidecar.model.vllm import VllmReading
+
+
+HEALTH_FAILING = "vLLM /health is not answering 200 while /metrics answers"
+
+
+class Deriver:
+    """Holds what derivation carries between ticks (engine progress); everything else is the window."""
+
+    def __init__(self, settings: DeriveSettings) -> None:
+        self.settings = settings
+        self._progress = ProgressTracker()
+
+    def derive(self, window: Window) -> Derived:
+        latest = window.latest()
+        if latest is None:
+            return Derived(engines=(), gpus=(), problems=())
+        now_s = latest.monotonic_s
+        problems = list(_source_problems(latest))
+        engines: tuple[EngineDerived, ...] = ()
+        reading = latest.vllm.value if latest.vllm.error is None else None
+        if reading is not None:
+            stalled = self._progress.observe(reading.engines, now_s)
+            history = engine_history(window.since(now_s - self.settings.window_s))
+            engines = tuple(
+                derive_engine(
+                    engine,
+                    history[(engine.model_name, engine.engine)],
+                    stalled[(engine.model_name, engine.engine)],
+                )
+                for engine in reading.engines
+            )
+        gpus: tuple[GpuDerived, ...] = ()
+        if latest.gpu is not None and latest.gpu.value is not None and latest.gpu.error is None:
+            utilization = self._gpu_memory_utilization(window, problems)
+            memory = memory_history(window.since(now_s - self.settings.memory_trend_window_s))
+            gpus = tuple(
+                derive_gpu(device, memory.get(device.index, []), utilization, self.settings)
+                for device in latest.gpu.value.devices
+            )
+        return Derived(engines=engines, gpus=gpus, problems=tuple(problems))
+
+    def _gpu_memory_utilization(self, window: Window, problems: list[str]) -> float | None:
+        if self.settings.gpu_memory_utilization is not None:
+            return self.settings.gpu_memory_utilization
+        reading = _latest_vllm_reading(window)
+        if reading is None:
+            return None
+        values = {
+            engine.cache_config.gpu_memory_utilization
+            for engine in reading.engines
+            if engine.cache_config is not None and engine.cache_config.gpu_memory_utilization is not None
+        }
+        if len(values) > 1:
+            problems.append(
+                f"vLLM engines report different gpu_memory_utilization values {sorted(values)}: GPU memory "
+                "budget unknown (set --gpu-memory-utilization)"
+            )
+            return None
+        return values.pop() if values else None
+
+
+def _latest_vllm_reading(window: Window) -> VllmReading | None:
+    """The newest successful reading: vLLM's budget does not change while it is briefly unreachable."""
+    found = None
+    for snapshot in window.since(float("-inf")):
+        if snapshot.vllm.error is None and snapshot.vllm.value is not None:
+            found = snapshot.vllm.value
+    return found
+
+
+def _source_problems(snapshot: Snapshot) -> list[str]:
+    problems: list[str] = []
+    if snapshot.vllm.error is not None:
+        problems.append(snapshot.vllm.error)
+    elif snapshot.vllm.value is not None:
+        problems.extend(snapshot.vllm.value.problems)
+    if snapshot.vllm_healthy is False and snapshot.vllm.error is None:
+        problems.append(HEALTH_FAILING)
+    if snapshot.gpu is not None:
+        if snapshot.gpu.error is not None:
+            problems.append(snapshot.gpu.error)
+        elif snapshot.gpu.value is not None:
+            problems.extend(snapshot.gpu.value.problems)
+    return problems

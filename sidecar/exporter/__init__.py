@@ -1,0 +1,1 @@
+"""The daemon's outward face: Prometheus metrics and the HTTP endpoints. Reads the latest view only."""

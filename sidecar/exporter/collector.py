@@ -1,0 +1,95 @@
+"""A prometheus_client collector that yields fresh metric families from the latest view. No I/O.
+
+Fresh families on every scrape (rather than long-lived Gauge objects) mean an engine or GPU that went
+away leaves no stale series behind, and a scrape always sees one consistent tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidecar.exporter import names
+from sidecar.exporter.names import Kind, MetricSpec
+from sidecar.model.gpu import ProcessOwner
+from sidecar.model.view import View
+
+_Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
+
+
+def _family(spec: MetricSpec) -> _Family:
+    if spec.kind is Kind.COUNTER:
+        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    if spec.kind is Kind.INFO:
+        return InfoMetricFamily(spec.name, spec.help, labels=())
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class SidecarCollector(Collector):
+    def __init__(self, *, version: str, latest_view: Callable[[], View | None]) -> None:
+        self._version = version
+        self._latest_view = latest_view
+
+    def collect(self) -> Iterator[Metric]:
+        families = {spec.name: _family(spec) for spec in names.ALL}
+
+        def add(spec: MetricSpec, value: float | None, *label_values: str) -> None:
+            if value is None:
+                return  # absent, never a made-up 0
+            family = families[spec.name]
+            assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)  # noqa: S101 - programming error
+            family.add_metric(list(label_values), value)
+
+        build = families[names.BUILD_INFO.name]
+        assert isinstance(build, InfoMetricFamily)  # noqa: S101 - programming error
+        build.add_metric([], {"version": self._version})
+        view = self._latest_view()
+        if view is not None:
+            self._add_view(view, add, families)
+        yield from families.values()
+
+    def _add_view(self, view: View, add: Callable[..., None], families: dict[str, _Family]) -> None:
+        snapshot, derived = view.snapshot, view.derived
+        add(names.UP, 1.0 if snapshot.vllm.ok else 0.0)
+        add(names.SOURCE_SUCCESS, 1.0 if snapshot.vllm.ok else 0.0, snapshot.vllm.source)
+        add(names.SOURCE_DURATION, snapshot.vllm.duration_s, snapshot.vllm.source)
+        if snapshot.gpu is not None:
+            add(names.SOURCE_SUCCESS, 1.0 if snapshot.gpu.ok else 0.0, snapshot.gpu.source)
+            add(names.SOURCE_DURATION, snapshot.gpu.duration_s, snapshot.gpu.source)
+        add(names.LAST_POLL, snapshot.wall_time_s)
+        if snapshot.vllm_healthy is not None:
+            add(names.VLLM_HEALTHY, 1.0 if snapshot.vllm_healthy else 0.0)
+        add(names.PROBLEMS, float(len(derived.problems)))
+        reading = snapshot.vllm.value
+        if reading is not None and snapshot.vllm.ok:
+            info = families[names.VLLM_INFO.name]
+            assert isinstance(info, InfoMetricFamily)  # noqa: S101 - programming error
+            info.add_metric([], {"version": reading.version or "", "metric_schema": reading.schema.value})
+        for engine in derived.engines:
+            labels = (engine.model_name, engine.engine)
+            add(names.KV_USAGE, engine.kv_cache_usage_ratio, *labels)
+            add(names.KV_CAPACITY, engine.kv_cache_capacity_blocks, *labels)
+            add(names.KV_BLOCK_SIZE, engine.kv_cache_block_size_tokens, *labels)
+            add(names.KV_USED, engine.kv_cache_used_blocks, *labels)
+            add(names.KV_PER_REQUEST, engine.kv_cache_blocks_per_request, *labels)
+            add(names.KV_HEADROOM, engine.kv_cache_request_headroom, *labels)
+            add(names.KV_FRAGMENTATION, engine.kv_cache_fragmentation_ratio, *labels)
+            add(names.PREFIX_HIT_RATIO, engine.prefix_cache_hit_ratio, *labels)
+            add(names.ENGINE_STALLED, engine.engine_stalled_seconds, *labels)
+        for gpu in derived.gpus:
+            index = str(gpu.gpu)
+            add(names.GPU_TOTAL, gpu.memory_total_bytes, index)
+            add(names.GPU_USED, gpu.memory_used_bytes, index)
+            add(names.GPU_BUDGET, gpu.memory_budget_bytes, index)
+            add(names.GPU_OVER_BUDGET, gpu.memory_over_budget_bytes, index)
+            add(names.GPU_GROWTH, gpu.memory_growth_bytes_per_second, index)
+            add(names.GPU_TIME_TO_OOM, gpu.time_to_oom_seconds, index)
+            add(names.GPU_PROCESS_MEMORY, gpu.vllm_process_memory_bytes, index, ProcessOwner.VLLM.value)
+            add(names.GPU_PROCESS_MEMORY, gpu.other_process_memory_bytes, index, ProcessOwner.OTHER.value)
+            add(names.GPU_PROCESS_MEMORY, gpu.unknown_process_memory_bytes, index, ProcessOwner.UNKNOWN.value)
+            add(names.GPU_UTILIZATION, gpu.utilization_ratio, index)
+            add(names.GPU_TEMPERATURE, gpu.temperature_celsius, index)
+            add(names.GPU_XID, gpu.xid_errors_total, index)
+            add(names.GPU_LAST_XID, gpu.last_xid, index)

@@ -1,0 +1,154 @@
+"""A small HTTP/1.1 server on asyncio streams for the daemon's endpoints. Does network I/O.
+
+The daemon answers a handful of tiny requests from probes and Prometheus, so it needs no framework:
+one request per connection, bounded header size, body size and read time, so a slow or hostile client
+costs a socket for a few seconds at most and never blocks the tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+MAX_HEADER_BYTES = 16 * 1024
+MAX_BODY_BYTES = 64 * 1024
+READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+    peer: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def text(cls, status: int, text: str) -> Response:
+        return cls(status=status, body=(text.rstrip("\n") + "\n").encode())
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class BadRequestError(Exception):
+    def __init__(self, status: HTTPStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class HttpServer:
+    def __init__(self, *, host: str, port: int, handler: Handler) -> None:
+        self._host = host
+        self._port = port
+        self._handler = handler
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, host=self._host or None, port=self._port, limit=MAX_HEADER_BYTES, reuse_address=True
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when started on port 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            # Connections are one request each and bounded by READ_TIMEOUT_S; don't wait on stragglers.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _peer(writer)
+        try:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT_S):
+                    request = await _read_request(reader, peer)
+            except BadRequestError as error:
+                response = Response.text(error.status, str(error))
+                method = "GET"
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                return
+            else:
+                response = await self._handler(request)
+                method = request.method
+            writer.write(_encode(response, head_only=method == "HEAD"))
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(READ_TIMEOUT_S):
+                    await writer.drain()
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError:
+        raise BadRequestError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large") from None
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise BadRequestError(HTTPStatus.BAD_REQUEST, "malformed request line")
+    method, target = parts[0], parts[1]
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, separator, value = line.partition(":")
+        if not separator:
+            raise BadRequestError(HTTPStatus.BAD_REQUEST, "malformed header line")
+        headers[name.strip().lower()] = value.strip()
+    if "transfer-encoding" in headers:
+        raise BadRequestError(HTTPStatus.NOT_IMPLEMENTED, "chunked request bodies are not accepted")
+    length_text = headers.get("content-length", "0")
+    if not length_text.isdigit():
+        raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
+    length = int(length_text)
+    if length > MAX_BODY_BYTES:
+        raise BadRequestError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes"
+        )
+    body = await reader.readexactly(length) if length else b""
+    path = target.split("?", 1)[0]
+    return Request(method=method, path=path, headers=headers, body=body, peer=peer)
+
+
+def _encode(response: Response, *, head_only: bool) -> bytes:
+    reason = HTTPStatus(response.status).phrase
+    headers = {
+        "Content-Type": response.content_type,
+        "Content-Length": str(len(response.body)),
+        "Connection": "close",
+        "Cache-Control": "no-store",
+        **response.headers,
+    }
+    head = f"HTTP/1.1 {response.status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode("latin-1") + b"\r\n" + (b"" if head_only else response.body)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)

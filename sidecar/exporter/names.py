@@ -1,0 +1,199 @@
+"""Every metric the sidecar exports: name, type, labels and HELP, in one place (see the contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # for counters: without the `_total` that prometheus_client adds on exposition
+    kind: Kind
+    labels: tuple[str, ...]
+    help: str
+
+
+ENGINE = ("model_name", "engine")
+GPU = ("gpu",)
+
+UP = MetricSpec(
+    "vllm_sidecar_up", Kind.GAUGE, (), "1 when the last poll of vLLM's /metrics succeeded, else 0."
+)
+SOURCE_SUCCESS = MetricSpec(
+    "vllm_sidecar_source_success",
+    Kind.GAUGE,
+    ("source",),
+    "1 when the last read of the source succeeded, else 0.",
+)
+SOURCE_DURATION = MetricSpec(
+    "vllm_sidecar_source_duration_seconds",
+    Kind.GAUGE,
+    ("source",),
+    "Seconds the last read of the source took.",
+)
+LAST_POLL = MetricSpec(
+    "vllm_sidecar_last_poll_timestamp_seconds", Kind.GAUGE, (), "Unix time of the last completed poll."
+)
+BUILD_INFO = MetricSpec(
+    "vllm_sidecar_build", Kind.INFO, ("version",), "The sidecar's version; value is always 1."
+)
+VLLM_HEALTHY = MetricSpec(
+    "vllm_sidecar_vllm_healthy",
+    Kind.GAUGE,
+    (),
+    "1 when vLLM's /health answered 200 at the last poll, else 0.",
+)
+VLLM_INFO = MetricSpec(
+    "vllm_sidecar_vllm",
+    Kind.INFO,
+    ("version", "metric_schema"),
+    "The vLLM version (from /version; empty when not offered) and the metric-name schema it exposes.",
+)
+PROBLEMS = MetricSpec(
+    "vllm_sidecar_problems",
+    Kind.GAUGE,
+    (),
+    "Number of things the last poll could not read or make sense of; /status lists them.",
+)
+
+KV_USAGE = MetricSpec(
+    "vllm_sidecar_kv_cache_usage_ratio",
+    Kind.GAUGE,
+    ENGINE,
+    "vLLM's KV-cache usage, 0..1 (vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc before 0.9.2).",
+)
+KV_CAPACITY = MetricSpec(
+    "vllm_sidecar_kv_cache_capacity_blocks",
+    Kind.GAUGE,
+    ENGINE,
+    "KV-cache blocks of this engine: num_gpu_blocks of vllm:cache_config_info divided by the engines of the "
+    "server (vLLM sums it across data-parallel engines).",
+)
+KV_BLOCK_SIZE = MetricSpec(
+    "vllm_sidecar_kv_cache_block_size_tokens", Kind.GAUGE, ENGINE, "Tokens per KV-cache block (block_size)."
+)
+KV_USED = MetricSpec(
+    "vllm_sidecar_kv_cache_used_blocks", Kind.GAUGE, ENGINE, "KV-cache blocks in use: usage times capacity."
+)
+KV_PER_REQUEST = MetricSpec(
+    "vllm_sidecar_kv_cache_blocks_per_request",
+    Kind.GAUGE,
+    ENGINE,
+    "KV-cache blocks in use per running request; absent when nothing runs.",
+)
+KV_HEADROOM = MetricSpec(
+    "vllm_sidecar_kv_cache_request_headroom",
+    Kind.GAUGE,
+    ENGINE,
+    "How many more requests of today's average size fit in the free KV blocks; absent when nothing runs.",
+)
+KV_FRAGMENTATION = MetricSpec(
+    "vllm_sidecar_kv_cache_fragmentation_ratio",
+    Kind.GAUGE,
+    ENGINE,
+    "Estimated share of used KV slots that hold no token: running x (block_size - 1) / 2 / (used blocks x "
+    "block_size), assuming each request's last block is on average half empty; absent when no block is used.",
+)
+PREFIX_HIT_RATIO = MetricSpec(
+    "vllm_sidecar_prefix_cache_hit_ratio",
+    Kind.GAUGE,
+    ENGINE,
+    "Prefix-cache hits / queries over the sidecar's window (vLLM's own hit-rate gauge on V0); absent when no "
+    "query happened in the window or prefix caching is off.",
+)
+ENGINE_STALLED = MetricSpec(
+    "vllm_sidecar_engine_stalled_seconds",
+    Kind.GAUGE,
+    ENGINE,
+    "Seconds since the engine last advanced its token or step counters while requests were running; 0 when "
+    "idle or progressing.",
+)
+
+GPU_TOTAL = MetricSpec("vllm_sidecar_gpu_memory_total_bytes", Kind.GAUGE, GPU, "GPU memory in total (NVML).")
+GPU_USED = MetricSpec(
+    "vllm_sidecar_gpu_memory_used_bytes", Kind.GAUGE, GPU, "GPU memory in use, by anyone (NVML)."
+)
+GPU_BUDGET = MetricSpec(
+    "vllm_sidecar_gpu_memory_budget_bytes",
+    Kind.GAUGE,
+    GPU,
+    "vLLM's memory budget on this GPU: gpu_memory_utilization x total.",
+)
+GPU_OVER_BUDGET = MetricSpec(
+    "vllm_sidecar_gpu_memory_over_budget_bytes",
+    Kind.GAUGE,
+    GPU,
+    "GPU memory used beyond vLLM's budget (used - budget); negative means room to spare.",
+)
+GPU_GROWTH = MetricSpec(
+    "vllm_sidecar_gpu_memory_growth_bytes_per_second",
+    Kind.GAUGE,
+    GPU,
+    "Trend of used GPU memory: least-squares slope over the memory-trend window.",
+)
+GPU_TIME_TO_OOM = MetricSpec(
+    "vllm_sidecar_gpu_time_to_oom_seconds",
+    Kind.GAUGE,
+    GPU,
+    "Forecast seconds until used memory reaches total at the current trend; absent when memory is not "
+    "growing or the trend does not fit the data.",
+)
+GPU_PROCESS_MEMORY = MetricSpec(
+    "vllm_sidecar_gpu_process_memory_bytes",
+    Kind.GAUGE,
+    ("gpu", "owner"),
+    "GPU memory held by processes, by owner: vllm, other (another tenant), unknown (not visible from here).",
+)
+GPU_UTILIZATION = MetricSpec(
+    "vllm_sidecar_gpu_utilization_ratio", Kind.GAUGE, GPU, "Share of time the GPU was busy, 0..1 (NVML)."
+)
+GPU_TEMPERATURE = MetricSpec(
+    "vllm_sidecar_gpu_temperature_celsius", Kind.GAUGE, GPU, "GPU temperature (NVML)."
+)
+GPU_XID = MetricSpec(
+    "vllm_sidecar_gpu_xid_errors",
+    Kind.COUNTER,
+    GPU,
+    "Critical Xid events the driver reported since the sidecar started.",
+)
+GPU_LAST_XID = MetricSpec(
+    "vllm_sidecar_gpu_last_xid", Kind.GAUGE, GPU, "Code of the last Xid event seen on the GPU."
+)
+
+ALL = (
+    UP,
+    SOURCE_SUCCESS,
+    SOURCE_DURATION,
+    LAST_POLL,
+    BUILD_INFO,
+    VLLM_HEALTHY,
+    VLLM_INFO,
+    PROBLEMS,
+    KV_USAGE,
+    KV_CAPACITY,
+    KV_BLOCK_SIZE,
+    KV_USED,
+    KV_PER_REQUEST,
+    KV_HEADROOM,
+    KV_FRAGMENTATION,
+    PREFIX_HIT_RATIO,
+    ENGINE_STALLED,
+    GPU_TOTAL,
+    GPU_USED,
+    GPU_BUDGET,
+    GPU_OVER_BUDGET,
+    GPU_GROWTH,
+    GPU_TIME_TO_OOM,
+    GPU_PROCESS_MEMORY,
+    GPU_UTILIZATION,
+    GPU_TEMPERATURE,
+    GPU_XID,
+    GPU_LAST_XID,
+)

@@ -1,0 +1,51 @@
+"""What the sidecar adds to vLLM's own numbers, for one tick. Pure data; see the contract for definitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineDerived:
+    model_name: str
+    engine: str
+    requests_running: float | None
+    requests_waiting: float | None
+    kv_cache_usage_ratio: float | None
+    kv_cache_capacity_blocks: int | None
+    kv_cache_block_size_tokens: int | None
+    kv_cache_used_blocks: float | None
+    kv_cache_blocks_per_request: float | None
+    kv_cache_request_headroom: float | None
+    kv_cache_fragmentation_ratio: float | None
+    prefix_cache_hit_ratio: float | None  # over the window
+    prefix_cache_hit_ratio_lifetime: float | None  # since vLLM started
+    preemptions_per_second: float | None  # over the window
+    engine_stalled_seconds: float | None  # None when progress cannot be judged (no counters)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuDerived:
+    gpu: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    memory_budget_bytes: int | None  # vLLM's gpu_memory_utilization x total
+    memory_over_budget_bytes: int | None  # used - budget: memory outside vLLM's reservation when positive
+    memory_growth_bytes_per_second: float | None  # least-squares slope of used memory over the trend window
+    memory_growth_fit_r2: float | None
+    time_to_oom_seconds: float | None  # (total - used) / growth, when growth is positive and the fit holds
+    vllm_process_memory_bytes: int | None
+    other_process_memory_bytes: int | None
+    unknown_process_memory_bytes: int | None
+    utilization_ratio: float | None
+    temperature_celsius: float | None
+    xid_errors_total: int | None
+    last_xid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Derived:
+    engines: tuple[EngineDerived, ...]
+    gpus: tuple[GpuDerived, ...]
+    problems: tuple[str, ...]

@@ -1,0 +1,18 @@
+"""One tick's observations from every source, stamped with the sidecar's clocks. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.model.gpu import GpuReading
+from sidecar.model.source import SourceResult
+from sidecar.model.vllm import VllmReading
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    monotonic_s: float  # for windows and rates: never jumps
+    wall_time_s: float  # only for exported timestamps
+    vllm: SourceResult[VllmReading]
+    vllm_healthy: bool | None  # /health answered 200; None when it was not asked
+    gpu: SourceResult[GpuReading] | None  # None when no GPU source is configured

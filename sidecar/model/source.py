@@ -1,0 +1,20 @@
+"""The outcome of reading one source: a value or an error, always with how long it took. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T", covariant=True)  # read-only fields: a result of a subtype is a result of its base
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceResult(Generic[T]):
+    source: str
+    duration_s: float
+    value: T | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.value is not None

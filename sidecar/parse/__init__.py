@@ -1,0 +1,1 @@
+"""Parsing at the edge: text in, frozen model values out. Pure: no I/O."""

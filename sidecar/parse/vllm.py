@@ -1,0 +1,201 @@
+"""Interpret a parsed vLLM exposition per engine, across every metric schema from 0.5 to 0.33. Pure.
+
+Each logical value has an ordered list of candidate names (current first, older after), so one reader
+serves every version; see `docs/metric-schemas.md` for the table this encodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sidecar.model.exposition import Exposition, Sample
+from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, VllmReading
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+SWAPPED = "vllm:num_requests_swapped"
+CACHE_CONFIG = "vllm:cache_config_info"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
+PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
+PREFIX_HIT_RATE_V0 = "vllm:gpu_prefix_cache_hit_rate"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+ITERATIONS = "vllm:iteration_tokens_total_count"
+CPU_CACHE_USAGE_V0 = "vllm:cpu_cache_usage_perc"
+
+KEPT_SAMPLES = frozenset(
+    {
+        KV_USAGE,
+        KV_USAGE_OLD,
+        RUNNING,
+        WAITING,
+        SWAPPED,
+        CACHE_CONFIG,
+        PREFIX_QUERIES,
+        PREFIX_HITS,
+        PREFIX_QUERIES_OLD,
+        PREFIX_HITS_OLD,
+        PREFIX_HIT_RATE_V0,
+        PREEMPTIONS,
+        PROMPT_TOKENS,
+        GENERATION_TOKENS,
+        ITERATIONS,
+    }
+)
+"""The sample names the sidecar reads; pass to `parse_exposition` so it skips everything else."""
+
+_ENGINE_SCOPED = (KV_USAGE, KV_USAGE_OLD, RUNNING, WAITING)
+EngineKey = tuple[str, str]
+
+
+def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmReading:
+    """Turn one exposition into per-engine metrics; what cannot be read becomes a problem line."""
+    problems: list[str] = []
+    schema = detect_schema(exposition)
+    if schema is MetricSchema.NO_VLLM_METRICS:
+        problems.append(
+            "vLLM /metrics has no vllm: metric family (is vLLM started with --disable-log-stats?): "
+            "nothing about the engine can be derived"
+        )
+        return VllmReading(url=url, version=version, schema=schema, engines=(), problems=tuple(problems))
+    if schema is MetricSchema.UNRECOGNISED:
+        problems.append(
+            f"vLLM /metrics has neither {KV_USAGE} nor {KV_USAGE_OLD}: KV-cache usage unknown "
+            "(an unsupported vLLM version, or a server that is not vLLM)"
+        )
+    cache_configs = _read_cache_configs(exposition.get(CACHE_CONFIG), problems)
+    engines = tuple(
+        _read_engine(exposition, key, cache_configs)
+        for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
+    )
+    if not exposition.get(CACHE_CONFIG) and engines:
+        problems.append(f"vLLM /metrics has no {CACHE_CONFIG}: KV-cache capacity and block size unknown")
+    for engine in engines:
+        config = engine.cache_config
+        if config is not None and config.num_gpu_blocks_server is None:
+            problems.append(
+                f"vLLM reports num_gpu_blocks=None for engine {engine.engine} (vLLM 0.8.x publishes it before "
+                "the engine has sized its cache): KV-cache capacity unknown"
+            )
+    return VllmReading(url=url, version=version, schema=schema, engines=engines, problems=tuple(problems))
+
+
+def detect_schema(exposition: Exposition) -> MetricSchema:
+    if not exposition.has_name_with_prefix("vllm:"):
+        return MetricSchema.NO_VLLM_METRICS
+    if exposition.get(KV_USAGE):
+        return MetricSchema.V1
+    old_usage = exposition.get(KV_USAGE_OLD)
+    if not old_usage:
+        return MetricSchema.UNRECOGNISED
+    # V1 before 0.9.2 is told from V0 by what only one of them ever emitted.
+    v1_signs = (
+        any(sample.label("engine") is not None for sample in old_usage)
+        or bool(exposition.get(PREFIX_QUERIES_OLD))
+        or "vllm:prompt_tokens_created" in exposition.names_seen
+    )
+    return MetricSchema.V1_LEGACY if v1_signs else MetricSchema.V0
+
+
+def _engine_keys(exposition: Exposition) -> set[EngineKey]:
+    keys: set[EngineKey] = set()
+    for name in _ENGINE_SCOPED:
+        for sample in exposition.get(name):
+            keys.add(_key(sample))
+    return keys
+
+
+def _key(sample: Sample) -> EngineKey:
+    return (sample.label("model_name") or "", sample.label("engine") or "0")
+
+
+def _engine_sort_key(key: EngineKey) -> tuple[str, int, str]:
+    model, engine = key
+    return (model, int(engine) if engine.isdigit() else -1, engine)
+
+
+def _read_engine(
+    exposition: Exposition, key: EngineKey, cache_configs: dict[str | None, CacheConfig]
+) -> EngineMetrics:
+    def gauge(*names: str) -> float | None:
+        # Several series per engine only happen for gauges with a `pid` label (0.9.2-0.11 with
+        # --api-server-count > 1), one per API-server process; the highest is the safe reading.
+        for name in names:
+            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
+            if values:
+                return max(values)
+        return None
+
+    def counter(*names: str) -> float | None:
+        # Counters are summed over processes by vLLM already; several series are label splits to add up.
+        for name in names:
+            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
+            if values:
+                return sum(values)
+        return None
+
+    current_prefix = counter(PREFIX_QUERIES) is not None
+    queries_name, hits_name = (
+        (PREFIX_QUERIES, PREFIX_HITS) if current_prefix else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)
+    )
+    return EngineMetrics(
+        model_name=key[0],
+        engine=key[1],
+        kv_cache_usage_ratio=gauge(KV_USAGE, KV_USAGE_OLD),
+        requests_running=gauge(RUNNING),
+        requests_waiting=gauge(WAITING),
+        requests_swapped=gauge(SWAPPED),
+        cache_config=cache_configs.get(key[1], cache_configs.get(None)),
+        prefix_cache_queries_total=counter(queries_name),
+        prefix_cache_hits_total=counter(hits_name),
+        prefix_cache_hit_rate_gauge=gauge(PREFIX_HIT_RATE_V0),
+        preemptions_total=counter(PREEMPTIONS),
+        prompt_tokens_total=counter(PROMPT_TOKENS),
+        generation_tokens_total=counter(GENERATION_TOKENS),
+        iterations_total=counter(ITERATIONS),
+    )
+
+
+def _read_cache_configs(samples: Iterable[Sample], problems: list[str]) -> dict[str | None, CacheConfig]:
+    """Map engine label (None: applies to every engine, as before 0.9.0) to its cache configuration."""
+    series = list(samples)
+    engines_in_server = max(
+        1, len({sample.label("engine") for sample in series if sample.label("engine") is not None})
+    )
+    configs: dict[str | None, CacheConfig] = {}
+    for sample in series:
+        configs[sample.label("engine")] = CacheConfig(
+            num_gpu_blocks_server=_int_label(sample, "num_gpu_blocks", problems),
+            engines_in_server=engines_in_server,
+            block_size_tokens=_int_label(sample, "block_size", problems),
+            gpu_memory_utilization=_float_label(sample, "gpu_memory_utilization", problems),
+            enable_prefix_caching=_bool_label(sample, "enable_prefix_caching"),
+            kv_cache_size_tokens=_int_label(sample, "kv_cache_size_tokens", problems),
+        )
+    return configs
+
+
+def _int_label(sample: Sample, key: str, problems: list[str]) -> int | None:
+    value = _float_label(sample, key, problems)
+    return None if value is None else int(value)
+
+
+def _float_label(sample: Sample, key: str, problems: list[str]) -> float | None:
+    raw = sample.label(key)
+    if raw is None or raw == "None":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        problems.append(f"{CACHE_CONFIG} label {key}={raw!r} is not a number; ignored")
+        return None
+
+
+def _bool_label(sample: Sample, key: str) -> bool | None:
+    raw = sample.label(key)
+    return {"True": True, "False": False}.get(raw) if raw is not None else None

@@ -1,0 +1,1 @@
+"""JSON documents for people and scripts (`once --json`, `/status`). Pure: values in, plain dicts out."""

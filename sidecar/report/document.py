@@ -1,0 +1,110 @@
+"""Builds the `once --json` and `/status` documents from snapshots and derived values. Pure.
+
+The shapes are part of the public contract: a value that cannot be known is `null`, never 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.model.gpu import GpuDevice
+from sidecar.model.snapshot import Snapshot
+
+JsonObject = dict[str, object]
+
+
+def count(value: float | None) -> int | float | None:
+    """Request counts arrive as Prometheus floats; show whole numbers as integers."""
+    return int(value) if value is not None and value.is_integer() else value
+
+
+def vllm_document(snapshot: Snapshot, url: str) -> JsonObject:
+    reading = snapshot.vllm.value if snapshot.vllm.error is None else None
+    return {
+        "url": url,
+        "reachable": reading is not None,
+        "healthy": snapshot.vllm_healthy,
+        "version": reading.version if reading is not None else None,
+        "metric_schema": reading.schema.value if reading is not None else None,
+    }
+
+
+def engine_once_document(engine: EngineDerived) -> JsonObject:
+    """The instantaneous values of one engine: what a single poll can know."""
+    return {
+        "model_name": engine.model_name,
+        "engine": engine.engine,
+        "kv_cache_usage_ratio": engine.kv_cache_usage_ratio,
+        "kv_cache_capacity_blocks": engine.kv_cache_capacity_blocks,
+        "kv_cache_block_size_tokens": engine.kv_cache_block_size_tokens,
+        "kv_cache_used_blocks": engine.kv_cache_used_blocks,
+        "requests_running": count(engine.requests_running),
+        "requests_waiting": count(engine.requests_waiting),
+        "kv_cache_blocks_per_request": engine.kv_cache_blocks_per_request,
+        "kv_cache_request_headroom": engine.kv_cache_request_headroom,
+        "kv_cache_fragmentation_ratio": engine.kv_cache_fragmentation_ratio,
+        "prefix_cache_hit_ratio_lifetime": engine.prefix_cache_hit_ratio_lifetime,
+    }
+
+
+def engine_status_document(engine: EngineDerived) -> JsonObject:
+    document = engine_once_document(engine)
+    document.update(
+        prefix_cache_hit_ratio=engine.prefix_cache_hit_ratio,
+        preemptions_per_second=engine.preemptions_per_second,
+        engine_stalled_seconds=engine.engine_stalled_seconds,
+    )
+    return document
+
+
+def gpu_document(gpu: GpuDerived, device: GpuDevice | None) -> JsonObject:
+    document: JsonObject = {
+        "gpu": gpu.gpu,
+        "uuid": device.uuid if device is not None else None,
+        "name": device.name if device is not None else None,
+    }
+    document.update(
+        {key: value for key, value in asdict(gpu).items() if key not in ("gpu",)},
+    )
+    document["processes"] = (
+        [
+            {"pid": p.pid, "name": p.name, "owner": p.owner.value, "used_memory_bytes": p.used_memory_bytes}
+            for p in device.processes
+        ]
+        if device is not None
+        else []
+    )
+    return document
+
+
+def once_document(snapshot: Snapshot, derived: Derived, url: str) -> JsonObject:
+    devices = _devices(snapshot)
+    return {
+        "vllm": vllm_document(snapshot, url),
+        "engines": [engine_once_document(engine) for engine in derived.engines],
+        "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
+        "problems": list(derived.problems),
+    }
+
+
+def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: str) -> JsonObject:
+    devices = _devices(snapshot)
+    return {
+        "sidecar": {"version": version, "last_poll_timestamp_seconds": snapshot.wall_time_s},
+        "sources": {
+            result.source: {"ok": result.ok, "duration_seconds": result.duration_s, "error": result.error}
+            for result in (snapshot.vllm, snapshot.gpu)
+            if result is not None
+        },
+        "vllm": vllm_document(snapshot, url),
+        "engines": [engine_status_document(engine) for engine in derived.engines],
+        "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
+        "problems": list(derived.problems),
+    }
+
+
+def _devices(snapshot: Snapshot) -> dict[int, GpuDevice]:
+    if snapshot.gpu is None or snapshot.gpu.value is None:
+        return {}
+    return {device.index: device for device in snapshot.gpu.value.devices}

@@ -1,0 +1,1 @@
+"""The imperative shell: settings, logging, the event loop, the scheduler and signals. Builds the graph."""

@@ -1,0 +1,231 @@
+"""The daemon: builds the object graph, runs one tick per interval, serves HTTP, stops on SIGTERM/SIGINT.
+
+Owns the event loop, the scheduler, signals and both clocks. A tick never raises out of here: a bug in
+one tick is logged and the next tick runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import httpx
+import structlog
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry
+from structlog.typing import FilteringBoundLogger
+
+from sidecar import __version__
+from sidecar.derive.settings import DeriveSettings
+from sidecar.derive.tick import Deriver
+from sidecar.derive.window import Window
+from sidecar.exporter.collector import SidecarCollector
+from sidecar.exporter.endpoints import Endpoints, Liveness
+from sidecar.exporter.http import HttpServer
+from sidecar.model.snapshot import Snapshot
+from sidecar.model.view import View
+from sidecar.shell.settings import Settings
+from sidecar.shell.transitions import TransitionLog
+from sidecar.sources.gpu import GpuSource
+from sidecar.sources.vllm_http import VllmHttpSource
+
+SHUTDOWN_GRACE_S = 2.0
+
+
+def derive_settings(settings: Settings) -> DeriveSettings:
+    return DeriveSettings(
+        window_s=settings.window,
+        memory_trend_window_s=settings.memory_trend_window,
+        min_trend_r2=settings.min_trend_r2,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+    )
+
+
+def build_gpu_source(settings: Settings) -> GpuSource | None:
+    if settings.gpu_source == "none":
+        return None
+    from sidecar.sources.nvml import NvmlSource  # noqa: PLC0415 - pynvml is only imported when NVML is chosen
+
+    return NvmlSource(gpu_indices=settings.gpu_indices, vllm_process_pattern=settings.vllm_process_pattern)
+
+
+def build_http_client(settings: Settings) -> httpx.AsyncClient:
+    # Pool timeouts etc. are a backstop; VllmHttpSource bounds each whole request with its own deadline.
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False
+    )
+
+
+class Poller:
+    """One tick: read every source concurrently, push the snapshot, derive, publish the view."""
+
+    def __init__(
+        self,
+        *,
+        vllm: VllmHttpSource,
+        gpu: GpuSource | None,
+        derive: DeriveSettings,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        logger: FilteringBoundLogger | None = None,
+    ) -> None:
+        self._vllm = vllm
+        self._gpu = gpu
+        self._window = Window(span_s=derive.span_s)
+        self._deriver = Deriver(derive)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._log = logger if logger is not None else structlog.get_logger()
+        self._transitions = TransitionLog(self._log)
+        self._view: View | None = None
+        self.last_tick_completed_s: float | None = None
+
+    @property
+    def view(self) -> View | None:
+        return self._view
+
+    async def tick(self) -> View:
+        reading, healthy, gpu = await asyncio.gather(
+            self._vllm.read(),
+            self._vllm.healthy(),
+            self._gpu.read() if self._gpu is not None else _none(),
+        )
+        snapshot = Snapshot(
+            monotonic_s=self._clock(),
+            wall_time_s=self._wall_clock(),
+            vllm=reading,
+            vllm_healthy=healthy,
+            gpu=gpu,
+        )
+        self._window.push(snapshot)
+        derived = self._deriver.derive(self._window)
+        view = View(snapshot=snapshot, derived=derived)
+        self._view = view
+        self.last_tick_completed_s = self._clock()
+        self._transitions.observe(snapshot, derived)
+        return view
+
+
+async def _none() -> None:
+    return None
+
+
+class Daemon:
+    def __init__(self, settings: Settings, *, logger: FilteringBoundLogger | None = None) -> None:
+        self._settings = settings
+        self._log = logger if logger is not None else structlog.get_logger()
+        self._client = build_http_client(settings)
+        self._gpu = build_gpu_source(settings)
+        self.poller = Poller(
+            vllm=VllmHttpSource(
+                client=self._client,
+                base_url=settings.vllm_url,
+                timeout_s=settings.poll_timeout_s,
+                max_body_bytes=settings.max_response_bytes,
+            ),
+            gpu=self._gpu,
+            derive=derive_settings(settings),
+            logger=self._log,
+        )
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SidecarCollector(version=__version__, latest_view=lambda: self.poller.view))
+        host, port = settings.listen_address
+        endpoints = Endpoints(
+            registry=self.registry,
+            latest_view=lambda: self.poller.view,
+            liveness=self.liveness,
+            vllm_url=settings.vllm_url,
+            version=__version__,
+        )
+        self.server = HttpServer(host=host, port=port, handler=endpoints.handle)
+        self._started_s = time.monotonic()
+        self._stop = asyncio.Event()
+        self._current_tick: asyncio.Task[None] | None = None
+
+    def liveness(self) -> Liveness:
+        """Alive while ticks keep completing; a wedged loop or scheduler turns /healthz to 503."""
+        limit_s = 3 * self._settings.interval + self._settings.poll_timeout_s + 5.0
+        last = self.poller.last_tick_completed_s
+        age_s = time.monotonic() - (last if last is not None else self._started_s)
+        if age_s > limit_s:
+            what = "last tick completed" if last is not None else "started with no completed tick"
+            return Liveness(
+                alive=False, reason=f"loop stalled: {what} {age_s:.0f} s ago (limit {limit_s:.0f} s)"
+            )
+        return Liveness(alive=True, reason="ok")
+
+    async def _tick_job(self) -> None:
+        self._current_tick = asyncio.current_task()
+        try:
+            await self.poller.tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug in one tick must not stop the daemon; the next tick runs
+            self._log.exception("tick_failed")
+        finally:
+            self._current_tick = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.request_stop)
+        try:
+            await self.server.start()
+        except OSError as error:
+            self._log.error("listen_failed", listen=self._settings.listen, error=str(error))
+            await self._close()
+            return 1
+        scheduler = AsyncIOScheduler(event_loop=loop)
+        scheduler.add_job(
+            self._tick_job,
+            "interval",
+            seconds=self._settings.interval,
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now(UTC),
+            misfire_grace_time=None,
+            id="tick",
+        )
+        scheduler.start()
+        self._log.info(
+            "started",
+            version=__version__,
+            vllm_url=self._settings.vllm_url,
+            listen=f"{self._settings.listen_address[0]}:{self.server.port}",
+            interval_s=self._settings.interval,
+            gpu_source=self._settings.gpu_source,
+        )
+        await self._stop.wait()
+        self._log.info("stopping")
+        scheduler.shutdown(wait=False)
+        await self._finish_tick()
+        await self.server.stop()
+        await self._close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        self._log.info("stopped")
+        return 0
+
+    async def _finish_tick(self) -> None:
+        task = self._current_tick
+        if task is None or task.done():
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(SHUTDOWN_GRACE_S):
+                await asyncio.shield(task)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _close(self) -> None:
+        await self._client.aclose()
+        if self._gpu is not None:
+            await asyncio.to_thread(self._gpu.close)

@@ -1,0 +1,104 @@
+"""`vllm-sidecar once`: one poll of vLLM and the GPUs, printed as the contract's JSON document or as text."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import structlog
+
+from sidecar.model.view import View
+from sidecar.report.document import JsonObject, once_document
+from sidecar.shell.daemon import Poller, build_gpu_source, build_http_client, derive_settings
+from sidecar.shell.settings import Settings
+from sidecar.sources.vllm_http import VllmHttpSource
+
+
+async def poll_once(settings: Settings) -> View:
+    client = build_http_client(settings)
+    gpu = build_gpu_source(settings)
+    try:
+        poller = Poller(
+            vllm=VllmHttpSource(
+                client=client,
+                base_url=settings.vllm_url,
+                timeout_s=settings.poll_timeout_s,
+                max_body_bytes=settings.max_response_bytes,
+            ),
+            gpu=gpu,
+            derive=derive_settings(settings),
+            logger=structlog.get_logger().bind(command="once"),
+        )
+        return await poller.tick()
+    finally:
+        await client.aclose()
+        if gpu is not None:
+            await asyncio.to_thread(gpu.close)
+
+
+def finite(document: object) -> object:
+    """JSON has no NaN or infinity: an unknowable number is null."""
+    if isinstance(document, float) and not math.isfinite(document):
+        return None
+    if isinstance(document, dict):
+        return {key: finite(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [finite(value) for value in document]
+    return document
+
+
+def render_json(document: JsonObject) -> str:
+    return json.dumps(finite(document), indent=2, allow_nan=False)
+
+
+def render_text(document: JsonObject) -> str:
+    """A short human reading of the same document."""
+    lines: list[str] = []
+    vllm = document["vllm"]
+    assert isinstance(vllm, dict)  # noqa: S101 - built by once_document
+    state = "reachable" if vllm["reachable"] else "NOT reachable"
+    lines.append(
+        f"vLLM {vllm['url']}: {state}, version {vllm['version'] or '?'}, schema {vllm['metric_schema'] or '?'}"
+    )
+    for engine in document["engines"]:  # type: ignore[attr-defined]
+        lines.append(
+            "  engine {engine} ({model_name}): KV {kv} of {cap} blocks x {bs} tokens, running {running}, "
+            "waiting {waiting}, blocks/request {bpr}, headroom {headroom} requests, prefix hit ratio {hit}".format(
+                engine=engine["engine"],
+                model_name=engine["model_name"],
+                kv=_fmt(engine["kv_cache_usage_ratio"], "{:.1%}"),
+                cap=_fmt(engine["kv_cache_capacity_blocks"]),
+                bs=_fmt(engine["kv_cache_block_size_tokens"]),
+                running=_fmt(engine["requests_running"]),
+                waiting=_fmt(engine["requests_waiting"]),
+                bpr=_fmt(engine["kv_cache_blocks_per_request"], "{:.1f}"),
+                headroom=_fmt(engine["kv_cache_request_headroom"], "{:.1f}"),
+                hit=_fmt(engine["prefix_cache_hit_ratio_lifetime"], "{:.1%}"),
+            )
+        )
+    for gpu in document["gpus"]:  # type: ignore[attr-defined]
+        lines.append(
+            f"  GPU {gpu['gpu']}: {_gib(gpu['memory_used_bytes'])} of {_gib(gpu['memory_total_bytes'])} GiB used, "
+            f"vLLM budget {_gib(gpu['memory_budget_bytes'])} GiB"
+        )
+    lines.extend(f"  problem: {problem}" for problem in document["problems"])  # type: ignore[attr-defined]
+    return "\n".join(lines)
+
+
+def _fmt(value: object, pattern: str = "{}") -> str:
+    return "?" if value is None else pattern.format(value)
+
+
+def _gib(value: object) -> str:
+    return f"{value / 2**30:.2f}" if isinstance(value, int | float) else "?"
+
+
+def run_once(settings: Settings, *, as_json: bool) -> tuple[int, str, str | None]:
+    """Return (exit code, text for stdout, one-line error for stderr or None)."""
+    view = asyncio.run(poll_once(settings))
+    document = once_document(view.snapshot, view.derived, settings.vllm_url)
+    output = render_json(document) if as_json else render_text(document)
+    if view.snapshot.vllm.error is not None:
+        return 1, output, f"vllm-sidecar: cannot read vLLM: {view.snapshot.vllm.error}"
+    return 0, output, None

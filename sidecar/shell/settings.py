@@ -1,0 +1,288 @@
+"""Settings from flags, `VLLM_SIDECAR_*` environment, a TOML/YAML file and defaults, in that precedence.
+
+Reads the environment and the config file. A bad value is reported as one line naming the setting and
+what it accepts (`SettingsError`), so the CLI can stop with exit code 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "VLLM_SIDECAR_"
+
+
+class SettingsError(Exception):
+    """A setting is invalid; the message is one line naming it and what it accepts."""
+
+
+def _allowed(text: str) -> dict[str, Any]:
+    return {"allowed": text}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+    )
+
+    config: Path | None = Field(
+        None, description="TOML or YAML file with settings", json_schema_extra=_allowed("a file path")
+    )
+    vllm_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="base URL of the vLLM OpenAI server",
+        json_schema_extra=_allowed("an http:// or https:// URL with a host"),
+    )
+    listen: str = Field(
+        "0.0.0.0:9468",  # noqa: S104 - a sidecar must be reachable by the kubelet and Prometheus
+        description="address of the sidecar's own HTTP server",
+        json_schema_extra=_allowed("HOST:PORT with a port from 0 to 65535 ([::1]:PORT for IPv6)"),
+    )
+    interval: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        description="seconds between polls",
+        json_schema_extra=_allowed("seconds, > 0 and <= 3600"),
+    )
+    timeout: float | None = Field(
+        None,
+        gt=0,
+        description="seconds one poll of vLLM may take (default: 80 % of the interval, at most 10 s)",
+        json_schema_extra=_allowed("seconds, > 0 and shorter than the interval"),
+    )
+    max_response_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="largest /metrics body read from vLLM",
+        json_schema_extra=_allowed("bytes, 1024 to 1073741824"),
+    )
+    window: float = Field(
+        300.0,
+        gt=0,
+        le=86400,
+        description="seconds of history for the prefix-cache hit ratio and rates",
+        json_schema_extra=_allowed("seconds, > 0 and <= 86400"),
+    )
+    memory_trend_window: float = Field(
+        600.0,
+        gt=0,
+        le=86400,
+        description="seconds of history for the GPU memory growth trend",
+        json_schema_extra=_allowed("seconds, > 0 and <= 86400"),
+    )
+    min_trend_r2: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="least R² of the memory trend before time to OOM is forecast",
+        json_schema_extra=_allowed("a number from 0 to 1"),
+    )
+    gpu_source: Literal["nvml", "none"] = Field(
+        "nvml", description="where GPU memory is read from", json_schema_extra=_allowed("nvml or none")
+    )
+    gpus: str = Field(
+        "all",
+        description="GPU indices to watch",
+        json_schema_extra=_allowed("'all' or a comma-separated list of indices such as 0,1"),
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's --gpu-memory-utilization, when its cache_config_info does not say",
+        json_schema_extra=_allowed("a number > 0 and <= 1"),
+    )
+    vllm_process_pattern: str = Field(
+        r"vllm|VLLM::",
+        description="regular expression that marks a GPU process as vLLM's (matched on its name and command line)",
+        json_schema_extra=_allowed("a Python regular expression"),
+    )
+    state_dir: Path = Field(
+        Path("/var/lib/vllm-sidecar"),
+        description="where the sidecar keeps state that must survive its own restart",
+        json_schema_extra=_allowed("a directory path"),
+    )
+    dry_run: bool = Field(
+        False,
+        description="decide and report, but act on nothing",
+        json_schema_extra=_allowed("true or false"),
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description="least severity logged",
+        json_schema_extra=_allowed("debug, info, warning or error"),
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto",
+        description="log rendering: JSON lines, or console on a terminal",
+        json_schema_extra=_allowed("auto, json or console"),
+    )
+
+    @field_validator("vllm_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL with a host")
+        try:
+            _ = parts.port
+        except ValueError:
+            raise ValueError("invalid port") from None
+        return value.rstrip("/")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _check_gpus(cls, value: str) -> str:
+        parse_gpu_indices(value)
+        return value.strip()
+
+    @field_validator("vllm_process_pattern")
+    @classmethod
+    def _check_pattern(cls, value: str) -> str:
+        import re  # noqa: PLC0415 - only needed to validate
+
+        try:
+            re.compile(value)
+        except re.error as error:
+            raise ValueError(f"invalid regular expression: {error}") from None
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _check_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
+        interval = info.data.get("interval")
+        if value is not None and isinstance(interval, float) and value >= interval:
+            raise ValueError(f"must be shorter than the interval ({interval:g} s)")
+        return value
+
+    @property
+    def poll_timeout_s(self) -> float:
+        return self.timeout if self.timeout is not None else min(0.8 * self.interval, 10.0)
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...] | None:
+        return parse_gpu_indices(self.gpus)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return split_listen(self.listen)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
+        path = flags.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
+        return (init_settings, env_settings, ConfigFileSource(settings_cls, Path(path) if path else None))
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """Settings from a TOML or YAML file; keys may use '-' or '_'; an unknown key is an error."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._values = _read_config_file(path, set(settings_cls.model_fields)) if path is not None else {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SettingsError(f"cannot read config file {path}: {error.strerror or error}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            document: object = tomllib.loads(text)
+        else:
+            document = yaml.safe_load(text) if text.strip() else {}
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise SettingsError(f"config file {path} is not valid {_format_name(path)}: {first_line}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(
+            f"config file {path} must hold a table of settings, not {type(document).__name__}"
+        )
+    values: dict[str, Any] = {}
+    for key, value in document.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name == "config":
+            raise SettingsError(
+                f"unknown setting {key!r} in config file {path}; known settings: {', '.join(sorted(known - {'config'}))}"
+            )
+        values[name] = value
+    return values
+
+
+def _format_name(path: Path) -> str:
+    return "TOML" if path.suffix.lower() == ".toml" else "YAML"
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    host, separator, port_text = value.rpartition(":")
+    if not separator or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError("not HOST:PORT")
+    host = host.removeprefix("[").removesuffix("]")
+    return host, int(port_text)
+
+
+def parse_gpu_indices(value: str) -> tuple[int, ...] | None:
+    text = value.strip().lower()
+    if text == "all":
+        return None
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError("neither 'all' nor a list of GPU indices") from None
+    if any(index < 0 for index in indices) or len(set(indices)) != len(indices):
+        raise ValueError("GPU indices must be distinct and non-negative")
+    return indices
+
+
+def load_settings(flags: dict[str, Any]) -> Settings:
+    """Build settings; raise `SettingsError` with one line naming the first bad setting."""
+    try:
+        return Settings(**flags)
+    except ValidationError as error:
+        raise SettingsError(_describe(error)) from None
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else "settings"
+    field = Settings.model_fields.get(name)
+    extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+    allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
+    given = (
+        f"={first['input']!r}"
+        if name in Settings.model_fields and not isinstance(first["input"], dict)
+        else ""
+    )
+    message = str(first["msg"]).removeprefix("Value error, ")
+    flag = "--" + name.replace("_", "-")
+    return f"invalid setting {name}{given}: {message}{allowed} (flag {flag}, environment {ENV_PREFIX}{name.upper()})"

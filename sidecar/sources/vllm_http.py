@@ -1,0 +1,134 @@
+"""Reads one vLLM server over HTTP: /metrics (parsed), /version and /health. Does network I/O.
+
+Every read is bounded in time (one deadline for the whole request, since httpx's timeouts apply per
+phase and a server trickling bytes would never trip them) and in size (the body is counted as it
+streams, so a 50 MB answer costs at most the cap). Failures come back as a one-line error, never raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+
+from sidecar.model.source import SourceResult
+from sidecar.model.vllm import VllmReading
+from sidecar.parse.exposition import ExpositionError, parse_exposition
+from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+
+SOURCE = "vllm"
+_SMALL_BODY_BYTES = 64 * 1024  # /version and /health answers are tiny; anything bigger is not them
+
+
+class FetchError(Exception):
+    """A request to vLLM failed; the message is one line naming the endpoint and the reason."""
+
+
+class VllmHttpSource:
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        base_url: str,
+        timeout_s: float,
+        max_body_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self.base_url = base_url.rstrip("/")
+        self._timeout_s = timeout_s
+        self._max_body_bytes = max_body_bytes
+        self._clock = clock
+
+    async def read(self) -> SourceResult[VllmReading]:
+        """Fetch /metrics and /version concurrently and interpret them."""
+        started = self._clock()
+        metrics_task = asyncio.create_task(self._fetch("/metrics", self._max_body_bytes))
+        version_task = asyncio.create_task(self._version())
+        try:
+            body = await metrics_task
+            text = _decode(body)
+            exposition = parse_exposition(text, KEPT_SAMPLES)
+        except FetchError as error:
+            version_task.cancel()
+            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=str(error))
+        except ExpositionError as error:
+            version_task.cancel()
+            message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
+            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message)
+        version = await version_task
+        reading = read_vllm(exposition, url=self.base_url, version=version)
+        return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
+
+    async def healthy(self) -> bool:
+        """True when /health answers 200 within the timeout."""
+        try:
+            await self._fetch("/health", _SMALL_BODY_BYTES)
+        except FetchError:
+            return False
+        return True
+
+    async def _version(self) -> str | None:
+        """vLLM's version from /version; None when it is not offered or not understood (never an error)."""
+        try:
+            body = await self._fetch("/version", _SMALL_BODY_BYTES)
+            document = json.loads(body)
+        except (FetchError, ValueError):
+            return None
+        version = document.get("version") if isinstance(document, dict) else None
+        return version if isinstance(version, str) and version else None
+
+    async def _fetch(self, path: str, max_bytes: int) -> bytes:
+        url = self.base_url + path
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._fetch_unbounded(url, max_bytes)
+        except TimeoutError:
+            raise FetchError(f"vLLM {url} did not answer within {self._timeout_s:g} s") from None
+        except httpx.ConnectError as error:
+            raise FetchError(f"vLLM unreachable at {url}: {_reason(error)}") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as error:
+            raise FetchError(f"vLLM {url} dropped the connection mid-answer: {_reason(error)}") from None
+        except httpx.HTTPError as error:
+            raise FetchError(f"vLLM {url} failed: {type(error).__name__}: {_reason(error)}") from None
+
+    async def _fetch_unbounded(self, url: str, max_bytes: int) -> bytes:
+        async with self._client.stream("GET", url) as response:
+            if response.status_code != httpx.codes.OK:
+                raise FetchError(f"vLLM {url} answered HTTP {response.status_code}")
+            declared = response.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                raise FetchError(
+                    f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap"
+                )
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise FetchError(f"vLLM {url} answer exceeds the {max_bytes} byte cap")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+
+def _decode(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise FetchError(f"vLLM /metrics is not UTF-8 text (byte {error.start})") from None
+
+
+def _reason(error: BaseException) -> str:
+    """The most specific cause: httpx wraps the OS error ("connection refused") in a generic message."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror.lower()
+        cause = cause.__cause__ or cause.__context__
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
