@@ -25,9 +25,7 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
                 flag, dest=name, action="store_const", const=True, default=argparse.SUPPRESS, help=help_text
             )
         else:
-            parser.add_argument(
-                flag, dest=name, metavar=name.upper(), default=argparse.SUPPRESS, help=help_text
-            )
+            parser.add_argument(flag, dest=name, metavar=name.upper(), default=argparse.SUPPRESS, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,9 +18,7 @@ def memory_history(snapshots: Iterable[Snapshot]) -> dict[int, list[tuple[float,
         if snapshot.gpu is None or snapshot.gpu.value is None or snapshot.gpu.error is not None:
             continue
         for device in snapshot.gpu.value.devices:
-            history.setdefault(device.index, []).append(
-                (snapshot.monotonic_s, float(device.memory_used_bytes))
-            )
+            history.setdefault(device.index, []).append((snapshot.monotonic_s, float(device.memory_used_bytes)))
     return history
 
 
@@ -30,20 +28,12 @@ def derive_gpu(
     gpu_memory_utilization: float | None,
     settings: DeriveSettings,
 ) -> GpuDerived:
-    budget = (
-        int(device.memory_total_bytes * gpu_memory_utilization)
-        if gpu_memory_utilization is not None
-        else None
-    )
+    budget = int(device.memory_total_bytes * gpu_memory_utilization) if gpu_memory_utilization is not None else None
     fit = fit_line(used_history)
     growth = None
     r2 = None
     time_to_oom = None
-    if (
-        fit is not None
-        and fit.points >= settings.min_trend_points
-        and fit.span_s >= settings.min_trend_span_s
-    ):
+    if fit is not None and fit.points >= settings.min_trend_points and fit.span_s >= settings.min_trend_span_s:
         growth, r2 = fit.slope_per_s, fit.r2
         if growth > 0 and r2 >= settings.min_trend_r2:
             time_to_oom = max(0.0, (device.memory_total_bytes - device.memory_used_bytes) / growth)

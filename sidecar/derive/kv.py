@@ -43,9 +43,7 @@ def derive_kv(engine: EngineMetrics) -> KvDerived:
     )
 
 
-def fragmentation(
-    *, running: float | None, used_blocks: float | None, block_size_tokens: int | None
-) -> float | None:
+def fragmentation(*, running: float | None, used_blocks: float | None, block_size_tokens: int | None) -> float | None:
     """Estimated share of used KV slots holding no token.
 
     vLLM fills blocks in order, so only each running request's last block is partly empty; with request

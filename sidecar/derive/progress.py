@@ -23,9 +23,7 @@ class ProgressTracker:
     def __init__(self) -> None:
         self._state: dict[tuple[str, str], _Progress] = {}
 
-    def observe(
-        self, engines: tuple[EngineMetrics, ...], now_s: float
-    ) -> dict[tuple[str, str], float | None]:
+    def observe(self, engines: tuple[EngineMetrics, ...], now_s: float) -> dict[tuple[str, str], float | None]:
         """Record this scrape; return seconds stalled per engine (None when no counter is exported)."""
         stalled: dict[tuple[str, str], float | None] = {}
         current: dict[tuple[str, str], _Progress] = {}

@@ -11,7 +11,6 @@ from sidecar.model.derived import Derived, EngineDerived, GpuDerived
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import VllmReading
 
-
 HEALTH_FAILING = "vLLM /health is not answering 200 while /metrics answers"
 
 

@@ -47,21 +47,15 @@ class Endpoints:
         if route is None:
             return Response.text(HTTPStatus.NOT_FOUND, f"no such endpoint: {request.path}")
         if request.method not in ("GET", "HEAD"):
-            return Response(
-                status=HTTPStatus.METHOD_NOT_ALLOWED, body=b"use GET\n", headers={"Allow": "GET, HEAD"}
-            )
+            return Response(status=HTTPStatus.METHOD_NOT_ALLOWED, body=b"use GET\n", headers={"Allow": "GET, HEAD"})
         return route()
 
     def _metrics(self) -> Response:
-        return Response(
-            status=HTTPStatus.OK, body=generate_latest(self._registry), content_type=CONTENT_TYPE_LATEST
-        )
+        return Response(status=HTTPStatus.OK, body=generate_latest(self._registry), content_type=CONTENT_TYPE_LATEST)
 
     def _healthz(self) -> Response:
         liveness = self._liveness()
-        return Response.text(
-            HTTPStatus.OK if liveness.alive else HTTPStatus.SERVICE_UNAVAILABLE, liveness.reason
-        )
+        return Response.text(HTTPStatus.OK if liveness.alive else HTTPStatus.SERVICE_UNAVAILABLE, liveness.reason)
 
     def _readyz(self) -> Response:
         # Admission is never paused until the policy engine exists; readiness then follows its decision.

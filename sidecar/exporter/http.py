@@ -49,10 +49,11 @@ class BadRequestError(Exception):
 
 
 class HttpServer:
-    def __init__(self, *, host: str, port: int, handler: Handler) -> None:
+    def __init__(self, *, host: str, port: int, handler: Handler, read_timeout_s: float = READ_TIMEOUT_S) -> None:
         self._host = host
         self._port = port
         self._handler = handler
+        self._read_timeout_s = read_timeout_s
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -80,7 +81,7 @@ class HttpServer:
         peer = _peer(writer)
         try:
             try:
-                async with asyncio.timeout(READ_TIMEOUT_S):
+                async with asyncio.timeout(self._read_timeout_s):
                     request = await _read_request(reader, peer)
             except BadRequestError as error:
                 response = Response.text(error.status, str(error))
@@ -92,7 +93,7 @@ class HttpServer:
                 method = request.method
             writer.write(_encode(response, head_only=method == "HEAD"))
             with contextlib.suppress(ConnectionError, TimeoutError):
-                async with asyncio.timeout(READ_TIMEOUT_S):
+                async with asyncio.timeout(self._read_timeout_s):
                     await writer.drain()
         finally:
             writer.close()
@@ -126,9 +127,7 @@ async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request:
         raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
     length = int(length_text)
     if length > MAX_BODY_BYTES:
-        raise BadRequestError(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes"
-        )
+        raise BadRequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes")
     body = await reader.readexactly(length) if length else b""
     path = target.split("?", 1)[0]
     return Request(method=method, path=path, headers=headers, body=body, peer=peer)

@@ -19,13 +19,16 @@ class MetricSpec:
     labels: tuple[str, ...]
     help: str
 
+    @property
+    def exposed_name(self) -> str:
+        """The family name in the text exposition: an info metric gains `_info` (a counter's samples `_total`)."""
+        return self.name + "_info" if self.kind is Kind.INFO else self.name
+
 
 ENGINE = ("model_name", "engine")
 GPU = ("gpu",)
 
-UP = MetricSpec(
-    "vllm_sidecar_up", Kind.GAUGE, (), "1 when the last poll of vLLM's /metrics succeeded, else 0."
-)
+UP = MetricSpec("vllm_sidecar_up", Kind.GAUGE, (), "1 when the last poll of vLLM's /metrics succeeded, else 0.")
 SOURCE_SUCCESS = MetricSpec(
     "vllm_sidecar_source_success",
     Kind.GAUGE,
@@ -41,9 +44,7 @@ SOURCE_DURATION = MetricSpec(
 LAST_POLL = MetricSpec(
     "vllm_sidecar_last_poll_timestamp_seconds", Kind.GAUGE, (), "Unix time of the last completed poll."
 )
-BUILD_INFO = MetricSpec(
-    "vllm_sidecar_build", Kind.INFO, ("version",), "The sidecar's version; value is always 1."
-)
+BUILD_INFO = MetricSpec("vllm_sidecar_build", Kind.INFO, ("version",), "The sidecar's version; value is always 1.")
 VLLM_HEALTHY = MetricSpec(
     "vllm_sidecar_vllm_healthy",
     Kind.GAUGE,
@@ -117,9 +118,7 @@ ENGINE_STALLED = MetricSpec(
 )
 
 GPU_TOTAL = MetricSpec("vllm_sidecar_gpu_memory_total_bytes", Kind.GAUGE, GPU, "GPU memory in total (NVML).")
-GPU_USED = MetricSpec(
-    "vllm_sidecar_gpu_memory_used_bytes", Kind.GAUGE, GPU, "GPU memory in use, by anyone (NVML)."
-)
+GPU_USED = MetricSpec("vllm_sidecar_gpu_memory_used_bytes", Kind.GAUGE, GPU, "GPU memory in use, by anyone (NVML).")
 GPU_BUDGET = MetricSpec(
     "vllm_sidecar_gpu_memory_budget_bytes",
     Kind.GAUGE,
@@ -154,18 +153,14 @@ GPU_PROCESS_MEMORY = MetricSpec(
 GPU_UTILIZATION = MetricSpec(
     "vllm_sidecar_gpu_utilization_ratio", Kind.GAUGE, GPU, "Share of time the GPU was busy, 0..1 (NVML)."
 )
-GPU_TEMPERATURE = MetricSpec(
-    "vllm_sidecar_gpu_temperature_celsius", Kind.GAUGE, GPU, "GPU temperature (NVML)."
-)
+GPU_TEMPERATURE = MetricSpec("vllm_sidecar_gpu_temperature_celsius", Kind.GAUGE, GPU, "GPU temperature (NVML).")
 GPU_XID = MetricSpec(
     "vllm_sidecar_gpu_xid_errors",
     Kind.COUNTER,
     GPU,
     "Critical Xid events the driver reported since the sidecar started.",
 )
-GPU_LAST_XID = MetricSpec(
-    "vllm_sidecar_gpu_last_xid", Kind.GAUGE, GPU, "Code of the last Xid event seen on the GPU."
-)
+GPU_LAST_XID = MetricSpec("vllm_sidecar_gpu_last_xid", Kind.GAUGE, GPU, "Code of the last Xid event seen on the GPU.")
 
 ALL = (
     UP,

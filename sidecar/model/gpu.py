@@ -23,12 +23,6 @@ class GpuProcess:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class XidEvent:
-    gpu: int
-    xid: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuDevice:
     index: int
     uuid: str | None
@@ -39,9 +33,7 @@ class GpuDevice:
     utilization_ratio: float | None
     temperature_celsius: float | None
     processes: tuple[GpuProcess, ...]
-    xid_errors_total: (
-        int | None
-    )  # cumulative since the source started; None when the driver offers no Xid events
+    xid_errors_total: int | None  # cumulative since the source started; None when the driver offers no Xid events
     last_xid: int | None
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-T = TypeVar("T", covariant=True)  # read-only fields: a result of a subtype is a result of its base
+T_co = TypeVar("T_co", covariant=True)  # read-only fields: a result of a subtype is a result of its base
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SourceResult(Generic[T]):
+class SourceResult(Generic[T_co]):
     source: str
     duration_s: float
-    value: T | None = None
+    value: T_co | None = None
     error: str | None = None
 
     @property

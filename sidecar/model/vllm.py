@@ -23,9 +23,7 @@ class MetricSchema(StrEnum):
 class CacheConfig:
     """The labels of `vllm:cache_config_info` the sidecar uses, for one engine."""
 
-    num_gpu_blocks_server: (
-        int | None
-    )  # as vLLM reports it: summed over the data-parallel engines of the server
+    num_gpu_blocks_server: int | None  # as vLLM reports it: summed over the data-parallel engines of the server
     engines_in_server: int  # how many engines report a cache_config_info series on this server
     block_size_tokens: int | None
     gpu_memory_utilization: float | None

@@ -19,6 +19,8 @@ from sidecar.model.exposition import Exposition, Labels, Sample
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # One C-level match per line: the name, then '{' or whitespace (checked here, so the line has a rest).
 _NAME_THEN_SEPARATOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[{ \t]")
+_VALUE_END = "0123456789NnFf"
+_VALUE_END_SET = frozenset(_VALUE_END)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _KNOWN_TYPES = frozenset(
     {"counter", "gauge", "histogram", "summary", "untyped", "info", "stateset", "gaugehistogram", "unknown"}
@@ -60,6 +62,9 @@ def parse_exposition(text: str, keep: Collection[str] | None = None) -> Expositi
         name, rest_at = _read_name(line, line_number)
         seen.add(name)
         if not keep_all and name not in wanted:
+            # O(1) shape check of the rest: a value or timestamp ends in a digit, NaN or Inf.
+            if line[-1] not in _VALUE_END and line.rstrip()[-1:] not in _VALUE_END_SET:
+                raise ExpositionError(line_number, "a sample line must end with a value", line)
             continue
         labels, value_at = _read_labels(line, rest_at, line_number) if line[rest_at] == "{" else ((), rest_at)
         value = _read_value(line, value_at, line_number)
@@ -91,9 +96,7 @@ def _read_name(line: str, line_number: int) -> tuple[str, int]:
     """Return the metric name and the index of the first character after it (a '{' or whitespace)."""
     match = _NAME_THEN_SEPARATOR.match(line)
     if match is None:
-        raise ExpositionError(
-            line_number, "a sample line needs a valid metric name, then labels or a value", line
-        )
+        raise ExpositionError(line_number, "a sample line needs a valid metric name, then labels or a value", line)
     return match.group(1), match.end(1)
 
 

@@ -70,8 +70,7 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
         )
     cache_configs = _read_cache_configs(exposition.get(CACHE_CONFIG), problems)
     engines = tuple(
-        _read_engine(exposition, key, cache_configs)
-        for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
+        _read_engine(exposition, key, cache_configs) for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
     )
     if not exposition.get(CACHE_CONFIG) and engines:
         problems.append(f"vLLM /metrics has no {CACHE_CONFIG}: KV-cache capacity and block size unknown")
@@ -119,9 +118,7 @@ def _engine_sort_key(key: EngineKey) -> tuple[str, int, str]:
     return (model, int(engine) if engine.isdigit() else -1, engine)
 
 
-def _read_engine(
-    exposition: Exposition, key: EngineKey, cache_configs: dict[str | None, CacheConfig]
-) -> EngineMetrics:
+def _read_engine(exposition: Exposition, key: EngineKey, cache_configs: dict[str | None, CacheConfig]) -> EngineMetrics:
     def gauge(*names: str) -> float | None:
         # Several series per engine only happen for gauges with a `pid` label (0.9.2-0.11 with
         # --api-server-count > 1), one per API-server process; the highest is the safe reading.
@@ -140,9 +137,7 @@ def _read_engine(
         return None
 
     current_prefix = counter(PREFIX_QUERIES) is not None
-    queries_name, hits_name = (
-        (PREFIX_QUERIES, PREFIX_HITS) if current_prefix else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)
-    )
+    queries_name, hits_name = (PREFIX_QUERIES, PREFIX_HITS) if current_prefix else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)
     return EngineMetrics(
         model_name=key[0],
         engine=key[1],
@@ -164,9 +159,7 @@ def _read_engine(
 def _read_cache_configs(samples: Iterable[Sample], problems: list[str]) -> dict[str | None, CacheConfig]:
     """Map engine label (None: applies to every engine, as before 0.9.0) to its cache configuration."""
     series = list(samples)
-    engines_in_server = max(
-        1, len({sample.label("engine") for sample in series if sample.label("engine") is not None})
-    )
+    engines_in_server = max(1, len({sample.label("engine") for sample in series if sample.label("engine") is not None}))
     configs: dict[str | None, CacheConfig] = {}
     for sample in series:
         configs[sample.label("engine")] = CacheConfig(

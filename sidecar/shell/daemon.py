@@ -55,9 +55,7 @@ def build_gpu_source(settings: Settings) -> GpuSource | None:
 
 def build_http_client(settings: Settings) -> httpx.AsyncClient:
     # Pool timeouts etc. are a backstop; VllmHttpSource bounds each whole request with its own deadline.
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False
-    )
+    return httpx.AsyncClient(timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False)
 
 
 class Poller:
@@ -153,9 +151,7 @@ class Daemon:
         age_s = time.monotonic() - (last if last is not None else self._started_s)
         if age_s > limit_s:
             what = "last tick completed" if last is not None else "started with no completed tick"
-            return Liveness(
-                alive=False, reason=f"loop stalled: {what} {age_s:.0f} s ago (limit {limit_s:.0f} s)"
-            )
+            return Liveness(alive=False, reason=f"loop stalled: {what} {age_s:.0f} s ago (limit {limit_s:.0f} s)")
         return Liveness(alive=True, reason="ok")
 
     async def _tick_job(self) -> None:

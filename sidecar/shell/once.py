@@ -61,8 +61,10 @@ def render_text(document: JsonObject) -> str:
     lines.append(
         f"vLLM {vllm['url']}: {state}, version {vllm['version'] or '?'}, schema {vllm['metric_schema'] or '?'}"
     )
-    for engine in document["engines"]:  # type: ignore[attr-defined]
-        lines.append(
+    engines: list[dict[str, object]] = document["engines"]  # type: ignore[assignment]
+    gpus: list[dict[str, object]] = document["gpus"]  # type: ignore[assignment]
+    lines.extend(
+        (
             "  engine {engine} ({model_name}): KV {kv} of {cap} blocks x {bs} tokens, running {running}, "
             "waiting {waiting}, blocks/request {bpr}, headroom {headroom} requests, prefix hit ratio {hit}".format(
                 engine=engine["engine"],
@@ -77,11 +79,13 @@ def render_text(document: JsonObject) -> str:
                 hit=_fmt(engine["prefix_cache_hit_ratio_lifetime"], "{:.1%}"),
             )
         )
-    for gpu in document["gpus"]:  # type: ignore[attr-defined]
-        lines.append(
-            f"  GPU {gpu['gpu']}: {_gib(gpu['memory_used_bytes'])} of {_gib(gpu['memory_total_bytes'])} GiB used, "
-            f"vLLM budget {_gib(gpu['memory_budget_bytes'])} GiB"
-        )
+        for engine in engines
+    )
+    lines.extend(
+        f"  GPU {gpu['gpu']}: {_gib(gpu['memory_used_bytes'])} of {_gib(gpu['memory_total_bytes'])} GiB used, "
+        f"vLLM budget {_gib(gpu['memory_budget_bytes'])} GiB"
+        for gpu in gpus
+    )
     lines.extend(f"  problem: {problem}" for problem in document["problems"])  # type: ignore[attr-defined]
     return "\n".join(lines)
 

@@ -29,9 +29,7 @@ def _allowed(text: str) -> dict[str, Any]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True)
 
     config: Path | None = Field(
         None, description="TOML or YAML file with settings", json_schema_extra=_allowed("a file path")
@@ -42,7 +40,7 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("an http:// or https:// URL with a host"),
     )
     listen: str = Field(
-        "0.0.0.0:9468",  # noqa: S104 - a sidecar must be reachable by the kubelet and Prometheus
+        "0.0.0.0:9468",
         description="address of the sidecar's own HTTP server",
         json_schema_extra=_allowed("HOST:PORT with a port from 0 to 65535 ([::1]:PORT for IPv6)"),
     )
@@ -225,16 +223,13 @@ def _read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
         first_line = str(error).strip().splitlines()[0]
         raise SettingsError(f"config file {path} is not valid {_format_name(path)}: {first_line}") from None
     if not isinstance(document, dict):
-        raise SettingsError(
-            f"config file {path} must hold a table of settings, not {type(document).__name__}"
-        )
+        raise SettingsError(f"config file {path} must hold a table of settings, not {type(document).__name__}")
     values: dict[str, Any] = {}
     for key, value in document.items():
         name = str(key).replace("-", "_")
         if name not in known or name == "config":
-            raise SettingsError(
-                f"unknown setting {key!r} in config file {path}; known settings: {', '.join(sorted(known - {'config'}))}"
-            )
+            known_list = ", ".join(sorted(known - {"config"}))
+            raise SettingsError(f"unknown setting {key!r} in config file {path}; known settings: {known_list}")
         values[name] = value
     return values
 
@@ -278,11 +273,7 @@ def _describe(error: ValidationError) -> str:
     field = Settings.model_fields.get(name)
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
     allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
-    given = (
-        f"={first['input']!r}"
-        if name in Settings.model_fields and not isinstance(first["input"], dict)
-        else ""
-    )
+    given = f"={first['input']!r}" if name in Settings.model_fields and not isinstance(first["input"], dict) else ""
     message = str(first["msg"]).removeprefix("Value error, ")
     flag = "--" + name.replace("_", "-")
     return f"invalid setting {name}{given}: {message}{allowed} (flag {flag}, environment {ENV_PREFIX}{name.upper()})"

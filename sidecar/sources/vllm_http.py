@@ -101,9 +101,7 @@ class VllmHttpSource:
                 raise FetchError(f"vLLM {url} answered HTTP {response.status_code}")
             declared = response.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                raise FetchError(
-                    f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap"
-                )
+                raise FetchError(f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap")
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():

@@ -1,0 +1,250 @@
+"""The daemon and the CLI as a user runs them: a real process, real HTTP, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.adapters.daemon_process import SidecarProcess
+from tests.conftest import EXPOSITIONS
+from tests.loopback import LoopbackServer, closed_port, respond
+
+CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
+
+
+@pytest.fixture
+def vllm() -> Iterator[LoopbackServer]:
+    server = LoopbackServer()
+    server.routes.update(
+        {
+            "/metrics": respond(body=CAPTURE),
+            "/version": respond(body=b'{"version":"0.32.0"}'),
+            "/health": respond(),
+        }
+    )
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def sidecar(vllm: LoopbackServer, tmp_path: Path) -> Iterator[SidecarProcess]:
+    process = SidecarProcess(["--vllm-url", vllm.url, "--interval", "0.5"], tmp_path / "sidecar.log")
+    yield process
+    process.kill()
+
+
+def _wait_for(predicate: object, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_serves_metrics_health_readiness_and_status(sidecar: SidecarProcess) -> None:
+    sidecar.wait_ready()
+    metrics = sidecar.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "vllm_sidecar_up 1.0" in metrics.text
+    assert 'vllm_sidecar_kv_cache_capacity_blocks{engine="0",model_name="tiny-llama"} 128.0' in metrics.text
+    assert 'vllm_sidecar_source_success{source="nvml"}' in metrics.text  # no GPU here: reported, not fatal
+    assert sidecar.get("/healthz").status_code == 200
+    ready = sidecar.get("/readyz")
+    assert (ready.status_code, ready.text) == (200, "ready: admitting traffic\n")
+    status = sidecar.get("/status").json()
+    assert status["engines"][0]["requests_running"] == 8
+    assert status["vllm"]["version"] == "0.32.0"
+    assert sidecar.get("/nope").status_code == 404
+    assert httpx.post(sidecar.url + "/metrics", timeout=5).status_code == 405
+    head = httpx.head(sidecar.url + "/metrics", timeout=5)
+    assert head.status_code == 200
+    assert head.content == b""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stops_cleanly_on_signals_within_five_seconds(sidecar: SidecarProcess, signum: int) -> None:
+    sidecar.wait_ready()
+    code, took_s = sidecar.stop(signum)
+    assert code == 0
+    assert took_s < 5.0
+    events = [event["event"] for event in sidecar.events()]
+    assert events[0] == "started"
+    assert events[-2:] == ["stopping", "stopped"]
+
+
+def test_stops_within_five_seconds_even_mid_poll(vllm: LoopbackServer, tmp_path: Path) -> None:
+    from tests.loopback import slow
+
+    vllm.routes["/metrics"] = slow(30.0, respond(body=CAPTURE))
+    process = SidecarProcess(["--vllm-url", vllm.url, "--interval", "20", "--timeout", "15"], tmp_path / "s.log")
+    try:
+        _wait_for(lambda: "/metrics" in vllm.hits)
+        code, took_s = process.stop()
+        assert code == 0
+        assert took_s < 5.0
+    finally:
+        process.kill()
+
+
+def test_keeps_running_through_vllm_failures_and_logs_each_change_once(
+    sidecar: SidecarProcess, vllm: LoopbackServer
+) -> None:
+    sidecar.wait_ready()
+    vllm.routes["/metrics"] = respond(500, b"boom")
+    _wait_for(lambda: "vllm_sidecar_up 0.0" in sidecar.get("/metrics").text)
+    time.sleep(1.5)  # several more failing polls
+    vllm.routes["/metrics"] = respond(body=b"not an exposition at all")
+    _wait_for(lambda: "not a Prometheus text exposition" in json.dumps(sidecar.get("/status").json()))
+    vllm.routes["/metrics"] = respond(body=CAPTURE)
+    _wait_for(lambda: "vllm_sidecar_up 1.0" in sidecar.get("/metrics").text)
+    assert sidecar.get("/healthz").status_code == 200
+    vllm_events = [(e["event"], e.get("error")) for e in sidecar.events() if e.get("source") == "vllm"]
+    assert [name for name, _ in vllm_events] == ["source_ok", "source_failed", "source_failed", "source_ok"]
+    assert vllm_events[1][1] == f"vLLM {vllm.url}/metrics answered HTTP 500"
+
+
+def test_a_port_in_use_is_a_clear_error(vllm: LoopbackServer, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "run", "--vllm-url", vllm.url, "--listen", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert '"event": "listen_failed"' in result.stderr
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full_env = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_SIDECAR_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env=full_env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["run", "--interval", "-1"], {}, "invalid setting interval='-1': Input should be greater than 0"),
+        (["run", "--vllm-url", "localhost:8000"], {}, "invalid setting vllm_url='localhost:8000'"),
+        (["run", "--interval", "2", "--timeout", "5"], {}, "invalid setting timeout='5': must be shorter"),
+        (["run"], {"VLLM_SIDECAR_INTERVAL": "fast"}, "environment VLLM_SIDECAR_INTERVAL"),
+        (["once", "--gpus", "0,0"], {}, "invalid setting gpus='0,0'"),
+        (["run", "--log-level", "loud"], {}, "allowed: debug, info, warning or error"),
+    ],
+)
+def test_bad_settings_stop_at_start_with_one_line_and_exit_2(args: list[str], env: dict[str, str], needle: str) -> None:
+    result = _cli(*args, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("vllm-sidecar: error: ")
+    assert needle in lines[0]
+
+
+def test_config_file_precedence_and_unknown_keys(tmp_path: Path, vllm: LoopbackServer) -> None:
+    toml = tmp_path / "sidecar.toml"
+    toml.write_text(f'vllm-url = "{vllm.url}"\ninterval = 9\ngpu_source = "none"\n')
+    result = _cli("once", "--json", "--config", str(toml))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["vllm"]["url"] == vllm.url
+    # environment beats the file, a flag beats the environment
+    result = _cli("once", "--json", "--config", str(toml), env={"VLLM_SIDECAR_VLLM_URL": "http://127.0.0.1:1"})
+    assert json.loads(result.stdout)["vllm"]["url"] == "http://127.0.0.1:1"
+    result = _cli(
+        "once",
+        "--json",
+        "--config",
+        str(toml),
+        "--vllm-url",
+        vllm.url,
+        env={"VLLM_SIDECAR_VLLM_URL": "http://x:1"},
+    )
+    assert json.loads(result.stdout)["vllm"]["url"] == vllm.url
+    yaml_file = tmp_path / "sidecar.yaml"
+    yaml_file.write_text("intervall: 3\n")
+    result = _cli("run", "--config", str(yaml_file))
+    assert result.returncode == 2
+    assert "unknown setting 'intervall' in config file" in result.stderr
+    yaml_file.write_text("interval: [1, 2\n")
+    result = _cli("run", "--config", str(yaml_file))
+    assert result.returncode == 2
+    assert "is not valid YAML" in result.stderr
+    result = _cli("run", "--config", str(tmp_path / "missing.toml"))
+    assert result.returncode == 2
+    assert "cannot read config file" in result.stderr
+
+
+def test_once_json_follows_the_contract(vllm: LoopbackServer) -> None:
+    result = _cli("once", "--json", "--vllm-url", vllm.url)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert set(document) == {"vllm", "engines", "gpus", "problems"}
+    assert document["vllm"] == {
+        "url": vllm.url,
+        "reachable": True,
+        "healthy": True,
+        "version": "0.32.0",
+        "metric_schema": "v1",
+    }
+    (engine,) = document["engines"]
+    assert set(engine) == {
+        "model_name",
+        "engine",
+        "kv_cache_usage_ratio",
+        "kv_cache_capacity_blocks",
+        "kv_cache_block_size_tokens",
+        "kv_cache_used_blocks",
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_blocks_per_request",
+        "kv_cache_request_headroom",
+        "kv_cache_fragmentation_ratio",
+        "prefix_cache_hit_ratio_lifetime",
+    }
+    assert engine["kv_cache_capacity_blocks"] == 128
+    assert engine["prefix_cache_hit_ratio_lifetime"] == pytest.approx(1440 / 2708)
+    assert any("NVML" in problem for problem in document["problems"])
+
+
+def test_once_exits_non_zero_with_one_line_when_vllm_cannot_be_read() -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = _cli("once", "--json", "--vllm-url", url, "--gpu-source", "none")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"vllm-sidecar: cannot read vLLM: vLLM unreachable at {url}/metrics: connection refused"
+    ]
+    document = json.loads(result.stdout)
+    assert document["vllm"]["reachable"] is False
+    assert document["engines"] == []
+    assert document["problems"] == [f"vLLM unreachable at {url}/metrics: connection refused"]
+
+
+def test_version() -> None:
+    from sidecar import __version__
+
+    result = _cli("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"vllm-sidecar {__version__}")

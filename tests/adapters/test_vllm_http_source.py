@@ -1,0 +1,138 @@
+"""The vLLM HTTP source against real loopback servers that answer well, badly, slowly or not at all."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from sidecar.model.vllm import MetricSchema
+from sidecar.sources.vllm_http import VllmHttpSource
+from tests.conftest import EXPOSITIONS
+from tests.loopback import LoopbackServer, closed_port, drop_mid_body, endless, respond, slow
+
+CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
+HEALTHY = {"/version": respond(body=b'{"version":"0.32.0"}'), "/health": respond()}
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    served = LoopbackServer()
+    yield served
+    served.close()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=5.0) as shared:
+        yield shared
+
+
+def source(client: httpx.AsyncClient, url: str, *, timeout_s: float = 1.0, cap: int = 4 * 2**20) -> VllmHttpSource:
+    return VllmHttpSource(client=client, base_url=url, timeout_s=timeout_s, max_body_bytes=cap)
+
+
+async def test_reads_a_real_capture(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
+    result = await source(client, server.url + "/").read()
+    assert result.ok, result.error
+    assert result.value is not None
+    assert result.value.version == "0.32.0"
+    assert result.value.schema is MetricSchema.V1
+    assert result.value.url == server.url
+    (engine,) = result.value.engines
+    assert (engine.model_name, engine.requests_running, engine.requests_waiting) == ("tiny-llama", 8.0, 4.0)
+    assert await source(client, server.url).healthy()
+
+
+async def test_missing_version_endpoint_is_not_an_error(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(body=CAPTURE)
+    result = await source(client, server.url).read()
+    assert result.ok
+    assert result.value is not None
+    assert result.value.version is None
+
+
+async def test_vllm_down(client: httpx.AsyncClient) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    result = await source(client, url).read()
+    assert not result.ok
+    assert result.error == f"vLLM unreachable at {url}/metrics: connection refused"
+    assert not await source(client, url).healthy()
+
+
+async def test_slower_than_the_timeout(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = slow(3.0, respond(body=CAPTURE))
+    started = time.monotonic()
+    result = await source(client, server.url, timeout_s=0.5).read()
+    assert time.monotonic() - started < 2.0
+    assert result.error == f"vLLM {server.url}/metrics did not answer within 0.5 s"
+    assert 0.4 < result.duration_s < 2.0
+
+
+async def test_trickling_body_is_bounded_by_one_deadline(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    # Each chunk arrives well within httpx's per-read timeout; only a whole-request deadline stops this.
+    server.routes["/metrics"] = endless(b"vllm:x 1\n", pause_s=0.05)
+    started = time.monotonic()
+    result = await source(client, server.url, timeout_s=0.5).read()
+    assert time.monotonic() - started < 2.0
+    assert result.error is not None
+    assert "did not answer within 0.5 s" in result.error
+
+
+async def test_http_500(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(500, b"Internal Server Error")
+    result = await source(client, server.url).read()
+    assert result.error == f"vLLM {server.url}/metrics answered HTTP 500"
+
+
+async def test_garbage(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(body=b"<html><body>Bad Gateway</body></html>")
+    result = await source(client, server.url).read()
+    assert result.error is not None
+    assert result.error.startswith(f"vLLM {server.url}/metrics is not a Prometheus text exposition: line 1:")
+
+
+async def test_binary_garbage(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(body=bytes(range(256)))
+    result = await source(client, server.url).read()
+    assert result.error is not None
+    assert "not UTF-8" in result.error
+
+
+async def test_50_mb_body_with_content_length(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(body=b"vllm:x 1\n" * (50 * 2**20 // 9))
+    result = await source(client, server.url, timeout_s=5.0, cap=16 * 2**20).read()
+    assert result.error is not None
+    assert "exceeds the 16777216 byte cap" in result.error
+
+
+async def test_50_mb_body_without_content_length(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = endless(b"vllm:x 1\n" * 1000, limit_bytes=50 * 2**20)
+    result = await source(client, server.url, timeout_s=5.0, cap=2**20).read()
+    assert result.error is not None
+    assert "exceeds the 1048576 byte cap" in result.error
+
+
+async def test_connection_dropped_mid_body(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = drop_mid_body(len(CAPTURE), CAPTURE[: len(CAPTURE) // 2])
+    result = await source(client, server.url).read()
+    assert result.error is not None
+    assert result.error.startswith(f"vLLM {server.url}/metrics dropped the connection mid-answer")
+
+
+async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/metrics"] = respond(body=b'# TYPE python_info gauge\npython_info{version="3.12"} 1\n')
+    result = await source(client, server.url).read()
+    assert result.ok
+    assert result.value is not None
+    assert result.value.schema is MetricSchema.NO_VLLM_METRICS
+    assert result.value.engines == ()
+    assert any("--disable-log-stats" in problem for problem in result.value.problems)
+
+
+async def test_unhealthy(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+    server.routes["/health"] = respond(503)
+    assert not await source(client, server.url).healthy()

@@ -1,0 +1,1 @@
+"""End-to-end tests against real components (a real vLLM server on CPU)."""

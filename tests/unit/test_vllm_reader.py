@@ -1,0 +1,122 @@
+"""The vLLM reader on every recorded exposition, against values written down independently per file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.derive.kv import derive_kv
+from sidecar.model.vllm import MetricSchema
+from sidecar.parse.exposition import parse_exposition
+from sidecar.parse.vllm import KEPT_SAMPLES, detect_schema, read_vllm
+from tests.conftest import EXPOSITIONS, exposition_files
+
+SCHEMA_BY_FILE = {
+    "vllm-0.5.4-v0.prom": MetricSchema.V0,
+    "vllm-0.6.3-v0-prefix-disabled.prom": MetricSchema.V0,
+    "vllm-0.6.6-v0-prefix-enabled.prom": MetricSchema.V0,
+    "vllm-0.8.1-v1.prom": MetricSchema.V1_LEGACY,
+    "vllm-0.8.5-v1.prom": MetricSchema.V1_LEGACY,
+    "vllm-0.10.2-v1.prom": MetricSchema.V1,
+    "vllm-0.11.0-v1-api-server-2.prom": MetricSchema.V1,
+    "vllm-0.32.0-cpu-under-load.prom": MetricSchema.V1,
+    "vllm-0.32.0-cpu-after-load.prom": MetricSchema.V1,
+    "vllm-0.32.0-dp2.prom": MetricSchema.V1,
+    "vllm-0.32.0-unknown-families.prom": MetricSchema.V1,
+    "vllm-0.32.0-disable-log-stats.prom": MetricSchema.NO_VLLM_METRICS,
+}
+
+
+def _expected(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.with_name(path.stem + ".expected.json").read_text())
+    return document
+
+
+def test_every_recorded_exposition_has_a_schema_and_expectations() -> None:
+    files = {path.name for path in exposition_files()}
+    assert files == set(SCHEMA_BY_FILE)
+    for path in exposition_files():
+        assert path.with_name(path.stem + ".expected.json").exists(), path.name
+
+
+@pytest.mark.parametrize("path", exposition_files(), ids=lambda path: path.name)
+def test_reader_matches_independent_expectations(path: Path) -> None:
+    expected = _expected(path)
+    exposition = parse_exposition(path.read_text(), KEPT_SAMPLES)
+    assert detect_schema(exposition) is SCHEMA_BY_FILE[path.name]
+    reading = read_vllm(exposition, url="http://vllm", version=expected["vllm_version"])
+    assert len(reading.engines) == expected["engine_count"]
+    for engine, want in zip(reading.engines, expected["engines"], strict=True):
+        assert (engine.model_name, engine.engine) == (want["model_name"], want["engine"])
+        usage = want["kv_cache_usage_ratio"]
+        # The pid quirk (0.9.2-0.11 with --api-server-count > 1): one value per process; the highest is kept.
+        assert engine.kv_cache_usage_ratio == (max(usage.values()) if isinstance(usage, dict) else usage)
+        assert engine.requests_running == want["requests_running"]
+        assert engine.requests_waiting == want["requests_waiting"]
+        config = engine.cache_config
+        assert config is not None
+        assert config.num_gpu_blocks_server == want["num_gpu_blocks"]
+        assert config.block_size_tokens == want["block_size"]
+        assert config.gpu_memory_utilization == want["gpu_memory_utilization"]
+        assert config.enable_prefix_caching == want["enable_prefix_caching"]
+        assert engine.prefix_cache_queries_total == want["prefix_cache_queries_total"]
+        assert engine.prefix_cache_hits_total == want["prefix_cache_hits_total"]
+        assert engine.prefix_cache_hit_rate_gauge == want["prefix_cache_hit_rate_gauge"]
+        assert engine.preemptions_total == want["preemptions_total"]
+        assert engine.prompt_tokens_total == want["prompt_tokens_total"]
+        assert engine.generation_tokens_total == want["generation_tokens_total"]
+        assert engine.iterations_total == want["iteration_tokens_count"]
+        if "num_gpu_blocks_per_engine" in want:
+            assert derive_kv(engine).capacity_blocks == want["num_gpu_blocks_per_engine"]
+        if "kv_cache_size_tokens" in want:
+            assert config.kv_cache_size_tokens == want["kv_cache_size_tokens"]
+
+
+def test_disable_log_stats_is_a_problem_with_no_engines() -> None:
+    text = (EXPOSITIONS / "vllm-0.32.0-disable-log-stats.prom").read_text()
+    reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version="0.32.0")
+    assert reading.engines == ()
+    assert reading.problems == (
+        "vLLM /metrics has no vllm: metric family (is vLLM started with --disable-log-stats?): "
+        "nothing about the engine can be derived",
+    )
+
+
+def test_num_gpu_blocks_none_is_reported() -> None:
+    text = (EXPOSITIONS / "vllm-0.8.5-v1.prom").read_text()
+    reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version="0.8.5")
+    assert any("num_gpu_blocks=None" in problem for problem in reading.problems)
+    assert derive_kv(reading.engines[0]).capacity_blocks is None
+
+
+def test_no_cache_config_is_reported() -> None:
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+    )
+    reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version=None)
+    assert reading.engines[0].cache_config is None
+    assert reading.problems == (
+        "vLLM /metrics has no vllm:cache_config_info: KV-cache capacity and block size unknown",
+    )
+
+
+def test_unrecognised_vllm_exposition() -> None:
+    reading = read_vllm(parse_exposition("vllm:something_new 1\n", KEPT_SAMPLES), url="u", version=None)
+    assert reading.schema is MetricSchema.UNRECOGNISED
+    assert "KV-cache usage unknown" in reading.problems[0]
+
+
+def test_a_non_numeric_cache_label_is_a_problem_not_a_crash() -> None:
+    text = (
+        'vllm:cache_config_info{block_size="sixteen",engine="0",num_gpu_blocks="128"} 1\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    )
+    reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version=None)
+    config = reading.engines[0].cache_config
+    assert config is not None
+    assert (config.block_size_tokens, config.num_gpu_blocks_server) == (None, 128)
+    assert "label block_size='sixteen' is not a number" in reading.problems[0]
