@@ -19,7 +19,8 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        help_text = f"{field.description} ({extra.get('allowed', '')}; default {field.default!s})"
+        # argparse formats help with %: a literal percent sign must be doubled.
+        help_text = f"{field.description} ({extra.get('allowed', '')}; default {field.default!s})".replace("%", "%%")
         if field.annotation is bool:
             parser.add_argument(
                 flag, dest=name, action="store_const", const=True, default=argparse.SUPPRESS, help=help_text

@@ -243,6 +243,16 @@ def test_once_exits_non_zero_with_one_line_when_vllm_cannot_be_read() -> None:
     assert document["problems"] == [f"vLLM unreachable at {url}/metrics: connection refused"]
 
 
+@pytest.mark.parametrize("command", ["run", "once"])
+def test_help_lists_every_setting(command: str) -> None:
+    from sidecar.shell.settings import Settings
+
+    result = _cli(command, "--help")
+    assert result.returncode == 0, result.stderr
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in result.stdout
+
+
 def test_version() -> None:
     from sidecar import __version__
 
