@@ -6,6 +6,7 @@ serves every version; see `docs/metric-schemas.md` for the table this encodes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from sidecar.model.exposition import Exposition, Sample
@@ -119,22 +120,24 @@ def _engine_sort_key(key: EngineKey) -> tuple[str, int, str]:
 
 
 def _read_engine(exposition: Exposition, key: EngineKey, cache_configs: dict[str | None, CacheConfig]) -> EngineMetrics:
+    def first_found(names: tuple[str, ...]) -> list[float]:
+        """This engine's values under the first candidate name that has any; NaN means vLLM does not know."""
+        for name in names:
+            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
+            if values:
+                return [value for value in values if not math.isnan(value)]
+        return []
+
     def gauge(*names: str) -> float | None:
         # Several series per engine only happen for gauges with a `pid` label (0.9.2-0.11 with
         # --api-server-count > 1), one per API-server process; the highest is the safe reading.
-        for name in names:
-            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
-            if values:
-                return max(values)
-        return None
+        values = first_found(names)
+        return max(values) if values else None
 
     def counter(*names: str) -> float | None:
         # Counters are summed over processes by vLLM already; several series are label splits to add up.
-        for name in names:
-            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
-            if values:
-                return sum(values)
-        return None
+        values = first_found(names)
+        return sum(values) if values else None
 
     current_prefix = counter(PREFIX_QUERIES) is not None
     queries_name, hits_name = (PREFIX_QUERIES, PREFIX_HITS) if current_prefix else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)

@@ -114,6 +114,41 @@ def test_keeps_running_through_vllm_failures_and_logs_each_change_once(
     assert vllm_events[1][1] == f"vLLM {vllm.url}/metrics answered HTTP 500"
 
 
+def test_every_kind_of_bad_vllm_answer_is_a_problem_and_the_daemon_stays_up(
+    vllm: LoopbackServer, tmp_path: Path
+) -> None:
+    from tests.loopback import drop_mid_body, endless, slow
+
+    process = SidecarProcess(
+        ["--vllm-url", vllm.url, "--interval", "0.5", "--timeout", "0.4", "--max-response-bytes", "1048576"],
+        tmp_path / "s.log",
+    )
+    try:
+        process.wait_ready()
+        cases = [
+            (slow(2.0, respond(body=CAPTURE)), "did not answer within 0.4 s"),
+            (respond(500), "answered HTTP 500"),
+            (respond(body=b"<html>oops</html>"), "is not a Prometheus text exposition"),
+            (endless(b"vllm:x 1\n" * 1000, limit_bytes=50 * 2**20), "exceeds the 1048576 byte cap"),
+            (drop_mid_body(len(CAPTURE), CAPTURE[:1000]), "dropped the connection mid-answer"),
+            (respond(body=CAPTURE), None),
+        ]
+        for behaviour, problem in cases:
+            vllm.routes["/metrics"] = behaviour
+
+            def shows(problem: str | None = problem) -> bool:
+                status = process.get("/status").json()
+                if problem is None:
+                    return bool(status["sources"]["vllm"]["ok"])
+                return any(problem in line for line in status["problems"])
+
+            _wait_for(shows)
+            assert process.get("/healthz").status_code == 200
+        assert process.process.poll() is None
+    finally:
+        process.kill()
+
+
 def test_a_port_in_use_is_a_clear_error(vllm: LoopbackServer, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -120,3 +120,13 @@ def test_a_non_numeric_cache_label_is_a_problem_not_a_crash() -> None:
     assert config is not None
     assert (config.block_size_tokens, config.num_gpu_blocks_server) == (None, 128)
     assert "label block_size='sixteen' is not a number" in reading.problems[0]
+
+
+def test_nan_from_vllm_is_unknown_not_a_number() -> None:
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+    )
+    (engine,) = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version=None).engines
+    assert engine.kv_cache_usage_ratio is None
+    assert engine.requests_running == 2.0
