@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -33,6 +33,7 @@ class Response:
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: dict[str, str] = field(default_factory=dict)
+    stream: AsyncIterator[bytes] | None = None  # sent chunked after `body`, e.g. server-sent events
 
     @classmethod
     def text(cls, status: int, text: str) -> Response:
@@ -49,11 +50,20 @@ class BadRequestError(Exception):
 
 
 class HttpServer:
-    def __init__(self, *, host: str, port: int, handler: Handler, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        handler: Handler,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self._host = host
         self._port = port
         self._handler = handler
         self._read_timeout_s = read_timeout_s
+        self._max_body_bytes = max_body_bytes
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -82,7 +92,7 @@ class HttpServer:
         try:
             try:
                 async with asyncio.timeout(self._read_timeout_s):
-                    request = await _read_request(reader, peer)
+                    request = await _read_request(reader, peer, self._max_body_bytes)
             except BadRequestError as error:
                 response = Response.text(error.status, str(error))
                 method = "GET"
@@ -95,14 +105,32 @@ class HttpServer:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(self._read_timeout_s):
                     await writer.drain()
+                if response.stream is not None and method != "HEAD":
+                    await self._send_stream(writer, response.stream)
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(1.0):
                     await writer.wait_closed()
 
+    async def _send_stream(self, writer: asyncio.StreamWriter, stream: AsyncIterator[bytes]) -> None:
+        """Chunked transfer of `stream`; a client that hangs up ends it (the producer sees GeneratorExit)."""
+        try:
+            async for chunk in stream:
+                if chunk:
+                    writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                    async with asyncio.timeout(self._read_timeout_s):
+                        await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            async with asyncio.timeout(self._read_timeout_s):
+                await writer.drain()
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
-async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request:
+
+async def _read_request(reader: asyncio.StreamReader, peer: str, max_body_bytes: int) -> Request:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
@@ -126,8 +154,8 @@ async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request:
     if not length_text.isdigit():
         raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
     length = int(length_text)
-    if length > MAX_BODY_BYTES:
-        raise BadRequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {MAX_BODY_BYTES} bytes")
+    if length > max_body_bytes:
+        raise BadRequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body over {max_body_bytes} bytes")
     body = await reader.readexactly(length) if length else b""
     path = target.split("?", 1)[0]
     return Request(method=method, path=path, headers=headers, body=body, peer=peer)
@@ -135,15 +163,21 @@ async def _read_request(reader: asyncio.StreamReader, peer: str) -> Request:
 
 def _encode(response: Response, *, head_only: bool) -> bytes:
     reason = HTTPStatus(response.status).phrase
+    length = (
+        {"Transfer-Encoding": "chunked"} if response.stream is not None else {"Content-Length": str(len(response.body))}
+    )
     headers = {
         "Content-Type": response.content_type,
-        "Content-Length": str(len(response.body)),
+        **length,
         "Connection": "close",
         "Cache-Control": "no-store",
         **response.headers,
     }
     head = f"HTTP/1.1 {response.status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return head.encode("latin-1") + b"\r\n" + (b"" if head_only else response.body)
+    body = b"" if head_only else response.body
+    if response.stream is not None and body:
+        body = f"{len(body):x}\r\n".encode() + body + b"\r\n"
+    return head.encode("latin-1") + b"\r\n" + body
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

@@ -31,6 +31,7 @@ from sidecar.model.view import View
 from sidecar.shell.settings import Settings
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.gpu import GpuSource
+from sidecar.sources.sim_gpu import SimGpuSource
 from sidecar.sources.vllm_http import VllmHttpSource
 
 SHUTDOWN_GRACE_S = 2.0
@@ -45,9 +46,17 @@ def derive_settings(settings: Settings) -> DeriveSettings:
     )
 
 
-def build_gpu_source(settings: Settings) -> GpuSource | None:
+def build_gpu_source(settings: Settings, client: httpx.AsyncClient) -> GpuSource | None:
     if settings.gpu_source == "none":
         return None
+    if settings.gpu_source == "sim":
+        return SimGpuSource(
+            client=client,
+            url=settings.vllm_url + "/sim/gpu",
+            timeout_s=settings.poll_timeout_s,
+            gpu_indices=settings.gpu_indices,
+            vllm_process_pattern=settings.vllm_process_pattern,
+        )
     from sidecar.sources.nvml import NvmlSource  # noqa: PLC0415 - pynvml is only imported when NVML is chosen
 
     return NvmlSource(gpu_indices=settings.gpu_indices, vllm_process_pattern=settings.vllm_process_pattern)
@@ -117,7 +126,7 @@ class Daemon:
         self._settings = settings
         self._log = logger if logger is not None else structlog.get_logger()
         self._client = build_http_client(settings)
-        self._gpu = build_gpu_source(settings)
+        self._gpu = build_gpu_source(settings, self._client)
         self.poller = Poller(
             vllm=VllmHttpSource(
                 client=self._client,

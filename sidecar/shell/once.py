@@ -17,7 +17,7 @@ from sidecar.sources.vllm_http import VllmHttpSource
 
 async def poll_once(settings: Settings) -> View:
     client = build_http_client(settings)
-    gpu = build_gpu_source(settings)
+    gpu = build_gpu_source(settings, client)
     try:
         poller = Poller(
             vllm=VllmHttpSource(

@@ -85,8 +85,10 @@ class Settings(BaseSettings):
         description="least R² of the memory trend before time to OOM is forecast",
         json_schema_extra=_allowed("a number from 0 to 1"),
     )
-    gpu_source: Literal["nvml", "none"] = Field(
-        "nvml", description="where GPU memory is read from", json_schema_extra=_allowed("nvml or none")
+    gpu_source: Literal["nvml", "sim", "none"] = Field(
+        "nvml",
+        description="where GPU memory is read from: NVML, the simulator's /sim/gpu at --vllm-url, or nothing",
+        json_schema_extra=_allowed("nvml, sim or none"),
     )
     gpus: str = Field(
         "all",

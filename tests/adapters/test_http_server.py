@@ -1,0 +1,123 @@
+"""The small asyncio HTTP server: routing, limits, streaming, and clients that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from sidecar.exporter.http import HttpServer, Request, Response
+
+
+async def _echo(request: Request) -> Response:
+    if request.path == "/stream":
+        return Response(status=200, body=b"first;", stream=_counting_stream())
+    return Response.text(200, f"{request.method} {request.path} {len(request.body)}")
+
+
+closed_streams: list[str] = []
+
+
+async def _counting_stream() -> AsyncIterator[bytes]:
+    try:
+        for index in range(3):
+            await asyncio.sleep(0.01)
+            yield f"chunk{index};".encode()
+    finally:
+        closed_streams.append("closed")
+
+
+async def _endless_stream() -> AsyncIterator[bytes]:
+    try:
+        while True:
+            await asyncio.sleep(0.01)
+            yield b"x" * 1024
+    finally:
+        closed_streams.append("endless closed")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HttpServer]:
+    async def handler(request: Request) -> Response:
+        if request.path == "/endless":
+            return Response(status=200, stream=_endless_stream())
+        return await _echo(request)
+
+    served = HttpServer(host="127.0.0.1", port=0, handler=handler, read_timeout_s=0.5, max_body_bytes=1000)
+    await served.start()
+    yield served
+    await served.stop()
+
+
+async def _raw(server: HttpServer, data: bytes, *, wait_s: float = 2.0) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        async with asyncio.timeout(wait_s):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+async def test_get_post_and_head(server: HttpServer) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+        assert (await client.get("/a?x=1")).text == "GET /a 0\n"
+        assert (await client.post("/b", content=b"12345")).text == "POST /b 5\n"
+        head = await client.head("/a")
+        assert head.status_code == 200
+        assert head.content == b""
+        assert head.headers["content-length"] == str(len("HEAD /a 0\n"))
+
+
+async def test_streaming_is_chunked_and_closes_the_producer(server: HttpServer) -> None:
+    closed_streams.clear()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+        response = await client.get("/stream")
+    assert response.headers["transfer-encoding"] == "chunked"
+    assert response.text == "first;chunk0;chunk1;chunk2;"
+    assert closed_streams == ["closed"]
+
+
+async def test_a_client_hanging_up_mid_stream_ends_the_producer(server: HttpServer) -> None:
+    closed_streams.clear()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await reader.read(4096)
+    writer.close()
+    deadline = time.monotonic() + 5
+    while "endless closed" not in closed_streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert closed_streams == ["endless closed"]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"NONSENSE\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\nbadheader\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+    ],
+)
+async def test_bad_requests_get_a_clear_status(server: HttpServer, request_bytes: bytes, status: bytes) -> None:
+    answer = await _raw(server, request_bytes)
+    assert answer.split(b" ", 2)[1] == status
+
+
+async def test_a_silent_client_is_dropped_after_the_read_timeout(server: HttpServer) -> None:
+    started = time.monotonic()
+    answer = await _raw(server, b"GET / HTTP/1.1\r\n", wait_s=3.0)  # never finishes its head
+    assert answer == b""
+    assert time.monotonic() - started < 2.0
+
+
+async def test_a_truncated_body_is_dropped(server: HttpServer) -> None:
+    answer = await _raw(server, b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
+    assert answer == b""
