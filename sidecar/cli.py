@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from sidecar import __version__
+from sidecar.shell.arguments import apply_defaults
 from sidecar.shell.settings import Settings, SettingsError, load_settings
 
 EXIT_USAGE = 2
@@ -41,11 +43,46 @@ def build_parser() -> argparse.ArgumentParser:
     once = commands.add_parser("once", help="one poll of vLLM and the GPUs, then exit")
     once.add_argument("--json", action="store_true", help="print the JSON document of the contract")
     _settings_flags(once)
+    for name, help_text, module in _TOOL_COMMANDS:
+        tool = commands.add_parser(name, help=help_text)
+        tool.add_argument("--config", help="TOML or YAML file with options (flag > environment > file > default)")
+        importlib.import_module(module).add_arguments(tool)
     return parser
 
 
+_TOOL_COMMANDS = (
+    ("sim", "a simulated vLLM server (OpenAI API, /metrics, /health) on a simulated GPU", "sidecar.sim.command"),
+    ("demo", "the simulator and the daemon together on loopback, with a live view", "sidecar.demo.command"),
+    (
+        "loadtest",
+        "a peak-load profile against any OpenAI-compatible server, with a verdict",
+        "sidecar.loadtest.command",
+    ),
+)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:  # argparse offers no public way to reach a subparser
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(name)
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = vars(build_parser().parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    tool = _subparser(parser, argv[0]) if argv and argv[0] in {name for name, _, _ in _TOOL_COMMANDS} else None
+    if tool is not None:
+        try:
+            apply_defaults(tool, argv[1:])
+        except SettingsError as error:
+            print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        args = parser.parse_args(argv)
+        modules = {name: module for name, _, module in _TOOL_COMMANDS}
+        return int(importlib.import_module(modules[argv[0]]).run(args))
+    arguments = vars(parser.parse_args(argv))
     command = arguments.pop("command")
     as_json = bool(arguments.pop("json", False))
     flags: dict[str, Any] = arguments

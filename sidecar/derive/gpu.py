@@ -10,15 +10,23 @@ from sidecar.model.derived import GpuDerived
 from sidecar.model.gpu import GpuDevice, ProcessOwner
 from sidecar.model.snapshot import Snapshot
 
+# Memory freed at once by more than this share of the card means a process went away (vLLM restarted, a
+# tenant exited): the trend before it says nothing about the trend after.
+REGIME_DROP_RATIO = 0.05
+
 
 def memory_history(snapshots: Iterable[Snapshot]) -> dict[int, list[tuple[float, float]]]:
-    """(time, used bytes) per GPU index from every successful GPU reading, oldest first."""
+    """(time, used bytes) per GPU index since its last large drop, from every successful GPU reading."""
     history: dict[int, list[tuple[float, float]]] = {}
     for snapshot in snapshots:
         if snapshot.gpu is None or snapshot.gpu.value is None or snapshot.gpu.error is not None:
             continue
         for device in snapshot.gpu.value.devices:
-            history.setdefault(device.index, []).append((snapshot.monotonic_s, float(device.memory_used_bytes)))
+            points = history.setdefault(device.index, [])
+            used = float(device.memory_used_bytes)
+            if points and points[-1][1] - used > REGIME_DROP_RATIO * device.memory_total_bytes:
+                points.clear()
+            points.append((snapshot.monotonic_s, used))
     return history
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sidecar.derive.engine import derive_engine, engine_history
 from sidecar.derive.gpu import derive_gpu, memory_history
 from sidecar.derive.progress import ProgressTracker
+from sidecar.derive.restart import last_restart_s
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.window import Window
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
@@ -43,7 +44,9 @@ class Deriver:
         gpus: tuple[GpuDerived, ...] = ()
         if latest.gpu is not None and latest.gpu.value is not None and latest.gpu.error is None:
             utilization = self._gpu_memory_utilization(window, problems)
-            memory = memory_history(window.since(now_s - self.settings.memory_trend_window_s))
+            trend_start_s = now_s - self.settings.memory_trend_window_s
+            restarted_s = last_restart_s(window.since(trend_start_s))
+            memory = memory_history(window.since(max(trend_start_s, restarted_s or trend_start_s)))
             gpus = tuple(
                 derive_gpu(device, memory.get(device.index, []), utilization, self.settings)
                 for device in latest.gpu.value.devices

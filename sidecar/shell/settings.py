@@ -202,7 +202,7 @@ class ConfigFileSource(PydanticBaseSettingsSource):
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
         super().__init__(settings_cls)
-        self._values = _read_config_file(path, set(settings_cls.model_fields)) if path is not None else {}
+        self._values = read_config_file(path, set(settings_cls.model_fields)) if path is not None else {}
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self._values.get(field_name), field_name, False
@@ -211,7 +211,8 @@ class ConfigFileSource(PydanticBaseSettingsSource):
         return dict(self._values)
 
 
-def _read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
+def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
+    """The settings in a TOML or YAML file, keys normalised to `_`; unknown keys are an error."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:

@@ -290,3 +290,62 @@ class TestWindow:
         window.push(snapshot(5.0))
         with pytest.raises(ValueError, match="time order"):
             window.push(snapshot(4.0))
+
+
+class TestTrendAcrossRestarts:
+    def _leak_then_restart(self, *, restart: dict[str, object]) -> Window:
+        window = Window(span_s=600)
+        for step in range(30):  # 60 s of a leak, counters climbing
+            window.push(
+                snapshot(
+                    2.0 * step,
+                    (engine(prompt_tokens_total=1000.0 * step, generation_tokens_total=100.0 * step),),
+                    devices=(device(used=60 * GIB + step * 300 * 2**20),),
+                )
+            )
+        for step in range(30, 50):  # a fresh vLLM: flat memory
+            kwargs: dict[str, object] = {"devices": (device(used=62 * GIB),)}
+            if step == 30:
+                kwargs.update(restart)
+            window.push(
+                snapshot(
+                    2.0 * step,
+                    (engine(prompt_tokens_total=10.0 * step, generation_tokens_total=1.0 * step),),
+                    **kwargs,  # type: ignore[arg-type]
+                )
+            )
+        return window
+
+    def test_an_unreachable_poll_restarts_the_trend(self) -> None:
+        window = self._leak_then_restart(restart={"vllm_error": "vLLM unreachable"})
+        gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
+        assert gpu.memory_growth_bytes_per_second == pytest.approx(0.0, abs=1.0)
+        assert gpu.time_to_oom_seconds is None
+
+    def test_counters_going_backwards_restart_the_trend(self) -> None:
+        # The restart fell between two polls: no failed poll, but vLLM's counters started again from zero.
+        window = self._leak_then_restart(restart={})
+        gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
+        assert gpu.memory_growth_bytes_per_second == pytest.approx(0.0, abs=1.0)
+        assert gpu.time_to_oom_seconds is None
+
+    def test_a_large_drop_in_memory_restarts_the_trend(self) -> None:
+        window = Window(span_s=600)
+        for step in range(50):
+            used = 60 * GIB + step * 300 * 2**20 if step < 30 else 40 * GIB  # a tenant exited at 60 s
+            window.push(snapshot(2.0 * step, devices=(device(used=used),)))
+        gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
+        assert gpu.memory_growth_bytes_per_second == pytest.approx(0.0, abs=1.0)
+
+    def test_without_a_restart_the_whole_window_counts(self) -> None:
+        window = Window(span_s=600)
+        for step in range(50):
+            window.push(
+                snapshot(
+                    2.0 * step,
+                    (engine(prompt_tokens_total=10.0 * step),),
+                    devices=(device(used=40 * GIB + step * 2**20),),
+                )
+            )
+        gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
+        assert gpu.memory_growth_bytes_per_second == pytest.approx(2**19)

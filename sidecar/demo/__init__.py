@@ -1,0 +1,1 @@
+"""`vllm-sidecar demo`: the simulator and the daemon together on loopback, with a live terminal view."""

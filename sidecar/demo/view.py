@@ -1,0 +1,148 @@
+"""The demo's live view: the daemon's /status document rendered for a terminal. Pure: data in, rich out.
+
+It shows what the sidecar sees (KV usage, hit ratio, blocks per request, GPU headroom, forecast time to
+OOM) and what happened (source failures, problems, vLLM dying and coming back), and nothing the daemon
+did not report: a value it does not know reads "-", never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+GIB = 2**30
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Header:
+    scenario: str
+    sim_url: str
+    sidecar_url: str
+    elapsed_s: float
+    vllm_state: str  # "running", "dead (exit 1)", "restarting", ...
+
+
+def _num(value: object, pattern: str = "{:.1f}") -> str:
+    return pattern.format(value) if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def _ratio_bar(value: object, width: int = 20) -> Text:
+    if not isinstance(value, int | float):
+        return Text("-")
+    filled = round(max(0.0, min(1.0, float(value))) * width)
+    style = "red" if value >= 0.9 else "yellow" if value >= 0.8 else "green"
+    return Text("█" * filled + "░" * (width - filled) + f" {value:6.1%}", style=style)
+
+
+def _duration(value: object) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    seconds = float(value)
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def engines_table(engines: Sequence[Mapping[str, object]]) -> Table:
+    table = Table(title="vLLM engines (what the sidecar derives)", expand=True)
+    for column in (
+        "engine",
+        "KV cache usage",
+        "running",
+        "waiting",
+        "blocks/req",
+        "headroom",
+        "frag.",
+        "prefix hit",
+        "stalled",
+    ):
+        table.add_column(column, justify="left" if column in ("engine", "KV cache usage") else "right")
+    for engine in engines:
+        table.add_row(
+            f"{engine.get('model_name')} #{engine.get('engine')}",
+            _ratio_bar(engine.get("kv_cache_usage_ratio")),
+            _num(engine.get("requests_running"), "{:.0f}"),
+            _num(engine.get("requests_waiting"), "{:.0f}"),
+            _num(engine.get("kv_cache_blocks_per_request")),
+            _num(engine.get("kv_cache_request_headroom")),
+            _num(engine.get("kv_cache_fragmentation_ratio"), "{:.1%}"),
+            _num(engine.get("prefix_cache_hit_ratio"), "{:.1%}"),
+            _duration(engine.get("engine_stalled_seconds")),
+        )
+    if not engines:
+        table.add_row("(no engine data: vLLM not readable)", *[""] * 8)
+    return table
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _gib(value: object, pattern: str = "{:.1f} GiB") -> str:
+    number = _number(value)
+    return "-" if number is None else pattern.format(number / GIB)
+
+
+def gpus_table(gpus: Sequence[Mapping[str, object]]) -> Table:
+    table = Table(title="GPUs", expand=True)
+    for column in (
+        "gpu",
+        "used",
+        "used / total",
+        "vLLM budget",
+        "over budget",
+        "other tenants",
+        "growth",
+        "time to OOM",
+    ):
+        table.add_column(column, justify="left" if column in ("gpu", "used") else "right")
+    for gpu in gpus:
+        used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
+        over = _number(gpu.get("memory_over_budget_bytes"))
+        growth = _number(gpu.get("memory_growth_bytes_per_second"))
+        tto = _number(gpu.get("time_to_oom_seconds"))
+        table.add_row(
+            str(gpu.get("gpu")),
+            _ratio_bar(used / total if used is not None and total else None),
+            f"{_gib(used, '{:.1f}')} / {_gib(total, '{:.0f}')} GiB",
+            _gib(gpu.get("memory_budget_bytes")),
+            Text("-") if over is None else Text(_gib(over, "{:+.2f} GiB"), style="red" if over > 0 else "green"),
+            _gib(gpu.get("other_process_memory_bytes")),
+            "-" if growth is None else f"{growth / MIB:+.1f} MiB/s",
+            Text(_duration(tto), style="bold red" if tto is not None and tto < 900 else ""),
+        )
+    if not gpus:
+        table.add_row("(no GPU data)", *[""] * 7)
+    return table
+
+
+def render(header: Header, status: Mapping[str, object] | None, events: Sequence[str]) -> RenderableType:
+    """The whole screen for one refresh."""
+    title = Text.assemble(
+        ("vllm-sidecar demo", "bold"),
+        f"  scenario {header.scenario}  |  vLLM (simulated) {header.sim_url}: ",
+        (header.vllm_state, "green" if header.vllm_state == "running" else "bold red"),
+        f"  |  sidecar {header.sidecar_url}  |  {header.elapsed_s:.0f} s",
+    )
+    parts: list[RenderableType] = [title]
+    if status is None:
+        parts.append(Text("waiting for the sidecar's first poll..."))
+    else:
+        engines = status.get("engines")
+        gpus = status.get("gpus")
+        parts.append(engines_table(engines if isinstance(engines, list) else []))
+        parts.append(gpus_table(gpus if isinstance(gpus, list) else []))
+        problems = status.get("problems")
+        problem_lines = [str(problem) for problem in problems] if isinstance(problems, list) else []
+        parts.append(Panel("\n".join(problem_lines) or "none", title="problems the sidecar reports", expand=True))
+    parts.append(Panel("\n".join(events[-8:]) or "none yet", title="what happened", expand=True))
+    parts.append(Text("Ctrl-C stops the demo (load, sidecar and simulator).", style="dim"))
+    return Group(*parts)

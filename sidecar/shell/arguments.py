@@ -1,0 +1,64 @@
+"""Environment and config-file defaults for the argparse-based commands (sim, loadtest, demo).
+
+The contract: every option is also read from `VLLM_SIDECAR_<OPTION>` and from `--config FILE` (TOML or
+YAML), with flag > environment > file > default. argparse parses a string default exactly like a command
+line value, so the environment's strings go through the same type checks and errors as flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sidecar.shell.settings import ENV_PREFIX, SettingsError, read_config_file
+
+
+def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The parser's options by destination, without help/version/config."""
+    return {
+        action.dest: action
+        for action in parser._actions  # argparse offers no public list of a parser's actions
+        if action.option_strings and action.dest not in ("help", "version", "config")
+    }
+
+
+def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ: Mapping[str, str] | None = None) -> None:
+    """Set each option's default from the environment, else from the --config file in `argv`."""
+    environ = os.environ if environ is None else environ
+    actions = option_actions(parser)
+    file_values = _config_values(argv, environ, set(actions))
+    for dest, action in actions.items():
+        env_value = environ.get(ENV_PREFIX + dest.upper())
+        if env_value is not None:
+            action.default = _from_text(action, env_value, f"environment {ENV_PREFIX}{dest.upper()}")
+        elif dest in file_values:
+            value = file_values[dest]
+            action.default = _from_text(action, value, "the config file") if isinstance(value, str) else value
+
+
+def _config_values(argv: list[str], environ: Mapping[str, str], known: set[str]) -> dict[str, Any]:
+    path = None
+    for index, argument in enumerate(argv):
+        if argument == "--config" and index + 1 < len(argv):
+            path = argv[index + 1]
+        elif argument.startswith("--config="):
+            path = argument.split("=", 1)[1]
+    path = path or environ.get(ENV_PREFIX + "CONFIG")
+    return read_config_file(Path(path), known) if path else {}
+
+
+def _from_text(action: argparse.Action, text: str, origin: str) -> Any:
+    if action.nargs == 0:  # store_true / store_const flags
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off", ""):
+            return False
+        raise SettingsError(f"invalid setting {action.dest}={text!r} from {origin}: expected true or false")
+    if action.choices is not None and text not in action.choices:
+        allowed = ", ".join(str(choice) for choice in action.choices)
+        raise SettingsError(f"invalid setting {action.dest}={text!r} from {origin}; allowed: {allowed}")
+    return text

@@ -1,0 +1,175 @@
+"""The simulated vLLM server: its engines (one per GPU), their GPUs and the scenario. Pure and synchronous.
+
+The caller owns the clock: every method that depends on time takes `now_s`, and `step(now_s)` says how long the
+step takes. Scenario times count from the first call that passes a time (`tenant_start_s`) or from the first
+request (`hang_after_s`). Log lines are stamped with `now_s + config.wall_offset_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sidecar.sim.config import SimConfig
+from sidecar.sim.engine import Engine, check_request
+from sidecar.sim.logs import death_lines, kv_capacity_lines, refusal_lines, refusal_message
+from sidecar.sim.memory import GpuMemory, OutOfMemory
+from sidecar.sim.records import Death, DeathCause, EngineGauges, GpuState, Recorder, StepOutcome, TokenEvent
+from sidecar.sim.scenarios import is_hung, tenant_wanted_bytes
+
+HUNG_UTILIZATION_RATIO = 1.0  # a stuck collective or kernel spins: NVML shows the GPU busy while nothing advances
+
+
+class EngineDeadError(RuntimeError):
+    """The engine died or never started: vLLM answers every request with an error."""
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, recorder: Recorder) -> None:
+        self.config = config
+        blocks = config.derived_num_gpu_blocks
+        self._refusal = refusal_message(config, blocks)
+        # A refused start still gets a (tiny) pool so the object is whole; it never runs.
+        pool_blocks = max(2, blocks)
+        self._engines = [
+            Engine(config=config, index=index, recorder=recorder, num_gpu_blocks=pool_blocks)
+            for index in range(config.data_parallel)
+        ]
+        self._gpus = [
+            GpuMemory(config=config, index=index, kv_pool_bytes=blocks * config.block_bytes)
+            for index in range(config.data_parallel)
+        ]
+        self._finished = [0] * config.data_parallel  # requests finished since the GPU last stepped (leak)
+        self._route: dict[str, int] = {}
+        self._origin_s: float | None = None
+        self._first_request_s: float | None = None
+        self._next_engine = 0
+        self.death: Death | None = None
+        self.hung = False
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """Blocks of each engine."""
+        return self.config.derived_num_gpu_blocks
+
+    @property
+    def has_work(self) -> bool:
+        return any(engine.has_work for engine in self._engines)
+
+    @property
+    def alive(self) -> bool:
+        return self._refusal is None and self.death is None
+
+    def startup_check(self, now_s: float = 0.0) -> tuple[str, ...] | None:
+        """vLLM's refusal to start (log lines ending in its ValueError), or None when it starts."""
+        if self._refusal is None:
+            return None
+        return refusal_lines(self.config, self._refusal, self.num_gpu_blocks, now_s + self.config.wall_offset_s)
+
+    def startup_log(self, now_s: float = 0.0) -> tuple[str, ...]:
+        """The KV capacity lines a real vLLM prints at start (the refusal instead when it does not start)."""
+        refusal = self.startup_check(now_s)
+        if refusal is not None:
+            return refusal
+        wall_s = now_s + self.config.wall_offset_s
+        total = self.num_gpu_blocks * self.config.data_parallel
+        lines: list[str] = []
+        for engine in self._engines:
+            lines.extend(kv_capacity_lines(self.config, engine.index, self.num_gpu_blocks, total, wall_s))
+        return tuple(lines)
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int, now_s: float, n: int = 1
+    ) -> int:
+        """Queue a request on the least-loaded engine and return that engine's index.
+
+        Raises RequestRejectedError (vLLM's HTTP 400 message), EngineDeadError, or ValueError for a duplicate id.
+        """
+        self._touch(now_s)
+        if self._refusal is not None:
+            raise EngineDeadError("the engine never started")
+        if self.death is not None:
+            raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        check_request(self.config, prompt_token_ids, max_tokens, n)
+        if request_id in self._route:
+            raise ValueError(f"Request id {request_id} already running.")
+        count = len(self._engines)
+        # Least loaded first; ties go round robin so equal engines share the work.
+        engine = min(self._engines, key=lambda e: (e.load, (e.index - self._next_engine) % count))
+        self._next_engine = (engine.index + 1) % count
+        engine.add_request(request_id, prompt_token_ids, max_tokens, now_s, n)
+        self._route[request_id] = engine.index
+        if self._first_request_s is None:
+            self._first_request_s = now_s
+        return engine.index
+
+    def abort(self, request_id: str, now_s: float) -> bool:
+        """Abort a request; False when unknown, or when the engine is hung or dead and processes nothing."""
+        self._touch(now_s)
+        if not self.alive or self.hung or request_id not in self._route:
+            return False
+        return self._engines[self._route.pop(request_id)].abort(request_id, now_s)
+
+    def step(self, now_s: float) -> StepOutcome:
+        """One step of every engine; the outcome of the slowest. Reports a death once, in the step it happens."""
+        self._touch(now_s)
+        idle_s = self.config.decode_step_s
+        self._update_tenants(now_s)
+        if not self.alive:
+            for gpu in self._gpus:
+                gpu.idle(now_s, utilization_ratio=0.0)
+            return StepOutcome(duration_s=idle_s)
+        self.hung = is_hung(self.config, self._first_request_s, now_s)
+        if self.hung:
+            for gpu in self._gpus:
+                gpu.idle(now_s, utilization_ratio=HUNG_UTILIZATION_RATIO)
+            return StepOutcome(duration_s=idle_s, hung=True)
+        batches = [engine.schedule() for engine in self._engines]
+        for engine, gpu, batch in zip(self._engines, self._gpus, batches, strict=True):
+            activation = gpu.activation_bytes(
+                scheduled_tokens=batch.scheduled_tokens, context_tokens=batch.context_tokens
+            )
+            oom = gpu.advance(
+                now_s,
+                activation_bytes=activation,
+                finished_requests=self._finished[engine.index],
+                busy_tokens=batch.scheduled_tokens,
+            )
+            self._finished[engine.index] = 0
+            if oom is not None:
+                return self._die(engine.index, oom, now_s)
+        duration_s = idle_s
+        tokens: list[TokenEvent] = []
+        for engine, batch in zip(self._engines, batches, strict=True):
+            outcome = engine.execute(batch, now_s)
+            duration_s = max(duration_s, outcome.duration_s)
+            tokens.extend(outcome.tokens)
+            for event in outcome.tokens:
+                if event.finished is not None:
+                    self._finished[engine.index] += 1
+                    self._route.pop(event.request_id, None)
+        extra = {f"gpu{gpu.index}_activation_bytes": float(gpu.activation_live_bytes) for gpu in self._gpus}
+        return StepOutcome(duration_s=duration_s, tokens=tuple(tokens), extra=extra)
+
+    def gpu_states(self, now_s: float) -> tuple[GpuState, ...]:
+        """Every simulated GPU as NVML would report it now."""
+        self._touch(now_s)
+        self._update_tenants(now_s)
+        return tuple(gpu.state() for gpu in self._gpus)
+
+    def engine_gauges(self) -> tuple[EngineGauges, ...]:
+        return tuple(engine.gauges() for engine in self._engines)
+
+    def _touch(self, now_s: float) -> None:
+        if self._origin_s is None:
+            self._origin_s = now_s
+
+    def _update_tenants(self, now_s: float) -> None:
+        origin = now_s if self._origin_s is None else self._origin_s
+        wanted = tenant_wanted_bytes(self.config, now_s - origin)
+        for gpu in self._gpus:
+            gpu.set_tenant(wanted)
+
+    def _die(self, engine: int, oom: OutOfMemory, now_s: float) -> StepOutcome:
+        lines = death_lines(self.config, engine, oom, now_s + self.config.wall_offset_s)
+        self.death = Death(cause=DeathCause.CUDA_OOM, engine=engine, log_lines=lines)
+        return StepOutcome(duration_s=self.config.decode_step_s, death=self.death)
