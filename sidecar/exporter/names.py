@@ -162,6 +162,42 @@ GPU_XID = MetricSpec(
 )
 GPU_LAST_XID = MetricSpec("vllm_sidecar_gpu_last_xid", Kind.GAUGE, GPU, "Code of the last Xid event seen on the GPU.")
 
+ADMISSION_PAUSED = MetricSpec(
+    "vllm_sidecar_admission_paused",
+    Kind.GAUGE,
+    (),
+    "1 while admission is paused (/readyz answers 503), else 0.",
+)
+POLICY_STATE = MetricSpec(
+    "vllm_sidecar_policy_state", Kind.GAUGE, ("state",), "1 for the policy's current state, 0 for the others."
+)
+ACTIONS = MetricSpec(
+    "vllm_sidecar_actions",
+    Kind.COUNTER,
+    ("action",),
+    "Actions the sidecar took (or, in dry-run, would have taken), by kind.",
+)
+ACTION_FAILURES = MetricSpec(
+    "vllm_sidecar_action_failures", Kind.COUNTER, ("action",), "Actions that failed or were refused, by kind."
+)
+RESTARTS = MetricSpec(
+    "vllm_sidecar_restarts", Kind.COUNTER, ("reason",), "Restarts of vLLM the sidecar performed, by reason."
+)
+LAST_RESTART = MetricSpec(
+    "vllm_sidecar_last_restart_timestamp_seconds",
+    Kind.GAUGE,
+    (),
+    "Unix time of the last restart of vLLM the sidecar performed (from the persisted ledger).",
+)
+RESTART_BUDGET_REMAINING = MetricSpec(
+    "vllm_sidecar_restart_budget_remaining",
+    Kind.GAUGE,
+    (),
+    "Restarts still allowed in the current hour before the budget is exhausted.",
+)
+
+POLICY = (ADMISSION_PAUSED, POLICY_STATE, ACTIONS, ACTION_FAILURES, RESTARTS, LAST_RESTART, RESTART_BUDGET_REMAINING)
+
 ALL = (
     UP,
     SOURCE_SUCCESS,

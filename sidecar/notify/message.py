@@ -1,0 +1,25 @@
+"""A notification: what happened, why, when. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class NotificationKind(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    RESTART_BEGIN = "restart_begin"
+    RESTART_END = "restart_end"
+    RESTART_FAILURE = "restart_failure"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notification:
+    kind: NotificationKind
+    summary: str  # one line a person reads first, e.g. "admission paused: KV cache usage 0.93 >= 0.90"
+    reason: str  # machine-friendly cause, e.g. "kv_cache_usage" or "oom_forecast"
+    wall_time_s: float
+    dry_run: bool = False
+    details: dict[str, str] = field(default_factory=dict)  # never secrets; values already formatted
