@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -25,19 +24,6 @@ GPU = {
         {"pid": 5000, "name": "python train.py", "used_bytes": 4 * 2**30},
     ],
 }
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    served = LoopbackServer()
-    yield served
-    served.close()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as shared:
-        yield shared
 
 
 def _source(client: httpx.AsyncClient, url: str, **kwargs: object) -> SimGpuSource:

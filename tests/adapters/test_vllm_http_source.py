@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
-import pytest
 
 from sidecar.model.vllm import MetricSchema
 from sidecar.sources.vllm_http import VllmHttpSource
@@ -15,19 +13,6 @@ from tests.loopback import LoopbackServer, closed_port, drop_mid_body, endless, 
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
 HEALTHY = {"/version": respond(body=b'{"version":"0.32.0"}'), "/health": respond()}
-
-
-@pytest.fixture
-def server() -> Iterator[LoopbackServer]:
-    served = LoopbackServer()
-    yield served
-    served.close()
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=5.0) as shared:
-        yield shared
 
 
 def source(client: httpx.AsyncClient, url: str, *, timeout_s: float = 1.0, cap: int = 4 * 2**20) -> VllmHttpSource:
