@@ -20,6 +20,8 @@ from sidecar.parse.exposition import ExpositionError, parse_exposition
 from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
 
 SOURCE = "vllm"
+# vLLM's version changes only with a restart, which shows as a failed poll; asking every minute covers the rest.
+VERSION_MAX_AGE_S = 60.0
 _SMALL_BODY_BYTES = 64 * 1024  # /version and /health answers are tiny; anything bigger is not them
 
 
@@ -42,25 +44,30 @@ class VllmHttpSource:
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
         self._clock = clock
+        self._version: str | None = None
+        self._version_asked_at: float | None = None  # None: ask on the next read
 
     async def read(self) -> SourceResult[VllmReading]:
         """Fetch /metrics and /version concurrently and interpret them."""
         started = self._clock()
         metrics_task = asyncio.create_task(self._fetch("/metrics", self._max_body_bytes))
-        version_task = asyncio.create_task(self._version())
+        version_task = asyncio.create_task(self._version_now()) if self._version_due(started) else None
         try:
             body = await metrics_task
             text = _decode(body)
             exposition = parse_exposition(text, KEPT_SAMPLES)
-        except FetchError as error:
-            version_task.cancel()
-            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=str(error))
-        except ExpositionError as error:
-            version_task.cancel()
-            message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
+        except (FetchError, ExpositionError) as error:
+            if version_task is not None:
+                version_task.cancel()
+            self._version_asked_at = None  # a failed poll may be a restart, perhaps into another version
+            message = str(error)
+            if isinstance(error, ExpositionError):
+                message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
             return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message)
-        version = await version_task
-        reading = read_vllm(exposition, url=self.base_url, version=version)
+        if version_task is not None:
+            self._version = await version_task
+            self._version_asked_at = started
+        reading = read_vllm(exposition, url=self.base_url, version=self._version)
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
 
     async def healthy(self) -> bool:
@@ -71,7 +78,10 @@ class VllmHttpSource:
             return False
         return True
 
-    async def _version(self) -> str | None:
+    def _version_due(self, now_s: float) -> bool:
+        return self._version_asked_at is None or now_s - self._version_asked_at >= VERSION_MAX_AGE_S
+
+    async def _version_now(self) -> str | None:
         """vLLM's version from /version; None when it is not offered or not understood (never an error)."""
         try:
             body = await self._fetch("/version", _SMALL_BODY_BYTES)

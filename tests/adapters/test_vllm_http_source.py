@@ -121,3 +121,23 @@ async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, c
 async def test_unhealthy(server: LoopbackServer, client: httpx.AsyncClient) -> None:
     server.routes["/health"] = respond(503)
     assert not await source(client, server.url).healthy()
+
+
+async def test_version_is_asked_once_then_again_after_a_failed_poll(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
+    reader = source(client, server.url)
+    for _ in range(3):
+        result = await reader.read()
+        assert result.value is not None
+        assert result.value.version == "0.32.0"
+    assert server.hits.count("/version") == 1
+    server.routes["/metrics"] = respond(500)
+    assert not (await reader.read()).ok
+    server.routes["/metrics"] = respond(body=CAPTURE)
+    server.routes["/version"] = respond(body=b'{"version":"0.33.0"}')
+    result = await reader.read()
+    assert result.value is not None
+    assert result.value.version == "0.33.0"  # restarted into a new version: noticed at once
+    assert server.hits.count("/version") == 2
