@@ -1,0 +1,211 @@
+"""Restart vLLM's systemd service over D-Bus, and read the service's state. I/O (D-Bus, through jeepney).
+
+A restart is `org.freedesktop.systemd1.Manager.RestartUnit(unit, "replace")`, what `systemctl restart` sends,
+followed by waiting for the `JobRemoved` signal of the job it queued: only that signal says whether the restart
+worked (`done`) or not (`failed`, `timeout`, `dependency`, `canceled`, `skipped`...). The match for the signal is
+in place before the call, so a job that ends before the call's answer arrives is not missed. Each call opens its
+own connection (restarts are rare; nothing is held between them), everything is bounded by `job_timeout_s`, and
+every failure comes back as a FAILED outcome with one line saying why, never as an exception. A job still
+running at the bound is left to systemd (its own `TimeoutStartSec` ends it); cancelling it could leave vLLM
+stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
+from sidecar.actuators.dbus import BusLostError, BusUnavailableError, DbusCallError, DbusSession, Target
+from sidecar.actuators.unit_name import validate_unit_name
+
+BusKind = Literal["system", "user"]
+SYSTEMD_BUS_NAME = "org.freedesktop.systemd1"
+MANAGER = Target(bus_name=SYSTEMD_BUS_NAME, path="/org/freedesktop/systemd1", interface=f"{SYSTEMD_BUS_NAME}.Manager")
+UNIT_INTERFACE = f"{SYSTEMD_BUS_NAME}.Unit"
+SERVICE_INTERFACE = f"{SYSTEMD_BUS_NAME}.Service"
+JOB_MODE = "replace"  # what `systemctl restart` uses: a pending stop or start of the unit is replaced
+JOB_REMOVED_MATCH = (
+    f"type='signal',sender='{SYSTEMD_BUS_NAME}',path='{MANAGER.path}',interface='{MANAGER.interface}',"
+    "member='JobRemoved'"
+)
+JOB_DONE = "done"
+
+_ACCESS_ERRORS = frozenset(
+    {"org.freedesktop.DBus.Error.AccessDenied", "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired"}
+)
+_NO_MANAGER_ERRORS = frozenset(
+    {"org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner"}
+)
+
+
+class SystemdError(Exception):
+    """Reading the unit's state failed; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitState:
+    """What systemd says about the unit now (`systemctl show -p ...`)."""
+
+    unit: str
+    load_state: str  # loaded, not-found, masked, error...
+    active_state: str  # active, activating, deactivating, inactive, failed, reloading
+    sub_state: str  # running, start-pre, exited, dead, auto-restart...
+    main_pid: int | None  # None while the service has no main process (systemd says 0)
+    n_restarts: int  # restarts systemd itself made (Restart=), not those asked for over D-Bus
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far a restart got, for the message when the bound cuts it short."""
+
+    step: str = "connecting"
+    job: str | None = None
+
+
+class SystemdActuator:
+    """Restarts one systemd service, on the system manager or a user manager."""
+
+    name: str = "systemd"
+
+    def __init__(
+        self,
+        unit: str,
+        *,
+        bus: BusKind = "system",
+        job_timeout_s: float = 900.0,
+        bus_address: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.unit = validate_unit_name(unit)
+        if bus not in ("system", "user"):
+            raise ValueError(f"systemd bus must be 'system' or 'user', not {bus!r}")
+        if not (math.isfinite(job_timeout_s) and job_timeout_s > 0):
+            raise ValueError(f"systemd job timeout must be a positive number of seconds, not {job_timeout_s!r}")
+        self.bus: BusKind = bus
+        self.job_timeout_s = job_timeout_s
+        # jeepney reads DBUS_SYSTEM_BUS_ADDRESS / DBUS_SESSION_BUS_ADDRESS for "SYSTEM" / "SESSION"
+        self._address = bus_address or ("SYSTEM" if bus == "system" else "SESSION")
+        self._clock = clock
+
+    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
+        """Restart the unit and wait for systemd's verdict. `reason` is the caller's to log: D-Bus takes none."""
+        started = self._clock()
+        if dry_run:
+            detail = f"would call RestartUnit({self.unit}, {JOB_MODE}) on the {self.bus} bus"
+            return ActuatorOutcome(status=OutcomeStatus.DRY_RUN, detail=detail, duration_s=self._clock() - started)
+        progress = _Progress()
+        try:
+            async with asyncio.timeout(self.job_timeout_s):
+                status, detail = await self._restart(progress)
+        except TimeoutError:
+            status, detail = OutcomeStatus.FAILED, self._timeout_detail(progress)
+        except Exception as error:  # noqa: BLE001 - an actuator never raises into the loop: the outcome says it
+            status, detail = OutcomeStatus.FAILED, f"restart of {self.unit}: {type(error).__name__}: {error}"
+        return ActuatorOutcome(status=status, detail=detail, duration_s=self._clock() - started)
+
+    async def close(self) -> None:
+        """Nothing to release: each call opens and closes its own connection."""
+
+    async def read_state(self) -> UnitState:
+        """The unit's load, active and sub state, main PID and NRestarts. Raises SystemdError, bounded by 10 s."""
+        try:
+            async with asyncio.timeout(min(self.job_timeout_s, 10.0)):
+                session = await DbusSession.open(self._address)
+                try:
+                    (path,) = await session.call(MANAGER, "LoadUnit", "s", self.unit)
+                    unit = Target(bus_name=SYSTEMD_BUS_NAME, path=str(path), interface=UNIT_INTERFACE)
+                    service = Target(bus_name=SYSTEMD_BUS_NAME, path=str(path), interface=SERVICE_INTERFACE)
+                    load_state = await session.get_property(unit, "LoadState")
+                    active_state = await session.get_property(unit, "ActiveState")
+                    sub_state = await session.get_property(unit, "SubState")
+                    main_pid = await session.get_property(service, "MainPID")
+                    n_restarts = await session.get_property(service, "NRestarts")
+                finally:
+                    await session.close()
+        except TimeoutError as error:
+            raise SystemdError(f"no answer from systemd on the {self.bus} bus about {self.unit}") from error
+        except (BusUnavailableError, BusLostError, DbusCallError) as error:
+            raise SystemdError(self._error_detail(error)) from error
+        return UnitState(
+            unit=self.unit,
+            load_state=str(load_state),
+            active_state=str(active_state),
+            sub_state=str(sub_state),
+            main_pid=main_pid if isinstance(main_pid, int) and main_pid > 0 else None,
+            n_restarts=n_restarts if isinstance(n_restarts, int) else 0,
+        )
+
+    async def _restart(self, progress: _Progress) -> tuple[OutcomeStatus, str]:
+        try:
+            session = await DbusSession.open(self._address)
+        except BusUnavailableError as error:
+            return OutcomeStatus.FAILED, self._error_detail(error)
+        try:
+            progress.step = "subscribing to JobRemoved"
+            await session.add_match(JOB_REMOVED_MATCH)
+            # systemd sends JobRemoved to the client that queued the job even unsubscribed; Subscribe is for safety
+            with contextlib.suppress(DbusCallError):
+                await session.call(MANAGER, "Subscribe")
+            progress.step = "calling RestartUnit"
+            (job,) = await session.call(MANAGER, "RestartUnit", "ss", self.unit, JOB_MODE)
+            progress.job, progress.step = str(job), "waiting for the job"
+            result = await _job_result(session, progress.job)
+        except (BusLostError, DbusCallError) as error:
+            return OutcomeStatus.FAILED, self._error_detail(error)
+        finally:
+            await session.close()
+        if result == JOB_DONE:
+            return OutcomeStatus.DONE, f"restarted {self.unit} on the {self.bus} bus ({progress.job})"
+        return OutcomeStatus.FAILED, (
+            f"restart of {self.unit} ended with job result: {result} ({progress.job}); see `{self._systemctl()} "
+            f"status {self.unit}`"
+        )
+
+    def _error_detail(self, error: Exception) -> str:  # noqa: PLR0911 - one return per kind of failure
+        bus = f"the {self.bus} bus"
+        if isinstance(error, BusUnavailableError):
+            return f"cannot reach {bus} ({self._address}): {error}"
+        if isinstance(error, BusLostError):
+            return f"lost {bus} ({error}) talking to systemd about {self.unit}"
+        if isinstance(error, DbusCallError):
+            if error.name == f"{SYSTEMD_BUS_NAME}.NoSuchUnit":
+                return f"no such unit: {self.unit} on the {self.bus} manager ({error.message})"
+            if error.name in _ACCESS_ERRORS:
+                hint = (
+                    "run as root or grant polkit action org.freedesktop.systemd1.manage-units to the sidecar's user"
+                    if self.bus == "system"
+                    else "a user manager obeys only its own user (and root)"
+                )
+                return f"not allowed to restart {self.unit} on {bus} ({error.name}: {error.message}); {hint}"
+            if error.name in _NO_MANAGER_ERRORS:
+                return f"no systemd manager on {bus} ({error.name}: {error.message})"
+            return f"systemd refused for {self.unit}: {error.name}: {error.message}"
+        return f"{type(error).__name__}: {error}"
+
+    def _timeout_detail(self, progress: _Progress) -> str:
+        limit = f"{self.job_timeout_s:g} s"
+        if progress.job is None:
+            return f"timed out after {limit} {progress.step} on the {self.bus} bus for {self.unit}"
+        return (
+            f"timed out after {limit}: restart job {progress.job} of {self.unit} has not finished; "
+            "left to systemd (its TimeoutStartSec ends it)"
+        )
+
+    def _systemctl(self) -> str:
+        return "systemctl --user" if self.bus == "user" else "systemctl"
+
+
+async def _job_result(session: DbusSession, job: str) -> str:
+    """Wait for JobRemoved(id, job, unit, result) of `job` and return its result."""
+    while True:
+        signal = await session.next_signal()
+        if signal.interface != MANAGER.interface or signal.member != "JobRemoved" or len(signal.body) != 4:
+            continue
+        if signal.body[1] == job:
+            return str(signal.body[3])

@@ -1,0 +1,317 @@
+"""The Kubernetes adapter against a real kube-apiserver 1.20.2 + etcd, RBAC from deploy/kubernetes/rbac.yaml.
+
+The code under test authenticates as the `vllm-sidecar` ServiceAccount (a token minted with the
+TokenRequest API), bound by the shipped Role; fixtures act as an admin. Each test gets a fresh namespace.
+Without etcd or the apiserver binary these tests skip, except in CI (CI=true) where that is a failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from sidecar.actuators.base import OutcomeStatus
+from sidecar.actuators.kube_client import KubeClient
+from sidecar.actuators.kube_credentials import kubeconfig_credentials
+from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents, connect
+
+from .kube_apiserver import ApiServer, StartError, UnavailableError, Workspace, start_apiserver
+
+WALL_S = 1_795_000_000.0  # 2026-11-18T11:06:40Z
+WALL_RFC3339 = "2026-11-18T11:06:40Z"
+REQUIRE_ENV = "VLLM_SIDECAR_REQUIRE_KUBE"
+
+
+def _required() -> bool:
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get(REQUIRE_ENV) == "1"
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    try:
+        server = start_apiserver(tmp_path_factory.mktemp("kube-apiserver"))
+    except UnavailableError as error:
+        if _required():
+            pytest.fail(
+                f"the real kube-apiserver is required here (CI=true or {REQUIRE_ENV}=1): {error}", pytrace=False
+            )
+        pytest.skip(f"real kube-apiserver not available: {error}")
+    except StartError as error:
+        pytest.fail(f"kube-apiserver did not start: {error}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(apiserver: ApiServer) -> Iterator[httpx.Client]:
+    with apiserver.admin() as client:
+        yield client
+
+
+@pytest.fixture
+def workspace(apiserver: ApiServer, admin: httpx.Client) -> Workspace:
+    """A namespace with the shipped RBAC and a Deployment -> ReplicaSet -> Pod chain."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac()
+    space.create_workload()
+    return space
+
+
+@pytest.fixture
+async def client(workspace: Workspace) -> AsyncIterator[KubeClient]:
+    kube = KubeClient(workspace.credentials(workspace.sidecar_token()), timeout_s=10)
+    yield kube
+    await kube.close()
+
+
+def actuator(mode: str, space: Workspace, client: KubeClient, **options: Any) -> KubernetesActuator:
+    return KubernetesActuator(
+        mode, pod=space.pod, namespace=space.namespace, client=client, wall_clock=lambda: WALL_S, **options
+    )
+
+
+async def test_evict_removes_the_pod(workspace: Workspace, client: KubeClient) -> None:
+    outcome = await actuator("evict", workspace, client).restart(reason="oom_forecast", dry_run=False)
+    # 1.20 predates policy/v1 Eviction: it answers 400 to it and the adapter falls back to policy/v1beta1.
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert outcome.detail == (
+        f"evicted pod {workspace.pod} in namespace {workspace.namespace} (policy/v1beta1 Eviction accepted)"
+    )
+    assert not workspace.pod_exists()
+
+
+async def test_evict_under_a_disruption_budget_is_not_now(workspace: Workspace, client: KubeClient) -> None:
+    workspace.create_pdb()
+    workspace.set_pod_running()  # a Pending pod skips the budget check
+    outcome = await actuator("evict", workspace, client).restart(reason="oom_forecast", dry_run=False)
+    assert outcome.status is OutcomeStatus.NOT_NOW, outcome.detail
+    assert outcome.detail.startswith("a PodDisruptionBudget does not allow this eviction now (")
+    assert "\n" not in outcome.detail
+    assert workspace.pod_exists()
+
+
+async def test_delete_removes_the_pod(workspace: Workspace, client: KubeClient) -> None:
+    outcome = await actuator("delete", workspace, client, grace_period_s=0).restart(reason="x", dry_run=False)
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert outcome.detail == f"deleted pod {workspace.pod} in namespace {workspace.namespace}, grace period 0 s"
+    assert not workspace.pod_exists()
+
+
+async def test_rollout_restarts_the_owning_deployment(workspace: Workspace, client: KubeClient) -> None:
+    before = workspace.deployment_document()
+    outcome = await actuator("rollout", workspace, client).restart(reason="stalled", dry_run=False)
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    after = workspace.deployment_document()
+    annotations = after["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"kubectl.kubernetes.io/restartedAt": WALL_RFC3339}
+    assert (before["metadata"]["generation"], after["metadata"]["generation"]) == (1, 2)
+    assert outcome.detail == (
+        f"rollout restart of Deployment vllm in namespace {workspace.namespace} "
+        f"(restartedAt {WALL_RFC3339}, generation 1 -> 2)"
+    )
+    assert workspace.pod_exists()  # the pods are the Deployment controller's business
+
+
+async def test_dry_run_touches_nothing(workspace: Workspace, client: KubeClient) -> None:
+    pod_version = workspace.get(f"/api/v1/namespaces/{{ns}}/pods/{workspace.pod}").json()["metadata"]
+    deployment_version = workspace.deployment_document()["metadata"]
+    for mode in ("evict", "delete", "rollout"):
+        outcome = await actuator(mode, workspace, client).restart(reason="x", dry_run=True)
+        assert outcome.status is OutcomeStatus.DRY_RUN
+        assert outcome.detail.startswith("would ")
+    pod_after = workspace.get(f"/api/v1/namespaces/{{ns}}/pods/{workspace.pod}").json()["metadata"]
+    assert pod_after["resourceVersion"] == pod_version["resourceVersion"]
+    assert workspace.deployment_document()["metadata"]["resourceVersion"] == deployment_version["resourceVersion"]
+
+
+async def test_events_are_created_on_the_own_pod(workspace: Workspace, client: KubeClient) -> None:
+    events = KubernetesEvents(client, pod=workspace.pod, namespace=workspace.namespace)
+    await events.emit(reason="AdmissionPaused", message="KV cache usage 0.93 >= 0.90", warning=False)
+    assert events.last_error is None
+    await events.emit(reason="RestartFailed", message="x" * 5000, warning=True)
+    assert events.last_error is None
+    # What `kubectl describe pod` asks for: events whose involvedObject is this pod, by uid.
+    selector = f"involvedObject.kind=Pod,involvedObject.name={workspace.pod},involvedObject.uid={workspace.uids['pod']}"
+    found = workspace.admin.get(f"/api/v1/namespaces/{workspace.namespace}/events", params={"fieldSelector": selector})
+    items = sorted(found.json()["items"], key=lambda item: item["reason"])
+    assert [(item["reason"], item["type"]) for item in items] == [
+        ("AdmissionPaused", "Normal"),
+        ("RestartFailed", "Warning"),
+    ]
+    paused, failed = items
+    assert paused["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": workspace.pod,
+        "namespace": workspace.namespace,
+        "uid": workspace.uids["pod"],
+    }
+    assert paused["message"] == "KV cache usage 0.93 >= 0.90"
+    assert paused["source"] == {"component": "vllm-sidecar"}
+    assert paused["count"] == 1
+    assert paused["firstTimestamp"] == paused["lastTimestamp"]
+    assert re.fullmatch(rf"{workspace.pod}\.[0-9a-f]+", paused["metadata"]["name"])
+    assert len(failed["message"]) == 1024
+
+
+CASES = [(mode.value, permission) for mode, needed in PERMISSIONS.items() for permission in needed]
+
+
+@pytest.mark.parametrize(("mode", "permission"), CASES, ids=[f"{mode}-{p.verb}-{p.resource}" for mode, p in CASES])
+async def test_each_permission_is_needed_and_named(
+    apiserver: ApiServer, admin: httpx.Client, mode: str, permission: Any
+) -> None:
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(without=(permission.verb, permission.resource, permission.group))
+    space.create_workload()
+    kube = KubeClient(space.credentials(space.sidecar_token()))
+    try:
+        outcome = await actuator(mode, space, kube).restart(reason="x", dry_run=False)
+    finally:
+        await kube.close()
+    assert outcome.status is OutcomeStatus.FAILED
+    group = permission.group or '"" (core)'
+    assert outcome.detail == (
+        f"forbidden: cannot {permission.verb} {permission.resource} in namespace {space.namespace} "
+        f"as system:serviceaccount:{space.namespace}:vllm-sidecar; the Role must grant verb {permission.verb} "
+        f"on resource {permission.resource} in API group {group} (see deploy/kubernetes/rbac.yaml)"
+    )
+    assert space.pod_exists()
+    assert space.deployment_document()["metadata"]["generation"] == 1
+
+
+async def test_events_without_create_say_so_and_without_get_lose_only_the_uid(
+    apiserver: ApiServer, admin: httpx.Client
+) -> None:
+    get_pods, create_events = EVENT_PERMISSIONS
+    for missing in (create_events, get_pods):
+        space = Workspace.create(apiserver, admin)
+        space.apply_rbac(without=(missing.verb, missing.resource, missing.group))
+        space.create_workload()
+        kube = KubeClient(space.credentials(space.sidecar_token()))
+        events = KubernetesEvents(kube, pod=space.pod, namespace=space.namespace)
+        await events.emit(reason="RestartStarted", message="evicting", warning=False)
+        await kube.close()
+        if missing is create_events:
+            assert events.last_error is not None
+            assert events.last_error.startswith("event RestartStarted not recorded: forbidden: cannot create events")
+            assert space.events() == []
+        else:
+            assert events.last_error is None
+            (event,) = space.events()
+            assert "uid" not in event["involvedObject"]
+
+
+async def test_missing_pod_fails_with_not_found(workspace: Workspace, client: KubeClient) -> None:
+    for mode in ("evict", "delete", "rollout"):
+        adapter = KubernetesActuator(mode, pod="vllm-gone", namespace=workspace.namespace, client=client)
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.FAILED
+        assert outcome.detail.startswith(f"not found: pod vllm-gone in namespace {workspace.namespace} (HTTP 404"), (
+            outcome.detail
+        )
+
+
+async def test_rollout_refuses_a_pod_without_a_deployment(workspace: Workspace, client: KubeClient) -> None:
+    bare = {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    workspace.post("/api/v1/namespaces/{ns}/pods", bare)
+    adapter = KubernetesActuator("rollout", pod="bare", namespace=workspace.namespace, client=client)
+    outcome = await adapter.restart(reason="x", dry_run=False)
+    assert outcome.status is OutcomeStatus.FAILED
+    assert outcome.detail == "pod bare has no controller, so no Deployment to restart (use mode evict or delete)"
+
+
+async def test_rollout_refuses_an_owner_that_was_replaced(workspace: Workspace, client: KubeClient) -> None:
+    """The pod's ownerReference names a ReplicaSet whose uid is not the one that exists now."""
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": workspace.replica_set,
+        "uid": "0" * 8,
+        "controller": True,
+    }
+    workspace.post(
+        "/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": "orphan", "ownerReferences": [owner]},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        },
+    )
+    adapter = KubernetesActuator("rollout", pod="orphan", namespace=workspace.namespace, client=client)
+    outcome = await adapter.restart(reason="x", dry_run=False)
+    assert outcome.status is OutcomeStatus.FAILED
+    assert "was replaced" in outcome.detail
+    assert workspace.deployment_document()["metadata"]["generation"] == 1
+
+
+async def test_in_cluster_credentials_reread_a_rotated_token(workspace: Workspace, tmp_path: Path) -> None:
+    """The projected token file changes under a running sidecar: a 401 makes the client read it again."""
+    directory = tmp_path / "serviceaccount"
+    directory.mkdir()
+    (directory / "token").write_text("expired-token")
+    (directory / "ca.crt").write_text(workspace.server.ca_file.read_text())
+    (directory / "namespace").write_text(workspace.namespace)
+    port = workspace.server.url.rsplit(":", 1)[1]
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port, "POD_NAME": workspace.pod}
+    kube, pod = connect(env=env, service_account_dir=directory)
+    assert (pod.name, pod.namespace) == (workspace.pod, workspace.namespace)
+    adapter = KubernetesActuator("evict", pod=pod.name, namespace=pod.namespace, client=kube)
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.FAILED
+        assert (
+            outcome.detail
+            == "unauthorized: the API server rejected the credentials from in-cluster (HTTP 401: Unauthorized)"
+        )
+        (directory / "token").write_text(workspace.sidecar_token() + "\n")  # the kubelet rotated it
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    finally:
+        await adapter.close()
+    assert not workspace.pod_exists()
+
+
+async def test_kubeconfig_with_a_client_certificate(apiserver: ApiServer, admin: httpx.Client, tmp_path: Path) -> None:
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(user="cert-user")
+    space.create_workload()
+    cert, key = apiserver.client_certificate("cert-user")
+    ca = tmp_path / "ca.crt"
+    ca.write_text(apiserver.ca_file.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u", "namespace": space.namespace}}],
+        "clusters": [{"name": "c", "cluster": {"server": apiserver.url, "certificate-authority": "ca.crt"}}],
+        "users": [
+            {
+                "name": "u",
+                "user": {
+                    "client-certificate-data": base64.b64encode(cert.encode()).decode(),
+                    "client-key-data": base64.b64encode(key.encode()).decode(),
+                },
+            }
+        ],
+    }
+    (tmp_path / "config").write_text(yaml.safe_dump(config))
+    credentials = kubeconfig_credentials(tmp_path / "config")
+    assert credentials.namespace == space.namespace
+    kube = KubeClient(credentials)
+    adapter = KubernetesActuator("rollout", pod=space.pod, namespace=space.namespace, client=kube)
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+    finally:
+        await adapter.close()
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert space.deployment_document()["metadata"]["generation"] == 2
