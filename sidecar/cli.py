@@ -107,7 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sidecar.shell.daemon import Daemon  # noqa: PLC0415
 
     async def _run() -> int:
-        return await Daemon(settings).run()
+        try:
+            daemon = Daemon(settings)
+        except SettingsError as error:  # found while building the adapter or the notifier
+            print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        return await daemon.run()
 
     return asyncio.run(_run())
 

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from sidecar.exporter import names
 from sidecar.exporter.names import Kind, MetricSpec
+from sidecar.model.acting import ActingView
 from sidecar.model.gpu import ProcessOwner
 from sidecar.model.view import View
 
@@ -28,12 +29,21 @@ def _family(spec: MetricSpec) -> _Family:
 
 
 class SidecarCollector(Collector):
-    def __init__(self, *, version: str, latest_view: Callable[[], View | None]) -> None:
+    def __init__(
+        self,
+        *,
+        version: str,
+        latest_view: Callable[[], View | None],
+        acting_view: Callable[[], ActingView | None] = lambda: None,
+    ) -> None:
         self._version = version
         self._latest_view = latest_view
+        self._acting_view = acting_view
 
     def collect(self) -> Iterator[Metric]:
-        families = {spec.name: _family(spec) for spec in names.ALL}
+        acting = self._acting_view()
+        specs = (*names.ALL, *names.POLICY) if acting is not None else names.ALL
+        families = {spec.name: _family(spec) for spec in specs}
 
         def add(spec: MetricSpec, value: float | None, *label_values: str) -> None:
             if value is None:
@@ -48,6 +58,8 @@ class SidecarCollector(Collector):
         view = self._latest_view()
         if view is not None:
             self._add_view(view, add, families)
+        if acting is not None:
+            _add_acting(acting, add)
         yield from families.values()
 
     def _add_view(self, view: View, add: Callable[..., None], families: dict[str, _Family]) -> None:
@@ -93,3 +105,17 @@ class SidecarCollector(Collector):
             add(names.GPU_TEMPERATURE, gpu.temperature_celsius, index)
             add(names.GPU_XID, gpu.xid_errors_total, index)
             add(names.GPU_LAST_XID, gpu.last_xid, index)
+
+
+def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:
+    add(names.ADMISSION_PAUSED, 1.0 if acting.admission_paused else 0.0)
+    for state in acting.states:
+        add(names.POLICY_STATE, 1.0 if state == acting.state else 0.0, state)
+    for action, count in sorted(acting.actions.items()):
+        add(names.ACTIONS, float(count), action)
+    for action, count in sorted(acting.failures.items()):
+        add(names.ACTION_FAILURES, float(count), action)
+    for reason, count in sorted(acting.restarts.items()):
+        add(names.RESTARTS, float(count), reason)
+    add(names.LAST_RESTART, acting.last_restart_wall_time_s)
+    add(names.RESTART_BUDGET_REMAINING, float(acting.restart_budget_remaining))

@@ -6,18 +6,40 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.http import Request, Response
+from sidecar.model.acting import ActingView
 from sidecar.model.view import View
-from sidecar.report.document import status_document
+from sidecar.report.document import policy_document, status_document
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Liveness:
     alive: bool
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Readiness:
+    admitting: bool
+    reason: str
+
+
+class AdminActions(Protocol):
+    """What the admin API may do; `caller` is the client's address, for the log."""
+
+    def pause(self, caller: str) -> str: ...
+
+    def resume(self, caller: str) -> str: ...
+
+    def restart(self, caller: str) -> str: ...
+
+
+ADMIN_PATHS = {"/admin/pause": "pause", "/admin/resume": "resume", "/admin/restart": "restart"}
 
 
 class Endpoints:
@@ -29,12 +51,20 @@ class Endpoints:
         liveness: Callable[[], Liveness],
         vllm_url: str,
         version: str,
+        readiness: Callable[[], Readiness] | None = None,
+        acting_view: Callable[[], ActingView | None] = lambda: None,
+        admin: AdminActions | None = None,
+        admin_auth: AdminAuth | None = None,
     ) -> None:
         self._registry = registry
         self._latest_view = latest_view
         self._liveness = liveness
         self._vllm_url = vllm_url
         self._version = version
+        self._readiness = readiness
+        self._acting_view = acting_view
+        self._admin = admin
+        self._admin_auth = admin_auth if admin_auth is not None else AdminAuth(None)
         self._routes: dict[str, Callable[[], Response]] = {
             "/metrics": self._metrics,
             "/healthz": self._healthz,
@@ -43,6 +73,8 @@ class Endpoints:
         }
 
     async def handle(self, request: Request) -> Response:
+        if request.path in ADMIN_PATHS:
+            return self._admin_call(request, ADMIN_PATHS[request.path])
         route = self._routes.get(request.path)
         if route is None:
             return Response.text(HTTPStatus.NOT_FOUND, f"no such endpoint: {request.path}")
@@ -58,8 +90,26 @@ class Endpoints:
         return Response.text(HTTPStatus.OK if liveness.alive else HTTPStatus.SERVICE_UNAVAILABLE, liveness.reason)
 
     def _readyz(self) -> Response:
-        # Admission is never paused until the policy engine exists; readiness then follows its decision.
-        return Response.text(HTTPStatus.OK, "ready: admitting traffic")
+        if self._readiness is None:
+            return Response.text(HTTPStatus.OK, "ready: admitting traffic")
+        readiness = self._readiness()
+        return Response.text(HTTPStatus.OK if readiness.admitting else HTTPStatus.SERVICE_UNAVAILABLE, readiness.reason)
+
+    def _admin_call(self, request: Request, action: str) -> Response:
+        if request.method != "POST":
+            return Response(status=HTTPStatus.METHOD_NOT_ALLOWED, body=b"use POST\n", headers={"Allow": "POST"})
+        auth = self._admin_auth.check(request.headers.get("authorization"))
+        if not auth.allowed or self._admin is None:
+            reason = auth.reason if not auth.allowed else "the admin API is off: no policy runs here"
+            status = auth.status if not auth.allowed else HTTPStatus.FORBIDDEN
+            headers = {"WWW-Authenticate": 'Bearer realm="vllm-sidecar"'} if status == HTTPStatus.UNAUTHORIZED else {}
+            return Response(status=status, body=(reason + "\n").encode(), headers=headers)
+        outcome: str = getattr(self._admin, action)(request.peer)
+        return Response(
+            status=HTTPStatus.OK,
+            body=json.dumps({"action": action, "result": outcome}).encode() + b"\n",
+            content_type="application/json",
+        )
 
     def _status(self) -> Response:
         view = self._latest_view()
@@ -70,6 +120,9 @@ class Endpoints:
             }
         else:
             body = status_document(view.snapshot, view.derived, self._vllm_url, version=self._version)
+        acting = self._acting_view()
+        if acting is not None:
+            body["policy"] = policy_document(acting)
         return Response(
             status=HTTPStatus.OK,
             body=json.dumps(body, indent=2, allow_nan=False, default=str).encode() + b"\n",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
 from sidecar.model.gpu import GpuDevice
 from sidecar.model.snapshot import Snapshot
@@ -108,3 +109,24 @@ def _devices(snapshot: Snapshot) -> dict[int, GpuDevice]:
     if snapshot.gpu is None or snapshot.gpu.value is None:
         return {}
     return {device.index: device for device in snapshot.gpu.value.devices}
+
+
+def policy_document(acting: ActingView) -> JsonObject:
+    """The policy part of /status: state, why, guards, counters, recent decisions. Never a secret."""
+    return {
+        "state": acting.state,
+        "admission_paused": acting.admission_paused,
+        "readiness": acting.readiness_reason,
+        "reason": acting.decision_reason,
+        "would_restart_but": acting.would_restart_but,
+        "cooldown_remaining_seconds": acting.cooldown_remaining_s,
+        "restarts_in_budget_window": acting.restarts_in_budget_window,
+        "restart_budget_remaining": acting.restart_budget_remaining,
+        "last_restart_timestamp_seconds": acting.last_restart_wall_time_s,
+        "dry_run": acting.dry_run,
+        "actuator": acting.actuator,
+        "actions": acting.actions,
+        "failures": acting.failures,
+        "restarts": acting.restarts,
+        "recent": list(acting.recent),
+    }

@@ -23,12 +23,20 @@ from sidecar import __version__
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.tick import Deriver
 from sidecar.derive.window import Window
+from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.collector import SidecarCollector
 from sidecar.exporter.endpoints import Endpoints, Liveness
 from sidecar.exporter.http import HttpServer
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
+from sidecar.notify.dispatcher import Notifier
+from sidecar.policy.machine import Policy
+from sidecar.shell.acting import Acting, AdminBridge
+from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings
+from sidecar.shell.sdnotify import Notifier as SdNotifier
+from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings
+from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.gpu import GpuSource
 from sidecar.sources.sim_gpu import SimGpuSource
@@ -79,7 +87,9 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         logger: FilteringBoundLogger | None = None,
+        on_view: Callable[[View], object] | None = None,
     ) -> None:
+        self._on_view = on_view
         self._vllm = vllm
         self._gpu = gpu
         self._window = Window(span_s=derive.span_s)
@@ -114,6 +124,8 @@ class Poller:
         self._view = view
         self.last_tick_completed_s = self._clock()
         self._transitions.observe(snapshot, derived)
+        if self._on_view is not None:
+            self._on_view(view)  # the policy decides on the view just published
         return view
 
 
@@ -127,6 +139,16 @@ class Daemon:
         self._log = logger if logger is not None else structlog.get_logger()
         self._client = build_http_client(settings)
         self._gpu = build_gpu_source(settings, self._client)
+        parts = build_acting_parts(settings)
+        self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
+        self.acting = Acting(
+            policy=Policy(policy_settings(settings)),
+            actuator=parts.actuator,
+            ledger_file=StateFile(settings.state_dir / "restart-ledger.json"),
+            notify=self.notifier.notify,
+            logger=self._log,
+            dry_run=settings.dry_run,
+        )
         self.poller = Poller(
             vllm=VllmHttpSource(
                 client=self._client,
@@ -137,9 +159,12 @@ class Daemon:
             gpu=self._gpu,
             derive=derive_settings(settings),
             logger=self._log,
+            on_view=self.acting.observe,
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SidecarCollector(version=__version__, latest_view=lambda: self.poller.view))
+        self.registry.register(
+            SidecarCollector(version=__version__, latest_view=lambda: self.poller.view, acting_view=self.acting.view)
+        )
         host, port = settings.listen_address
         endpoints = Endpoints(
             registry=self.registry,
@@ -147,6 +172,10 @@ class Daemon:
             liveness=self.liveness,
             vllm_url=settings.vllm_url,
             version=__version__,
+            readiness=self.acting.readiness,
+            acting_view=self.acting.view,
+            admin=AdminBridge(self.acting),
+            admin_auth=AdminAuth(settings.admin_token_file),
         )
         self.server = HttpServer(host=host, port=port, handler=endpoints.handle)
         self._started_s = time.monotonic()
@@ -199,6 +228,10 @@ class Daemon:
             id="tick",
         )
         scheduler.start()
+        self.notifier.start()
+        systemd = SdNotifier.from_environment()
+        watchdog = asyncio.create_task(self._watchdog(systemd))
+        self._sd_send(systemd.ready(status=f"watching {self._settings.vllm_url}"))
         self._log.info(
             "started",
             version=__version__,
@@ -206,9 +239,13 @@ class Daemon:
             listen=f"{self._settings.listen_address[0]}:{self.server.port}",
             interval_s=self._settings.interval,
             gpu_source=self._settings.gpu_source,
+            actuator=self.acting.actuator.name,
+            dry_run=self._settings.dry_run,
         )
         await self._stop.wait()
         self._log.info("stopping")
+        self._sd_send(systemd.stopping())
+        watchdog.cancel()
         scheduler.shutdown(wait=False)
         await self._finish_tick()
         await self.server.stop()
@@ -230,7 +267,18 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def _watchdog(self, systemd: SdNotifier) -> None:
+        interval_s = watchdog_interval_s()
+        if interval_s is not None:
+            await run_watchdog(systemd, interval_s=interval_s, is_alive=lambda: self.liveness().alive)
+
+    def _sd_send(self, problem: str | None) -> None:
+        if problem is not None:
+            self._log.warning("sd_notify_failed", problem=problem)
+
     async def _close(self) -> None:
+        await self.acting.close()
+        await self.notifier.stop(timeout_s=2.0)
         await self._client.aclose()
         if self._gpu is not None:
             await asyncio.to_thread(self._gpu.close)

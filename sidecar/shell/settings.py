@@ -7,6 +7,7 @@ what it accepts (`SettingsError`), so the CLI can stop with exit code 2 before a
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "VLLM_SIDECAR_"
+SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status
 
 
 class SettingsError(Exception):
@@ -128,6 +130,125 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("auto, json or console"),
     )
 
+    # --- acting: the policy's main thresholds (the others keep the defaults documented in the README) ---
+    pause_kv_usage: float = Field(
+        0.90,
+        gt=0,
+        le=1,
+        description="pause admission when an engine's KV usage reaches this",
+        json_schema_extra=_allowed("a ratio > 0 and <= 1, above --resume-kv-usage"),
+    )
+    resume_kv_usage: float = Field(
+        0.80,
+        gt=0,
+        le=1,
+        description="resume admission only when every engine is at or below this",
+        json_schema_extra=_allowed("a ratio > 0 and <= 1, below --pause-kv-usage"),
+    )
+    min_gpu_free: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="pause admission when a GPU's free memory falls below this share",
+        json_schema_extra=_allowed("a ratio > 0 and <= 1"),
+    )
+    dead_after: float = Field(
+        30.0,
+        gt=0,
+        description="seconds /health may fail, after it was healthy, before vLLM is restarted",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    hung_after: float = Field(
+        120.0,
+        gt=0,
+        description="seconds without engine progress, with requests running, before a restart",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    oom_forecast: float = Field(
+        900.0,
+        gt=0,
+        description="restart in a planned way when the time to OOM stays under this (3 polls)",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    max_restarts_per_hour: int = Field(
+        3,
+        ge=0,
+        le=60,
+        description="automatic restarts allowed in any hour (0: none)",
+        json_schema_extra=_allowed("0 to 60"),
+    )
+    drain_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="seconds to wait for running requests to finish before restarting anyway",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    startup_timeout: float = Field(
+        900.0,
+        gt=0,
+        description="seconds to wait for vLLM to be healthy after a restart",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    pressure_restarts: bool = Field(
+        False,
+        description="also restart after 3 pauses in 5 minutes (off: under pure load it loses capacity)",
+        json_schema_extra=_allowed("true or false"),
+    )
+    # --- acting: how vLLM is restarted, who is told, who may override ---
+    actuator: Literal["none", "systemd", "kubernetes", "exec"] = Field(
+        "none", description="how vLLM is restarted", json_schema_extra=_allowed("none, systemd, kubernetes or exec")
+    )
+    systemd_unit: str = Field(
+        "vllm.service", description="the vLLM unit (systemd adapter)", json_schema_extra=_allowed("a unit name")
+    )
+    systemd_bus: Literal["system", "user"] = Field(
+        "system", description="which bus the systemd manager is on", json_schema_extra=_allowed("system or user")
+    )
+    kubernetes_mode: Literal["evict", "delete", "rollout"] = Field(
+        "evict",
+        description="how the Kubernetes adapter restarts the pod",
+        json_schema_extra=_allowed("evict (honours PodDisruptionBudgets), delete or rollout"),
+    )
+    kubeconfig: Path | None = Field(
+        None, description="kubeconfig file (default: in-cluster service account)", json_schema_extra=_allowed("a path")
+    )
+    pod_name: str | None = Field(
+        None,
+        description="this pod's name (default: POD_NAME from the downward API)",
+        json_schema_extra=_allowed("a pod name"),
+    )
+    pod_namespace: str | None = Field(
+        None,
+        description="this pod's namespace (default: POD_NAMESPACE, then the service account's)",
+        json_schema_extra=_allowed("a namespace"),
+    )
+    kubernetes_events: bool = Field(
+        False,
+        description="also report pauses, resumes and restarts as Kubernetes Events on this pod",
+        json_schema_extra=_allowed("true or false"),
+    )
+    exec_command: str | None = Field(
+        None,
+        description="command that restarts vLLM (exec adapter); split like a shell would, never run by one",
+        json_schema_extra=_allowed("a command line, e.g. 'docker restart vllm'"),
+    )
+    webhook_url: str | None = Field(
+        None, description="where notifications are POSTed (never logged)", json_schema_extra=_allowed("an http(s) URL")
+    )
+    webhook_format: Literal["json", "slack"] = Field(
+        "json", description="notification body", json_schema_extra=_allowed("json or slack")
+    )
+    webhook_hmac_key_file: Path | None = Field(
+        None,
+        description="file with a key to sign notifications (X-Vllm-Sidecar-Signature)",
+        json_schema_extra=_allowed("a path"),
+    )
+    admin_token_file: Path | None = Field(
+        None,
+        description="file with the bearer token of POST /admin/* (no file: the admin API is off)",
+        json_schema_extra=_allowed("a path"),
+    )
+
     @field_validator("vllm_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
@@ -161,6 +282,35 @@ class Settings(BaseSettings):
             re.compile(value)
         except re.error as error:
             raise ValueError(f"invalid regular expression: {error}") from None
+        return value
+
+    @field_validator("resume_kv_usage")
+    @classmethod
+    def _check_resume(cls, value: float, info: ValidationInfo) -> float:
+        pause = info.data.get("pause_kv_usage")
+        if isinstance(pause, float) and value >= pause:
+            raise ValueError(f"must be below --pause-kv-usage ({pause:g}), or admission flaps around one value")
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("not an http(s) URL with a host")  # the URL itself is not repeated: a secret
+        return value
+
+    @field_validator("exec_command")
+    @classmethod
+    def _check_exec(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                argv = shlex.split(value)
+            except ValueError as error:
+                raise ValueError(f"cannot be split into arguments: {error}") from None
+            if not argv:
+                raise ValueError("is empty")
         return value
 
     @field_validator("timeout")
@@ -276,7 +426,8 @@ def _describe(error: ValidationError) -> str:
     field = Settings.model_fields.get(name)
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
     allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
-    given = f"={first['input']!r}" if name in Settings.model_fields and not isinstance(first["input"], dict) else ""
+    shown = name in Settings.model_fields and name not in SECRET_SETTINGS and not isinstance(first["input"], dict)
+    given = f"={first['input']!r}" if shown else ""
     message = str(first["msg"]).removeprefix("Value error, ")
     flag = "--" + name.replace("_", "-")
     return f"invalid setting {name}{given}: {message}{allowed} (flag {flag}, environment {ENV_PREFIX}{name.upper()})"

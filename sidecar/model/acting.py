@@ -1,0 +1,25 @@
+"""What the exporter shows of acting: the policy's state, counters and the restart ledger. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActingView:
+    state: str
+    states: tuple[str, ...]  # every state the policy has, for the 0/1 series of vllm_sidecar_policy_state
+    admission_paused: bool  # what /readyz says (never paused in dry-run)
+    readiness_reason: str
+    decision_reason: str
+    would_restart_but: str | None
+    cooldown_remaining_s: float | None
+    restarts_in_budget_window: int
+    restart_budget_remaining: int
+    last_restart_wall_time_s: float | None
+    dry_run: bool
+    actuator: str
+    actions: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    recent: tuple[dict[str, object], ...] = ()

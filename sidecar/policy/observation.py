@@ -1,0 +1,37 @@
+"""What the shell feeds the policy each tick. Pure data.
+
+Both clocks are arguments: `now_s` (monotonic) times every duration the policy measures, so a recorded series
+replays identically; `wall_time_s` is only used to age the persisted restart ledger (see `ledger`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sidecar.model.derived import Derived
+
+
+class ObservationError(ValueError):
+    """An observation the shell should never build (a clock that is not a number, a negative age)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    now_s: float  # monotonic seconds: never jumps
+    wall_time_s: float  # Unix seconds: may jump
+    poll_ok: bool  # vLLM's /metrics was read this tick
+    vllm_healthy: bool | None  # vLLM's /health answered 200; None when it was not asked
+    data_age_s: float | None  # seconds since the last successful poll; None when there never was one
+    derived: Derived  # the values of the last successful poll (empty before the first)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.now_s) and math.isfinite(self.wall_time_s)):
+            raise ObservationError(f"clocks must be finite, got now_s={self.now_s} wall_time_s={self.wall_time_s}")
+        if self.data_age_s is not None and not (math.isfinite(self.data_age_s) and self.data_age_s >= 0):
+            raise ObservationError(f"data_age_s must be None or a finite number >= 0, got {self.data_age_s}")
+
+    @property
+    def healthy(self) -> bool:
+        """Whether vLLM answers as alive: its /health, or, when /health was not asked, whether /metrics read."""
+        return self.poll_ok if self.vllm_healthy is None else self.vllm_healthy

@@ -1,0 +1,200 @@
+"""The conditions the policy acts on, evaluated on one tick's derived values. Pure.
+
+Any engine or GPU meeting a condition is enough (the pod is one unit); clearing needs every one clear. A value
+vLLM or NVML did not report cannot meet a condition and does not block clearing one: only a known number is
+evidence (the policy holds everything when the data as a whole is stale or missing).
+
+Pressure, exactly: admission is open and at least one of
+- an engine's KV usage is above resume_kv_usage_ratio (inside the hysteresis band, below the pause threshold);
+- an engine has waiting > waiting_ratio x running on fewer than waiting_ticks consecutive polls so far;
+- a GPU's forecast time to OOM is under oom_forecast_s (fewer than oom_forecast_ticks polls so far, or a guard
+  blocks the restart);
+- an engine made no progress with requests running for some time, still under hung_after_s;
+- a restart condition holds but a guard blocks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.policy.decision import PauseRule, RestartReason
+from sidecar.policy.settings import PolicySettings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    rule: PauseRule | None  # None: a pressure sign that is no rule's trigger yet
+    text: str  # one line with the numbers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartCause:
+    reason: RestartReason
+    text: str  # one line with the numbers
+
+
+def engine_key(engine: EngineDerived) -> str:
+    return f"{engine.model_name}/{engine.engine}"
+
+
+def engine_label(engine: EngineDerived, derived: Derived) -> str:
+    """'engine 0', or 'engine llama/0' when the sidecar watches engines of more than one model."""
+    if len({e.model_name for e in derived.engines}) > 1:
+        return f"engine {engine.model_name}/{engine.engine}"
+    return f"engine {engine.engine}"
+
+
+def compare(value: float, threshold: float, digits: int = 2) -> tuple[str, str]:
+    """Both numbers for a reason, with enough digits that they do not print equal when they are not."""
+    while digits < 6 and value != threshold and f"{value:.{digits}f}" == f"{threshold:.{digits}f}":
+        digits += 1
+    return f"{value:.{digits}f}", f"{threshold:.{digits}f}"
+
+
+def _count(value: float) -> str:
+    return f"{value:g}"
+
+
+def seconds(value: float) -> str:
+    """A duration for a reason line: whole seconds are precise enough for every rule here."""
+    return f"{value:.0f} s"
+
+
+def _waiting_exceeds(engine: EngineDerived, settings: PolicySettings) -> bool:
+    waiting, running = engine.requests_waiting, engine.requests_running
+    return waiting is not None and running is not None and waiting > settings.waiting_ratio * running
+
+
+def _free_ratio(gpu: GpuDerived) -> float | None:
+    return gpu.memory_free_bytes / gpu.memory_total_bytes if gpu.memory_total_bytes > 0 else None
+
+
+def next_waiting_streaks(previous: Mapping[str, int], derived: Derived, settings: PolicySettings) -> dict[str, int]:
+    """Consecutive polls on which each engine had waiting > waiting_ratio x running."""
+    return {
+        engine_key(e): previous.get(engine_key(e), 0) + 1 if _waiting_exceeds(e, settings) else 0
+        for e in derived.engines
+    }
+
+
+def next_oom_streaks(previous: Mapping[int, int], derived: Derived, settings: PolicySettings) -> dict[int, int]:
+    """Consecutive polls on which each GPU's forecast time to OOM was under oom_forecast_s."""
+    return {
+        g.gpu: previous.get(g.gpu, 0) + 1
+        if g.time_to_oom_seconds is not None and g.time_to_oom_seconds < settings.oom_forecast_s
+        else 0
+        for g in derived.gpus
+    }
+
+
+def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: Mapping[str, int]) -> list[Finding]:
+    """The pause conditions met now, most telling first."""
+    found: list[Finding] = []
+    for e in derived.engines:
+        usage = e.kv_cache_usage_ratio
+        if usage is not None and usage >= settings.pause_kv_usage_ratio:
+            shown, limit = compare(usage, settings.pause_kv_usage_ratio)
+            text = f"KV cache usage {shown} >= {limit} on {engine_label(e, derived)}"
+            found.append(Finding(rule=PauseRule.KV_CACHE_USAGE, text=text))
+    for e in derived.engines:
+        ticks = waiting_streaks.get(engine_key(e), 0)
+        if ticks >= settings.waiting_ticks and e.requests_waiting is not None and e.requests_running is not None:
+            text = (
+                f"waiting {_count(e.requests_waiting)} > {settings.waiting_ratio:g} x running "
+                f"{_count(e.requests_running)} for {ticks} ticks on {engine_label(e, derived)}"
+            )
+            found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
+    for e in derived.engines:
+        rate = e.preemptions_per_second
+        if rate is not None and rate > settings.preemptions_per_s:
+            shown, limit = compare(rate, settings.preemptions_per_s)
+            text = f"preemptions {shown}/s > {limit}/s on {engine_label(e, derived)}"
+            found.append(Finding(rule=PauseRule.PREEMPTIONS, text=text))
+    for g in derived.gpus:
+        free = _free_ratio(g)
+        if free is not None and free < settings.min_gpu_free_ratio:
+            shown, limit = compare(100 * free, 100 * settings.min_gpu_free_ratio, digits=1)
+            text = f"GPU free memory {shown} % < {limit} % of total on GPU {g.gpu}"
+            found.append(Finding(rule=PauseRule.GPU_FREE_MEMORY, text=text))
+    return found
+
+
+def resume_blockers(derived: Derived, settings: PolicySettings) -> list[Finding]:
+    """What still keeps an automatic pause: KV usage above the resume threshold, or any other condition."""
+    found: list[Finding] = []
+    for e in derived.engines:
+        usage = e.kv_cache_usage_ratio
+        if usage is not None and usage > settings.resume_kv_usage_ratio:
+            shown, limit = compare(usage, settings.resume_kv_usage_ratio)
+            text = f"KV cache usage {shown} > {limit} resume threshold on {engine_label(e, derived)}"
+            found.append(Finding(rule=PauseRule.KV_CACHE_USAGE, text=text))
+    for e in derived.engines:
+        if _waiting_exceeds(e, settings) and e.requests_waiting is not None and e.requests_running is not None:
+            text = (
+                f"waiting {_count(e.requests_waiting)} > {settings.waiting_ratio:g} x running "
+                f"{_count(e.requests_running)} on {engine_label(e, derived)}"
+            )
+            found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
+    # Preemptions and GPU memory have no band of their own: clear means back on the right side of the line.
+    found.extend(f for f in pause_findings(derived, settings, {}) if f.rule != PauseRule.KV_CACHE_USAGE)
+    return found
+
+
+def pressure_findings(
+    derived: Derived, settings: PolicySettings, waiting_streaks: Mapping[str, int], oom_streaks: Mapping[int, int]
+) -> list[Finding]:
+    """Conditions partly met (see the module docstring); the caller knows admission is open."""
+    found: list[Finding] = []
+    for e in derived.engines:
+        usage = e.kv_cache_usage_ratio
+        if usage is not None and settings.resume_kv_usage_ratio < usage < settings.pause_kv_usage_ratio:
+            shown, low = compare(usage, settings.resume_kv_usage_ratio)
+            text = f"KV cache usage {shown} above {low} on {engine_label(e, derived)}"
+            found.append(Finding(rule=None, text=text))
+        ticks = waiting_streaks.get(engine_key(e), 0)
+        if 0 < ticks < settings.waiting_ticks:
+            text = (
+                f"waiting > {settings.waiting_ratio:g} x running for {ticks} of {settings.waiting_ticks} ticks "
+                f"on {engine_label(e, derived)}"
+            )
+            found.append(Finding(rule=None, text=text))
+        stalled = e.engine_stalled_seconds
+        if stalled is not None and 0 < stalled < settings.hung_after_s and e.requests_running:
+            text = f"{engine_label(e, derived)} made no progress for {stalled:.0f} s with requests running"
+            found.append(Finding(rule=None, text=text))
+    for g in derived.gpus:
+        ticks = oom_streaks.get(g.gpu, 0)
+        if 0 < ticks < settings.oom_forecast_ticks and g.time_to_oom_seconds is not None:
+            text = (
+                f"forecast time to OOM {g.time_to_oom_seconds:.0f} s < {settings.oom_forecast_s:.0f} s on GPU {g.gpu}"
+            )
+            found.append(Finding(rule=None, text=text))
+    return found
+
+
+def hung_cause(derived: Derived, settings: PolicySettings) -> RestartCause | None:
+    """An engine with requests running and no progress for hung_after_s (vLLM's /health cannot show it)."""
+    for e in derived.engines:
+        stalled = e.engine_stalled_seconds
+        if stalled is not None and stalled >= settings.hung_after_s and e.requests_running:
+            text = (
+                f"{engine_label(e, derived)} made no progress for {stalled:.0f} s >= {settings.hung_after_s:.0f} s "
+                f"with {_count(e.requests_running)} requests running (hung)"
+            )
+            return RestartCause(reason=RestartReason.ENGINE_HUNG, text=text)
+    return None
+
+
+def oom_cause(derived: Derived, settings: PolicySettings, oom_streaks: Mapping[int, int]) -> RestartCause | None:
+    """A GPU whose forecast time to OOM stayed under oom_forecast_s for oom_forecast_ticks polls."""
+    for g in derived.gpus:
+        ticks = oom_streaks.get(g.gpu, 0)
+        if ticks >= settings.oom_forecast_ticks and g.time_to_oom_seconds is not None:
+            text = (
+                f"forecast time to OOM {g.time_to_oom_seconds:.0f} s < {settings.oom_forecast_s:.0f} s "
+                f"for {ticks} ticks on GPU {g.gpu}"
+            )
+            return RestartCause(reason=RestartReason.OOM_FORECAST, text=text)
+    return None

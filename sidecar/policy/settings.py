@@ -1,0 +1,113 @@
+"""Every threshold of the policy, with its unit in its name, validated at construction. Pure.
+
+The defaults are the issue's. The shell builds one `PolicySettings` from the command line and passes it to
+`Policy`; nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+
+class PolicySettingsError(ValueError):
+    """A policy setting out of range; the message names the setting and what it accepts."""
+
+
+def stale_after_for_interval(interval_s: float) -> float:
+    """The staleness limit the shell should pass for a poll interval: three missed polls make data stale.
+
+    One or two missed polls are ordinary (a slow scrape, a GC pause) and must not freeze the policy; by the
+    third the values no longer describe the engine.
+    """
+    return 3.0 * interval_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicySettings:
+    # Pausing admission (/readyz 503). Any engine or GPU meeting one condition pauses: the pod is one unit.
+    pause_kv_usage_ratio: float = 0.90  # pause when an engine's KV usage is at or above this
+    resume_kv_usage_ratio: float = 0.80  # resume only when every engine is at or below this (hysteresis)
+    waiting_ratio: float = 2.0  # pause when waiting > this x running ...
+    waiting_ticks: int = 3  # ... on this many consecutive polls
+    preemptions_per_s: float = 1.0  # pause when an engine preempts more than this per second
+    min_gpu_free_ratio: float = 0.05  # pause when a GPU's free memory is below this share of its total
+    min_paused_s: float = 10.0  # an automatic pause lasts at least this long (dwell time)
+    # Restarting vLLM (drain first).
+    dead_after_s: float = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
+    hung_after_s: float = 120.0  # no progress this long with requests running: engine hung
+    oom_forecast_s: float = 900.0  # forecast time to OOM under this ...
+    oom_forecast_ticks: int = 3  # ... on this many consecutive polls: restart before it crashes
+    min_uptime_for_forecast_restart_s: float = 600.0  # a forecast from a young vLLM is not trusted yet
+    pressure_events_restart: bool = False  # the classic rule, off by default
+    pressure_events: int = 3  # automatic pauses ...
+    pressure_window_s: float = 300.0  # ... within this window restart vLLM (when enabled)
+    # Guards.
+    max_restarts_per_hour: int = 3  # automatic restarts in any hour; 0 disables automatic restarts
+    restart_budget_window_s: float = 3600.0  # the "hour" of the budget
+    cooldown_base_s: float = 60.0  # no automatic restart this long after vLLM came back ...
+    cooldown_max_s: float = 3600.0  # ... doubling per consecutive restart, up to this
+    cooldown_reset_s: float = 3600.0  # a restart this long after the previous one starts a new series
+    drain_timeout_s: float = 120.0  # wait at most this long for running requests to reach 0
+    startup_timeout_s: float = 900.0  # wait at most this long for vLLM to be healthy after a restart
+    stale_after_s: float = 6.0  # data older than this is stale: hold (3 x the default 2 s interval)
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float | int) and not isinstance(value, bool) and not math.isfinite(value):
+                raise PolicySettingsError(f"{field.name} must be a finite number, got {value!r}")
+        self._check_ratios()
+        self._check_counts_and_durations()
+
+    def _check_ratios(self) -> None:
+        for name in ("pause_kv_usage_ratio", "resume_kv_usage_ratio", "min_gpu_free_ratio"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise PolicySettingsError(f"{name} must be in (0, 1], got {value}")
+        if self.resume_kv_usage_ratio >= self.pause_kv_usage_ratio:
+            raise PolicySettingsError(
+                f"resume_kv_usage_ratio ({self.resume_kv_usage_ratio}) must be below pause_kv_usage_ratio "
+                f"({self.pause_kv_usage_ratio}), otherwise admission flaps around one value"
+            )
+
+    def _check_counts_and_durations(self) -> None:
+        for name in ("waiting_ticks", "oom_forecast_ticks", "pressure_events"):
+            if getattr(self, name) < 1:
+                raise PolicySettingsError(f"{name} must be at least 1, got {getattr(self, name)}")
+        non_negative = (
+            "max_restarts_per_hour",
+            "waiting_ratio",
+            "preemptions_per_s",
+            "min_paused_s",
+            "min_uptime_for_forecast_restart_s",
+        )
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise PolicySettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        positive = (
+            "dead_after_s",
+            "hung_after_s",
+            "oom_forecast_s",
+            "pressure_window_s",
+            "restart_budget_window_s",
+            "cooldown_base_s",
+            "cooldown_reset_s",
+            "drain_timeout_s",
+            "startup_timeout_s",
+            "stale_after_s",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise PolicySettingsError(f"{name} must be more than 0 seconds, got {getattr(self, name)}")
+        if self.cooldown_max_s < self.cooldown_base_s:
+            raise PolicySettingsError(
+                f"cooldown_max_s ({self.cooldown_max_s}) must be at least cooldown_base_s ({self.cooldown_base_s})"
+            )
+
+    def cooldown_s(self, consecutive: int) -> float:
+        """Cooldown after the `consecutive`-th restart of a series: base, 2 x base, 4 x base ... up to the max."""
+        if consecutive <= 0:
+            return 0.0
+        # Cap the exponent: 2**64 x base is far past any max, and a huge power would overflow the float.
+        return min(self.cooldown_base_s * 2.0 ** min(consecutive - 1, 64), self.cooldown_max_s)

@@ -1,0 +1,275 @@
+"""Carries out the policy's decisions: readiness, the restart through the adapter, notifications, the ledger.
+
+Does I/O through what it is given (the adapter, the notifier, the state file). Each tick it feeds the policy
+an observation; the policy answers with a decision, which this applies. The adapter call runs as a task (a
+restart can take minutes) whose outcome goes back to the policy as a procedure event. With --dry-run the
+policy decides exactly as it would, everything is logged, exported and notified as "would", and nothing is
+acted on: readiness stays 200, the adapter is asked for its dry-run answer, and the ledger is not written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+from structlog.typing import FilteringBoundLogger
+
+from sidecar.actuators.base import Actuator, ActuatorOutcome, OutcomeStatus
+from sidecar.exporter.endpoints import Readiness
+from sidecar.model.acting import ActingView
+from sidecar.model.derived import Derived
+from sidecar.model.view import View
+from sidecar.notify.message import Notification, NotificationKind
+from sidecar.policy.decision import (
+    Action,
+    ActionKind,
+    Decision,
+    ManualAction,
+    PolicyState,
+    ProcedureEvent,
+    RestartReason,
+)
+from sidecar.policy.ledger import RestartLedger, RestartLedgerError, RestartRecord
+from sidecar.policy.machine import Policy
+from sidecar.policy.observation import Observation
+from sidecar.shell.state_file import StateFile
+
+_EMPTY = Derived(engines=(), gpus=(), problems=())
+_OUTCOME_EVENTS = {
+    OutcomeStatus.DONE: ProcedureEvent.RESTART_ACCEPTED,
+    OutcomeStatus.DRY_RUN: ProcedureEvent.RESTART_ACCEPTED,  # so a dry run walks the whole procedure once
+    OutcomeStatus.NOT_NOW: ProcedureEvent.RESTART_NOT_NOW,
+    OutcomeStatus.FAILED: ProcedureEvent.RESTART_FAILED,
+}
+_NOTIFIED = {
+    ActionKind.PAUSE_ADMISSION: NotificationKind.PAUSE,
+    ActionKind.RESUME_ADMISSION: NotificationKind.RESUME,
+    ActionKind.DRAIN: NotificationKind.RESTART_BEGIN,
+    ActionKind.NOTIFY_RESTART_DONE: NotificationKind.RESTART_END,
+    ActionKind.NOTIFY_RESTART_FAILED: NotificationKind.RESTART_FAILURE,
+    ActionKind.NOTIFY_BUDGET_EXHAUSTED: NotificationKind.BUDGET_EXHAUSTED,
+}
+
+
+class Acting:
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        actuator: Actuator,
+        ledger_file: StateFile,
+        notify: Callable[[Notification], None],
+        logger: FilteringBoundLogger,
+        dry_run: bool,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.actuator = actuator
+        self._ledger_file = ledger_file
+        self._notify = notify
+        self._log = logger
+        self.dry_run = dry_run
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.ledger = self._load_ledger()
+        self.decision: Decision | None = None
+        self.recent: deque[dict[str, object]] = deque(maxlen=50)  # decisions that did something, for /status
+        self.actions: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.restarts: Counter[str] = Counter()
+        self._last_good: Derived | None = None
+        self._last_good_s: float | None = None
+        self._restart_task: asyncio.Task[None] | None = None
+
+    # --- the ledger -----------------------------------------------------------------------------------
+    def _load_ledger(self) -> RestartLedger:
+        loaded = self._ledger_file.load()
+        problem = loaded.problem
+        if loaded.document is not None:
+            try:
+                return RestartLedger.from_dict(loaded.document)
+            except RestartLedgerError as error:
+                problem = f"{self._ledger_file.path}: {error}"
+        if problem is None:
+            return RestartLedger()
+        # Fail safe: without the ledger we cannot know how many restarts the last hour saw, so assume the
+        # budget is spent (automatic restarts resume within the hour; a manual restart still works).
+        now = self._wall_clock()
+        assumed = RestartLedger(
+            records=tuple(
+                RestartRecord(wall_time_s=now, reason=RestartReason.MANUAL, detail="assumed: ledger unreadable")
+                for _ in range(max(1, self.policy.settings.max_restarts_per_hour))
+            )
+        )
+        self._log.error("restart_ledger_unreadable", problem=problem, assumed="restart budget spent for an hour")
+        self._save(assumed)
+        return assumed
+
+    def _save(self, ledger: RestartLedger) -> None:
+        if self.dry_run:
+            return
+        try:
+            self._ledger_file.save(ledger.to_dict())
+        except OSError as error:
+            self._log.error("restart_ledger_not_saved", path=str(self._ledger_file.path), error=str(error))
+
+    # --- ticks ----------------------------------------------------------------------------------------
+    def observe(self, view: View) -> Decision:
+        snapshot = view.snapshot
+        if snapshot.vllm.ok:
+            self._last_good, self._last_good_s = view.derived, snapshot.monotonic_s
+        observation = Observation(
+            now_s=snapshot.monotonic_s,
+            wall_time_s=snapshot.wall_time_s,
+            poll_ok=snapshot.vllm.ok,
+            vllm_healthy=snapshot.vllm_healthy,
+            data_age_s=None if self._last_good_s is None else max(0.0, snapshot.monotonic_s - self._last_good_s),
+            derived=self._last_good or _EMPTY,
+        )
+        return self._apply(self.policy.decide(observation, self.ledger))
+
+    def manual(self, action: ManualAction, caller: str) -> Decision:
+        self._log.warning("admin_action", action=str(action), caller=caller)
+        return self._apply(
+            self.policy.manual(action, self._clock(), self._wall_clock(), self.ledger, detail=f"from {caller}")
+        )
+
+    def readiness(self) -> Readiness:
+        decision = self.decision
+        if decision is None or not decision.admission_paused:
+            return Readiness(admitting=True, reason="ready: admitting traffic")
+        if self.dry_run:
+            return Readiness(admitting=True, reason=f"ready (dry run; would pause: {decision.pause_reason})")
+        return Readiness(admitting=False, reason=f"paused: {decision.pause_reason or decision.reason}")
+
+    # --- carrying out ---------------------------------------------------------------------------------
+    def _apply(self, decision: Decision) -> Decision:
+        previous = self.decision
+        self.decision = decision
+        if previous is None or previous.state != decision.state:
+            self._log.info(
+                "policy_state", state=str(decision.state), previous=str(decision.previous_state), reason=decision.reason
+            )
+        if (
+            previous is not None
+            and previous.would_restart_but != decision.would_restart_but
+            and decision.would_restart_but
+        ):
+            self._log.warning("restart_blocked", guard=decision.would_restart_but)
+        if decision.actions:
+            self.recent.append(
+                {
+                    "wall_time_s": decision.wall_time_s,
+                    "state": str(decision.state),
+                    "actions": [str(action.kind) for action in decision.actions],
+                    "reason": decision.reason,
+                    "dry_run": self.dry_run,
+                }
+            )
+        for action in decision.actions:
+            self._perform(action, decision)
+        return decision
+
+    def _perform(self, action: Action, decision: Decision) -> None:
+        self.actions[str(action.kind)] += 1
+        verb = "would " if self.dry_run else ""
+        self._log.warning("action", action=str(action.kind), dry_run=self.dry_run, reason=f"{verb}{action.reason}")
+        kind = _NOTIFIED.get(action.kind)
+        if kind is not None:
+            if kind is NotificationKind.RESTART_FAILURE:
+                self.failures["restart"] += 1
+            self._notify(
+                Notification(
+                    kind=kind,
+                    summary=action.reason,
+                    reason=str(action.cause or decision.restart_reason or action.kind),
+                    wall_time_s=decision.wall_time_s,
+                    dry_run=self.dry_run,
+                    details={"state": str(decision.state)},
+                )
+            )
+        if action.kind is ActionKind.RESTART:
+            reason = decision.restart_reason or RestartReason.MANUAL
+            self._restart_task = asyncio.get_running_loop().create_task(self._restart(reason, action.reason))
+
+    async def _restart(self, reason: RestartReason, why: str) -> None:
+        outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run)
+        self._log.warning(
+            "restart_outcome",
+            adapter=self.actuator.name,
+            status=str(outcome.status),
+            detail=outcome.detail,
+            duration_s=round(outcome.duration_s, 3),
+        )
+        self._account(outcome, reason)
+        decision, ledger = self.policy.procedure_event(
+            _OUTCOME_EVENTS[outcome.status], self._clock(), self._wall_clock(), self.ledger, detail=outcome.detail
+        )
+        if ledger is not self.ledger:
+            self.ledger = ledger
+            self._save(ledger)
+        self._apply(decision)
+
+    def _account(self, outcome: ActuatorOutcome, reason: RestartReason) -> None:
+        # Failures and refusals are counted where the policy reports them (its restart-failed notification,
+        # which also covers a restart that never became healthy), so each is counted once.
+        if outcome.status is OutcomeStatus.DONE:
+            self.restarts[str(reason)] += 1
+
+    def view(self) -> ActingView:
+        decision = self.decision
+        readiness = self.readiness()
+        last = self.ledger.last
+        limit = self.policy.settings.max_restarts_per_hour
+        in_window = decision.restarts_in_budget_window if decision is not None else 0
+        return ActingView(
+            state=str(decision.state) if decision is not None else str(PolicyState.STARTING),
+            states=tuple(str(state) for state in PolicyState),
+            admission_paused=not readiness.admitting,
+            readiness_reason=readiness.reason,
+            decision_reason=decision.reason if decision is not None else "no poll yet",
+            would_restart_but=decision.would_restart_but if decision is not None else None,
+            cooldown_remaining_s=decision.cooldown_remaining_s if decision is not None else None,
+            restarts_in_budget_window=in_window,
+            restart_budget_remaining=max(0, limit - in_window),
+            last_restart_wall_time_s=last.wall_time_s if last is not None else None,
+            dry_run=self.dry_run,
+            actuator=self.actuator.name,
+            actions=dict(self.actions),
+            failures=dict(self.failures),
+            restarts=dict(self.restarts),
+            recent=tuple(self.recent),
+        )
+
+    @property
+    def restart_in_flight(self) -> bool:
+        return self._restart_task is not None and not self._restart_task.done()
+
+    async def close(self) -> None:
+        task = self._restart_task
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                self._log.warning("restart_abandoned", detail="the sidecar stopped while the adapter was working")
+        await self.actuator.close()
+
+
+class AdminBridge:
+    """The admin API's actions, each a manual override of the policy, answered with its reason."""
+
+    def __init__(self, acting: Acting) -> None:
+        self._acting = acting
+
+    def pause(self, caller: str) -> str:
+        return self._acting.manual(ManualAction.PAUSE, caller).reason
+
+    def resume(self, caller: str) -> str:
+        return self._acting.manual(ManualAction.RESUME, caller).reason
+
+    def restart(self, caller: str) -> str:
+        return self._acting.manual(ManualAction.RESTART, caller).reason

@@ -1,0 +1,131 @@
+"""Builds what acting needs from the settings: the restart adapter, the policy's settings, the notifier's sinks.
+
+Reads files named in the settings (the HMAC key, kubeconfig and service-account credentials). Every problem
+is a `SettingsError` with one line, so the daemon stops at start (exit 2) rather than discover it mid-incident.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import dataclass
+
+import httpx
+
+from sidecar.actuators.base import Actuator, EventSink
+from sidecar.actuators.exec import ExecActuator
+from sidecar.actuators.none import NoActuator
+from sidecar.notify.event import EventNotificationSink
+from sidecar.notify.payload import Origin, WebhookFormat
+from sidecar.notify.sink import NotificationSink
+from sidecar.notify.webhook import WebhookSink
+from sidecar.policy.settings import PolicySettings, PolicySettingsError, stale_after_for_interval
+from sidecar.shell.settings import Settings, SettingsError
+
+MAX_KEY_BYTES = 4096
+
+
+@dataclass(slots=True)
+class ActingParts:
+    actuator: Actuator
+    events: EventSink | None
+    pod: str | None
+
+
+def policy_settings(settings: Settings) -> PolicySettings:
+    try:
+        return PolicySettings(
+            pause_kv_usage_ratio=settings.pause_kv_usage,
+            resume_kv_usage_ratio=settings.resume_kv_usage,
+            min_gpu_free_ratio=settings.min_gpu_free,
+            dead_after_s=settings.dead_after,
+            hung_after_s=settings.hung_after,
+            oom_forecast_s=settings.oom_forecast,
+            max_restarts_per_hour=settings.max_restarts_per_hour,
+            drain_timeout_s=settings.drain_timeout,
+            startup_timeout_s=settings.startup_timeout,
+            pressure_events_restart=settings.pressure_restarts,
+            stale_after_s=stale_after_for_interval(settings.interval),
+        )
+    except PolicySettingsError as error:
+        raise SettingsError(f"invalid policy settings: {error}") from None
+
+
+def build_acting_parts(settings: Settings) -> ActingParts:
+    events: EventSink | None = None
+    pod: str | None = settings.pod_name
+    if settings.actuator == "systemd":
+        from sidecar.actuators.systemd import SystemdActuator  # noqa: PLC0415 - D-Bus only when chosen
+
+        try:
+            return ActingParts(
+                actuator=SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus), events=None, pod=None
+            )
+        except ValueError as error:
+            raise SettingsError(f"invalid setting systemd_unit: {error}") from None
+    if settings.actuator == "exec":
+        if settings.exec_command is None:
+            raise SettingsError("--actuator exec needs --exec-command")
+        return ActingParts(actuator=ExecActuator(shlex.split(settings.exec_command)), events=None, pod=None)
+    if settings.actuator == "kubernetes" or settings.kubernetes_events:
+        from sidecar.actuators.kube_credentials import CredentialsError  # noqa: PLC0415
+        from sidecar.actuators.kubernetes import KubernetesActuator, KubernetesEvents, connect  # noqa: PLC0415
+
+        environ = _pod_environment(settings)
+        try:
+            client, ref = connect(settings.kubeconfig, env=environ)
+            actuator: Actuator = (
+                KubernetesActuator(settings.kubernetes_mode, pod=ref.name, namespace=ref.namespace, client=client)
+                if settings.actuator == "kubernetes"
+                else NoActuator()
+            )
+        except (CredentialsError, ValueError) as error:
+            raise SettingsError(f"Kubernetes: {error}") from None
+        if settings.kubernetes_events:
+            events = KubernetesEvents(client, pod=ref.name, namespace=ref.namespace)
+        return ActingParts(actuator=actuator, events=events, pod=ref.name)
+    return ActingParts(actuator=NoActuator(), events=None, pod=pod)
+
+
+def _pod_environment(settings: Settings) -> dict[str, str]:
+    import os  # noqa: PLC0415
+
+    environ = dict(os.environ)
+    if settings.pod_name is not None:
+        environ["POD_NAME"] = settings.pod_name
+    if settings.pod_namespace is not None:
+        environ["POD_NAMESPACE"] = settings.pod_namespace
+    return environ
+
+
+def build_sinks(settings: Settings, parts: ActingParts, client: httpx.AsyncClient) -> list[NotificationSink]:
+    sinks: list[NotificationSink] = []
+    if settings.webhook_url is not None:
+        key = _read_key(settings) if settings.webhook_hmac_key_file is not None else None
+        try:
+            sinks.append(
+                WebhookSink(
+                    settings.webhook_url,
+                    client=client,
+                    origin=Origin(host=socket.gethostname(), pod=parts.pod),
+                    format=WebhookFormat(settings.webhook_format),
+                    hmac_key=key,
+                )
+            )
+        except ValueError as error:
+            raise SettingsError(f"invalid setting webhook_url: {error}") from None
+    if parts.events is not None:
+        sinks.append(EventNotificationSink(parts.events))
+    return sinks
+
+
+def _read_key(settings: Settings) -> bytes:
+    path = settings.webhook_hmac_key_file
+    assert path is not None  # noqa: S101 - checked by the caller
+    try:
+        key = path.read_bytes()[: MAX_KEY_BYTES + 1].strip()
+    except OSError as error:
+        raise SettingsError(f"cannot read --webhook-hmac-key-file {path}: {error.strerror or error}") from None
+    if not key or len(key) > MAX_KEY_BYTES:
+        raise SettingsError(f"--webhook-hmac-key-file {path} must hold a key of 1 to {MAX_KEY_BYTES} bytes")
+    return key

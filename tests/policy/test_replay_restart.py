@@ -1,0 +1,204 @@
+"""Replays of restarts and their guards: recorded series through the Policy, against golden (t, state, actions).
+
+Each golden is written out by hand from the issue's rules, not computed from the code. A row appears for
+every step whose state changed or that took an action; the series tick every 2 s unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from sidecar.policy import (
+    ManualAction,
+    Observation,
+    ProcedureEvent,
+    RestartLedger,
+    RestartReason,
+    RestartRecord,
+)
+from tests.policy.builders import WALL0, Event, Manual, Replay, Step, down, engine, gpu, obs, ticks
+
+PAUSE, RESUME, DRAIN, RESTART = "pause_admission", "resume_admission", "drain", "restart"
+DONE, BUDGET = "notify_restart_done", "notify_budget_exhausted"
+
+
+def test_memory_leak_restarts_in_a_planned_way_once_vllm_is_old_enough() -> None:
+    def tick(t: float) -> Observation:
+        tto = None if t < 580 or t >= 604 else 1000 - 30 * (t - 580)  # under 900 s from 584 s on
+        return obs(t, engine(running=0 if t >= 604 else 4), gpus=(gpu(time_to_oom_s=tto),))
+
+    series: list[Step] = [tick(t) for t in ticks(0, 604)]
+    series += [Event(605, ProcedureEvent.RESTART_ACCEPTED)]
+    series += [obs(t, engine(running=2), gpus=(gpu(),)) for t in ticks(606, 680)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (584.0, "pressure", ()),  # forecast under 900 s, tick 1 of 3
+        # 588 s: 3 ticks, but vLLM has been up only 588 s < 600 s: held (pressure, would_restart_but)
+        (600.0, "draining", (PAUSE, DRAIN)),
+        (604.0, "restarting", (RESTART,)),  # drained: 0 running
+        (606.0, "cooldown", (RESUME, DONE)),
+        (666.0, "normal", ()),  # 60 s cooldown from vLLM's return
+    ]
+    held = replay.at(588)
+    assert held.would_restart_but == "vLLM up only 588 s < 600 s before a forecast-driven restart"
+    assert held.restart_reason is RestartReason.OOM_FORECAST
+    assert (
+        replay.at(600)
+        .actions[1]
+        .reason.startswith("restart (oom_forecast) begins: forecast time to OOM 400 s < 900 s for 9 ticks on GPU 0;")
+    )
+    assert [r.reason for r in replay.ledger.records] == [RestartReason.OOM_FORECAST]
+
+
+def test_hung_engine_drains_until_the_timeout_then_restarts_anyway() -> None:
+    def tick(t: float) -> Observation:
+        return obs(t, engine(running=4, stalled_s=max(0.0, t - 10)))
+
+    series: list[Step] = [tick(t) for t in ticks(0, 250)]
+    series += [Event(251, ProcedureEvent.RESTART_ACCEPTED)]
+    series += [obs(t, engine(running=2)) for t in ticks(252, 320)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (12.0, "pressure", ()),  # no progress for 2 s with requests running
+        (130.0, "draining", (PAUSE, DRAIN)),  # 120 s without progress
+        (250.0, "restarting", (RESTART,)),  # drain timed out: a hung engine never drains
+        (252.0, "cooldown", (RESUME, DONE)),
+        (312.0, "normal", ()),
+    ]
+    restart = replay.at(250).actions[0]
+    assert restart.reason.startswith("drain timed out after 120 s with requests still running, restarting anyway")
+
+
+def test_dead_engine_restarts_without_draining() -> None:
+    series: list[Step] = [obs(t) for t in ticks(0, 20)]
+    series += [down(t, since_poll_s=t - 20) for t in ticks(22, 52)]
+    series += [Event(53, ProcedureEvent.RESTART_ACCEPTED)]
+    series += [down(t, since_poll_s=t - 20) for t in ticks(54, 118)]  # loading: no /health yet
+    series += [obs(t) for t in ticks(120, 190)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (22.0, "pressure", ()),  # /health failing, not yet 30 s
+        (52.0, "restarting", (PAUSE, DRAIN, RESTART)),  # 30 s failing: nothing to drain on a dead engine
+        (120.0, "cooldown", (RESUME, DONE)),
+        (180.0, "normal", ()),
+    ]
+    assert replay.at(52).reason.startswith(
+        "engine dead, nothing to drain; restarting vLLM (engine_dead): vLLM /health failing for 30 s >= 30 s"
+    )
+
+
+def test_flapping_health_never_adds_up_to_dead() -> None:
+    series = [obs(t) for t in ticks(0, 20)]
+    for start in (22, 42, 62, 82, 102):  # 10 s down, 10 s up
+        series += [down(t, since_poll_s=t - start + 2) for t in ticks(start, start + 8)]
+        series += [obs(t) for t in ticks(start + 10, start + 18)]
+    assert Replay().run(series) == [
+        (0.0, "normal", ()),
+        (22.0, "pressure", ()),
+        (32.0, "normal", ()),
+        (42.0, "pressure", ()),
+        (52.0, "normal", ()),
+        (62.0, "pressure", ()),
+        (72.0, "normal", ()),
+        (82.0, "pressure", ()),
+        (92.0, "normal", ()),
+        (102.0, "pressure", ()),
+        (112.0, "normal", ()),
+    ]
+
+
+def _hung_from(t0: float, t: float, wall_offset_s: float) -> Observation:
+    return obs(t, engine(running=4, stalled_s=max(0.0, t - t0 + 100)), wall_s=WALL0 + wall_offset_s + t)
+
+
+def test_a_sidecar_restart_mid_budget_keeps_the_budget() -> None:
+    first = Replay()
+    for start in (0.0, 1000.0):  # two manual restarts, 1000 s apart
+        first.step(obs(start))
+        first.step(Manual(start + 1, ManualAction.RESTART))
+        first.step(obs(start + 2, engine(running=0)))
+        first.step(Event(start + 3, ProcedureEvent.RESTART_ACCEPTED))
+        first.step(obs(start + 4))
+    persisted = json.dumps(first.ledger.to_dict())
+
+    # The sidecar restarts: a new process, a new monotonic clock, the wall clock 1500 s on.
+    second = Replay(ledger=RestartLedger.from_dict(json.loads(persisted)))
+    series: list[Step] = [obs(0, wall_s=WALL0 + 1500)]
+    series += [_hung_from(2, t, 1500) for t in ticks(2, 142)]
+    series += [Event(143, ProcedureEvent.RESTART_ACCEPTED)]
+    series += [obs(t, wall_s=WALL0 + 1500 + t) for t in ticks(144, 400)]
+    series += [_hung_from(402, t, 1500) for t in ticks(402, 428)]
+    rows = []
+    for item in series:
+        if isinstance(item, Event):  # this process's wall clock is 1500 s on from the first one's
+            wall = WALL0 + 1500 + item.t
+            decision, second.ledger = second.policy.procedure_event(item.event, item.t, wall, second.ledger)
+        else:
+            decision = second.step(item)
+        if decision.actions or decision.state != decision.previous_state:
+            rows.append((decision.now_s, decision.state.value, tuple(a.kind.value for a in decision.actions)))
+    assert rows == [
+        (0.0, "normal", ()),  # the last restart was 497 s ago: its 120 s cooldown is over
+        (2.0, "pressure", ()),
+        (22.0, "draining", (PAUSE, DRAIN)),  # restart 3 of the hour
+        (142.0, "restarting", (RESTART,)),
+        (144.0, "cooldown", (RESUME, DONE)),  # third in a series: 240 s
+        (384.0, "normal", ()),
+        (402.0, "pressure", ()),  # hung again, 100 s without progress
+        (422.0, "pressure", (BUDGET,)),  # restart 4 refused, notified once
+    ]
+    refused = second.policy.decide(_hung_from(402, 430, 1500), second.ledger)
+    assert refused.actions == ()
+    assert refused.would_restart_but == "restart budget exhausted: 3 restarts in the last hour, next allowed in 1673 s"
+    assert refused.restarts_in_budget_window == 3
+    assert [r.reason for r in second.ledger.records] == [RestartReason.MANUAL] * 2 + [RestartReason.ENGINE_HUNG]
+
+
+def _three_recent_restarts(*ages_s: float) -> RestartLedger:
+    return RestartLedger(
+        records=tuple(RestartRecord(wall_time_s=WALL0 - a, reason=RestartReason.ENGINE_HUNG) for a in ages_s)
+    )
+
+
+def _hung_with_wall(wall: Callable[[float], float]) -> list[Observation]:
+    return [obs(t, engine(running=4, stalled_s=200), wall_s=wall(t)) for t in ticks(0, 3600, 60)]
+
+
+def test_budget_without_clock_trouble() -> None:
+    replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
+    assert replay.run(_hung_with_wall(lambda t: WALL0 + t)) == [
+        (0.0, "pressure", (BUDGET,)),
+        (3000.0, "draining", (PAUSE, DRAIN)),  # the oldest restart left the hour
+        (3120.0, "restarting", (RESTART,)),  # a hung engine does not drain
+    ]
+
+
+def test_wall_clock_a_day_behind_at_start_counts_the_future_restarts_for_an_hour() -> None:
+    replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
+    assert replay.run(_hung_with_wall(lambda t: WALL0 - 86_400 + t)) == [
+        (0.0, "pressure", (BUDGET,)),  # restarts "in the future": they just happened
+        (3600.0, "draining", (PAUSE, DRAIN)),  # an hour on the monotonic clock, not a day
+    ]
+    assert replay.at(0).would_restart_but == (
+        "restart budget exhausted: 3 restarts in the last hour, next allowed in 3600 s"
+    )
+
+
+def test_wall_clock_jumps_after_first_sight_change_nothing() -> None:
+    def back(t: float) -> float:
+        return WALL0 + t - (86_400 if t >= 600 else 0)
+
+    def forward(t: float) -> float:
+        return WALL0 + t + (86_400 if t >= 600 else 0)
+
+    for wall in (back, forward):
+        replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
+        assert replay.run(_hung_with_wall(wall)) == [
+            (0.0, "pressure", (BUDGET,)),
+            (3000.0, "draining", (PAUSE, DRAIN)),
+            (3120.0, "restarting", (RESTART,)),
+        ]

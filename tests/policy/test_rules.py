@@ -1,0 +1,133 @@
+"""The conditions on one tick's derived values, and the one-line reasons they produce."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.policy import PauseRule, PolicySettings, RestartReason
+from sidecar.policy.rules import (
+    Finding,
+    compare,
+    hung_cause,
+    next_oom_streaks,
+    next_waiting_streaks,
+    oom_cause,
+    pause_findings,
+    pressure_findings,
+    resume_blockers,
+)
+from tests.policy.builders import engine, gpu
+
+S = PolicySettings()
+
+
+def derived(*engines: EngineDerived, gpus: tuple[GpuDerived, ...] = ()) -> Derived:
+    return Derived(engines=engines, gpus=gpus, problems=())
+
+
+def texts(findings: Sequence[Finding]) -> list[str]:
+    return [f.text for f in findings]
+
+
+def test_kv_usage_at_the_threshold_pauses() -> None:
+    found = pause_findings(derived(engine(usage=0.93)), S, {})
+    assert texts(found) == ["KV cache usage 0.93 >= 0.90 on engine 0"]
+    assert found[0].rule is PauseRule.KV_CACHE_USAGE
+    assert texts(pause_findings(derived(engine(usage=0.90)), S, {})) == ["KV cache usage 0.90 >= 0.90 on engine 0"]
+    assert pause_findings(derived(engine(usage=0.8999)), S, {}) == []
+
+
+def test_numbers_never_print_equal_when_they_differ() -> None:
+    assert compare(0.8999, 0.90) == ("0.8999", "0.9000")
+    assert compare(0.90, 0.90) == ("0.90", "0.90")
+
+
+def test_waiting_needs_its_streak() -> None:
+    d = derived(engine(waiting=9, running=4))
+    streaks = next_waiting_streaks({}, d, S)
+    assert streaks == {"m/0": 1}
+    assert pause_findings(d, S, streaks) == []
+    streaks = next_waiting_streaks(next_waiting_streaks(streaks, d, S), d, S)
+    assert texts(pause_findings(d, S, streaks)) == ["waiting 9 > 2 x running 4 for 3 ticks on engine 0"]
+    # Exactly 2 x running is not more than 2 x running: the streak ends.
+    assert next_waiting_streaks(streaks, derived(engine(waiting=8, running=4)), S) == {"m/0": 0}
+    # Unknown counts are no evidence.
+    assert next_waiting_streaks(streaks, derived(engine(waiting=None)), S) == {"m/0": 0}
+
+
+def test_preemptions_and_gpu_free_memory() -> None:
+    d = derived(engine(preemptions_per_s=1.8), gpus=(gpu(1, free_ratio=0.031),))
+    found = pause_findings(d, S, {})
+    assert texts(found) == [
+        "preemptions 1.80/s > 1.00/s on engine 0",
+        "GPU free memory 3.1 % < 5.0 % of total on GPU 1",
+    ]
+    assert [f.rule for f in found] == [PauseRule.PREEMPTIONS, PauseRule.GPU_FREE_MEMORY]
+    assert pause_findings(derived(engine(preemptions_per_s=1.0), gpus=(gpu(free_ratio=0.05),)), S, {}) == []
+
+
+def test_engines_of_several_models_are_named_with_the_model() -> None:
+    d = derived(engine(model="a"), engine(model="b", usage=0.95))
+    assert texts(pause_findings(d, S, {})) == ["KV cache usage 0.95 >= 0.90 on engine b/0"]
+
+
+def test_any_engine_pauses_and_every_engine_must_clear() -> None:
+    d = derived(engine(name="0", usage=0.2), engine(name="1", usage=0.91))
+    assert texts(pause_findings(d, S, {})) == ["KV cache usage 0.91 >= 0.90 on engine 1"]
+    d = derived(engine(name="0", usage=0.2), engine(name="1", usage=0.85))
+    assert texts(resume_blockers(d, S)) == ["KV cache usage 0.85 > 0.80 resume threshold on engine 1"]
+    assert resume_blockers(derived(engine(name="0", usage=0.2), engine(name="1", usage=0.80)), S) == []
+
+
+def test_missing_values_neither_pause_nor_block_a_resume() -> None:
+    d = derived(engine(usage=None, running=None, waiting=None, preemptions_per_s=None, stalled_s=None))
+    assert pause_findings(d, S, {"m/0": 5}) == []
+    assert resume_blockers(d, S) == []
+    assert hung_cause(d, S) is None
+
+
+def test_resume_blockers_include_every_other_condition() -> None:
+    d = derived(engine(usage=0.5, waiting=9, running=4, preemptions_per_s=2.0), gpus=(gpu(free_ratio=0.01),))
+    assert texts(resume_blockers(d, S)) == [
+        "waiting 9 > 2 x running 4 on engine 0",
+        "preemptions 2.00/s > 1.00/s on engine 0",
+        "GPU free memory 1.0 % < 5.0 % of total on GPU 0",
+    ]
+
+
+def test_pressure_is_a_condition_partly_met() -> None:
+    d = derived(engine(usage=0.85, waiting=9, running=4, stalled_s=40), gpus=(gpu(time_to_oom_s=412),))
+    found = pressure_findings(d, S, {"m/0": 1}, {0: 2})
+    assert texts(found) == [
+        "KV cache usage 0.85 above 0.80 on engine 0",
+        "waiting > 2 x running for 1 of 3 ticks on engine 0",
+        "engine 0 made no progress for 40 s with requests running",
+        "forecast time to OOM 412 s < 900 s on GPU 0",
+    ]
+    assert pressure_findings(derived(engine(usage=0.80)), S, {}, {}) == []
+    # At the pause threshold it is no longer pressure but a pause (the caller pauses).
+    assert pressure_findings(derived(engine(usage=0.90)), S, {}, {}) == []
+
+
+def test_hung_needs_running_requests() -> None:
+    cause = hung_cause(derived(engine(stalled_s=130, running=4)), S)
+    assert cause is not None
+    assert cause.reason is RestartReason.ENGINE_HUNG
+    assert cause.text == "engine 0 made no progress for 130 s >= 120 s with 4 requests running (hung)"
+    assert hung_cause(derived(engine(stalled_s=119, running=4)), S) is None
+    assert hung_cause(derived(engine(stalled_s=130, running=0)), S) is None
+
+
+def test_oom_forecast_needs_three_ticks_under_the_limit() -> None:
+    d = derived(gpus=(gpu(0), gpu(1, time_to_oom_s=412)))
+    streaks = next_oom_streaks({}, d, S)
+    assert streaks == {0: 0, 1: 1}
+    assert oom_cause(d, S, streaks) is None
+    streaks = next_oom_streaks(next_oom_streaks(streaks, d, S), d, S)
+    cause = oom_cause(d, S, streaks)
+    assert cause is not None
+    assert cause.text == "forecast time to OOM 412 s < 900 s for 3 ticks on GPU 1"
+    # 900 s exactly is not under 900 s; no forecast (memory not growing) ends the streak too.
+    assert next_oom_streaks(streaks, derived(gpus=(gpu(1, time_to_oom_s=900),)), S) == {1: 0}
+    assert next_oom_streaks(streaks, derived(gpus=(gpu(1),)), S) == {1: 0}
