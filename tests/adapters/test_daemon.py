@@ -189,6 +189,12 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["run"], {"VLLM_SIDECAR_INTERVAL": "fast"}, "environment VLLM_SIDECAR_INTERVAL"),
         (["once", "--gpus", "0,0"], {}, "invalid setting gpus='0,0'"),
         (["run", "--log-level", "loud"], {}, "allowed: debug, info, warning or error"),
+        (["run", "--resume-kv-usage", "0.95"], {}, "must be below --pause-kv-usage (0.9)"),
+        (["run", "--actuator", "systemd", "--systemd-unit", "../etc/x.service"], {}, "invalid setting systemd_unit"),
+        (["run", "--actuator", "exec"], {}, "--actuator exec needs --exec-command"),
+        (["run", "--exec-command", "'unterminated"], {}, "cannot be split into arguments"),
+        (["run", "--webhook-url", "hooks.example/T0KEN"], {}, "invalid setting webhook_url: not an http(s) URL"),
+        (["run", "--max-restarts-per-hour", "-1"], {}, "invalid setting max_restarts_per_hour='-1'"),
     ],
 )
 def test_bad_settings_stop_at_start_with_one_line_and_exit_2(args: list[str], env: dict[str, str], needle: str) -> None:
@@ -198,6 +204,7 @@ def test_bad_settings_stop_at_start_with_one_line_and_exit_2(args: list[str], en
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("vllm-sidecar: error: ")
     assert needle in lines[0]
+    assert "T0KEN" not in result.stderr  # a webhook URL is a secret: never echoed
 
 
 def test_config_file_precedence_and_unknown_keys(tmp_path: Path, vllm: LoopbackServer) -> None:

@@ -1,0 +1,156 @@
+"""The daemon's acting, as a real process against a scripted vLLM: pausing admission with hysteresis and
+dwell time, --dry-run, and the admin API."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.adapters.daemon_process import SidecarProcess
+from tests.conftest import EXPOSITIONS
+from tests.loopback import LoopbackServer, respond
+
+CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_text()
+USAGE_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.8188976377952756'
+TOKEN = "an-admin-token-for-tests-0123"  # noqa: S105 - a test fixture, not a secret
+
+
+def _with_usage(value: float) -> bytes:
+    assert USAGE_LINE in CAPTURE
+    return CAPTURE.replace(USAGE_LINE, USAGE_LINE.rsplit(" ", 1)[0] + f" {value}").encode()
+
+
+@pytest.fixture
+def vllm() -> Iterator[LoopbackServer]:
+    server = LoopbackServer()
+    server.routes.update(
+        {
+            "/metrics": respond(body=_with_usage(0.5)),
+            "/version": respond(body=b'{"version":"0.32.0"}'),
+            "/health": respond(),
+        }
+    )
+    yield server
+    server.close()
+
+
+def _wait_for(predicate: object, timeout_s: float = 20.0) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():  # type: ignore[operator]
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def _start(vllm: LoopbackServer, tmp_path: Path, *args: str) -> SidecarProcess:
+    process = SidecarProcess(
+        [
+            "--vllm-url",
+            vllm.url,
+            "--interval",
+            "0.5",
+            "--gpu-source",
+            "none",
+            "--state-dir",
+            str(tmp_path / "s"),
+            *args,
+        ],
+        tmp_path / "sidecar.log",
+    )
+    process.wait_ready()
+    return process
+
+
+def test_kv_pressure_pauses_admission_with_hysteresis_and_dwell(vllm: LoopbackServer, tmp_path: Path) -> None:
+    sidecar = _start(vllm, tmp_path)
+    try:
+        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        vllm.routes["/metrics"] = respond(body=_with_usage(0.95))
+        _wait_for(lambda: sidecar.get("/readyz").status_code == 503, 5)
+        ready = sidecar.get("/readyz")
+        assert ready.text.startswith("paused: ")
+        assert "0.95" in ready.text
+        metrics = sidecar.get("/metrics").text
+        assert "vllm_sidecar_admission_paused 1.0" in metrics
+        assert 'vllm_sidecar_policy_state{state="paused"} 1.0' in metrics
+        assert 'vllm_sidecar_actions_total{action="pause_admission"} 1.0' in metrics
+        paused_at = time.monotonic()
+        vllm.routes["/metrics"] = respond(body=_with_usage(0.85))  # inside the hysteresis band: stays paused
+        time.sleep(2)
+        assert sidecar.get("/readyz").status_code == 503
+        vllm.routes["/metrics"] = respond(body=_with_usage(0.5))
+        _wait_for(lambda: sidecar.get("/readyz").status_code == 200, 20)
+        assert time.monotonic() - paused_at >= 10.0, "resumed before the 10 s dwell time"
+        assert 'vllm_sidecar_actions_total{action="resume_admission"} 1.0' in sidecar.get("/metrics").text
+    finally:
+        sidecar.kill()
+    kinds = [
+        json.loads(line).get("kind")
+        for line in sidecar.log_path.read_text().splitlines()
+        if '"event": "notification"' in line
+    ]
+    assert kinds == ["pause", "resume"]
+
+
+def test_dry_run_decides_and_reports_but_never_pauses(vllm: LoopbackServer, tmp_path: Path) -> None:
+    vllm.routes["/metrics"] = respond(body=_with_usage(0.97))
+    sidecar = _start(vllm, tmp_path, "--dry-run")
+    try:
+        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "paused", 10)
+        ready = sidecar.get("/readyz")
+        assert ready.status_code == 200
+        assert "dry run; would pause" in ready.text
+        metrics = sidecar.get("/metrics").text
+        assert "vllm_sidecar_admission_paused 0.0" in metrics
+        assert 'vllm_sidecar_policy_state{state="paused"} 1.0' in metrics
+    finally:
+        sidecar.kill()
+    actions = [json.loads(line) for line in sidecar.log_path.read_text().splitlines() if '"event": "action"' in line]
+    assert actions[0]["dry_run"] is True
+    assert actions[0]["reason"].startswith("would ")
+
+
+def test_admin_api_needs_the_token_and_logs_the_caller(vllm: LoopbackServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    sidecar = _start(vllm, tmp_path, "--admin-token-file", str(token_file))
+    try:
+        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        pause = sidecar.url + "/admin/pause"
+        assert httpx.post(pause, timeout=5).status_code == 401
+        assert httpx.post(pause, headers={"Authorization": "Bearer not-the-token-000000"}, timeout=5).status_code == 403
+        assert httpx.get(pause, timeout=5).status_code == 405
+        answer = httpx.post(pause, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert answer.status_code == 200
+        assert "paused by hand" in answer.json()["result"]
+        assert sidecar.get("/readyz").status_code == 503
+        time.sleep(1.5)  # a manual pause holds, whatever the metrics say
+        assert sidecar.get("/readyz").status_code == 503
+        resume = httpx.post(sidecar.url + "/admin/resume", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert resume.status_code == 200
+        _wait_for(lambda: sidecar.get("/readyz").status_code == 200, 5)
+    finally:
+        sidecar.kill()
+    log = sidecar.log_path.read_text()
+    admin = [json.loads(line) for line in log.splitlines() if '"event": "admin_action"' in line]
+    assert [(entry["action"], entry["caller"].split(":")[0]) for entry in admin] == [
+        ("pause", "127.0.0.1"),
+        ("resume", "127.0.0.1"),
+    ]
+    assert TOKEN not in log
+
+
+def test_without_a_token_file_the_admin_api_is_off(vllm: LoopbackServer, tmp_path: Path) -> None:
+    sidecar = _start(vllm, tmp_path)
+    try:
+        answer = httpx.post(sidecar.url + "/admin/restart", headers={"Authorization": "Bearer x" * 3}, timeout=5)
+        assert answer.status_code == 403
+        assert "admin API is off" in answer.text
+    finally:
+        sidecar.kill()
