@@ -36,6 +36,8 @@ _SIDECAR_EVENTS = {
     "problem_resolved": "sidecar: resolved: {problem}",
     "vllm_health_failing": "sidecar: vLLM /health failing",
     "vllm_health_ok": "sidecar: vLLM /health ok",
+    "action": "sidecar decides: {action}: {reason}",
+    "policy_state": "sidecar policy: {previous} -> {state}",
 }
 
 

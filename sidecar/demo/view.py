@@ -133,6 +133,18 @@ def render(header: Header, status: Mapping[str, object] | None, events: Sequence
         f"  |  sidecar {header.sidecar_url}  |  {header.elapsed_s:.0f} s",
     )
     parts: list[RenderableType] = [title]
+    policy = status.get("policy") if status is not None else None
+    if isinstance(policy, dict):
+        paused = bool(policy.get("admission_paused"))
+        parts.append(
+            Text.assemble(
+                "policy: ",
+                (str(policy.get("state")), "bold"),
+                "  |  admission: ",
+                ("PAUSED" if paused else "admitting", "bold red" if paused else "green"),
+                f"  |  {policy.get('readiness')}",
+            )
+        )
     if status is None:
         parts.append(Text("waiting for the sidecar's first poll..."))
     else:
