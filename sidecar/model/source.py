@@ -14,6 +14,9 @@ class SourceResult(Generic[T_co]):
     duration_s: float
     value: T_co | None = None
     error: str | None = None
+    # Nothing listens at the source's address (connection refused): its process is not running, as opposed
+    # to running and failing. A supervisor restarting vLLM looks like this for the whole of its load time.
+    unreachable: bool = False
 
     @property
     def ok(self) -> bool:

@@ -63,6 +63,7 @@ class Policy:
         self._seen_healthy = False  # since the sidecar started or the last restart was accepted
         self._seen_polled = False
         self._failing_since_s: float | None = None  # health failing, after it had been healthy
+        self._down_since_s: float | None = None  # nothing listening at vLLM's address, after it had been healthy
         self._up_since_s: float | None = None  # vLLM healthy without a break since (as observed here)
         self._healthy_again_s: float | None = None  # vLLM back from the last restart: the cooldown's start
         self._waiting_streaks: dict[str, int] = {}
@@ -187,12 +188,19 @@ class Policy:
 
     def _track(self, obs: Observation) -> None:
         if obs.healthy:
-            self._seen_healthy, self._failing_since_s = True, None
+            self._seen_healthy, self._failing_since_s, self._down_since_s = True, None, None
             self._up_since_s = obs.now_s if self._up_since_s is None else self._up_since_s
         else:
             self._up_since_s = None  # any break restarts the uptime: the forecast rule errs late, not early
-            if self._seen_healthy and self._failing_since_s is None:
-                self._failing_since_s = obs.now_s
+            if obs.vllm_down:
+                # A process that is gone is not an engine that died: its supervisor gets down_after_s.
+                self._failing_since_s = None
+                if self._seen_healthy and self._down_since_s is None:
+                    self._down_since_s = obs.now_s
+            else:
+                self._down_since_s = None
+                if self._seen_healthy and self._failing_since_s is None:
+                    self._failing_since_s = obs.now_s
         self._seen_polled = self._seen_polled or obs.poll_ok
 
     def _failing_for(self, now_s: float) -> float | None:
@@ -203,6 +211,10 @@ class Policy:
         if failing is not None and failing >= s.dead_after_s:
             text = f"vLLM /health failing for {seconds(failing)} >= {seconds(s.dead_after_s)} after it had been healthy"
             return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (engine dead)")
+        down = None if self._down_since_s is None else obs.now_s - self._down_since_s
+        if down is not None and down >= s.down_after_s:
+            text = f"nothing listens at vLLM's address for {seconds(down)} >= {seconds(s.down_after_s)}"
+            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (its process is gone, not restarted)")
         if not fresh:
             return None
         found = rules.hung_cause(obs.derived, s) or rules.oom_cause(obs.derived, s, self._oom_streaks)
@@ -231,6 +243,7 @@ class Policy:
         if step.outcome is Outcome.ACCEPTED:
             # A new vLLM: earlier health, streaks, pauses and uptime describe the old process.
             self._seen_healthy, self._failing_since_s, self._up_since_s = False, None, None
+            self._down_since_s = None
             self._waiting_streaks, self._oom_streaks = {}, {}
             self._admission.forget_history()
         elif step.outcome is Outcome.DONE:

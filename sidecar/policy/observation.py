@@ -24,6 +24,9 @@ class Observation:
     vllm_healthy: bool | None  # vLLM's /health answered 200; None when it was not asked
     data_age_s: float | None  # seconds since the last successful poll; None when there never was one
     derived: Derived  # the values of the last successful poll (empty before the first)
+    # Nothing listens at vLLM's address (connection refused): its process is gone, so a supervisor (systemd
+    # Restart=, the kubelet) is most likely restarting it. Not the same as an engine dead inside a live server.
+    vllm_down: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.now_s) and math.isfinite(self.wall_time_s)):

@@ -35,6 +35,9 @@ class PolicySettings:
     min_paused_s: float = 10.0  # an automatic pause lasts at least this long (dwell time)
     # Restarting vLLM (drain first).
     dead_after_s: float = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
+    # Nothing listening this long (vLLM's process gone and not brought back by its supervisor): restart it.
+    # Shorter would restart a vLLM its supervisor is already reloading; the default waits a whole load.
+    down_after_s: float = 900.0
     hung_after_s: float = 120.0  # no progress this long with requests running: engine hung
     oom_forecast_s: float = 900.0  # forecast time to OOM under this ...
     oom_forecast_ticks: int = 3  # ... on this many consecutive polls: restart before it crashes
@@ -87,6 +90,7 @@ class PolicySettings:
                 raise PolicySettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
         positive = (
             "dead_after_s",
+            "down_after_s",
             "hung_after_s",
             "oom_forecast_s",
             "pressure_window_s",

@@ -128,6 +128,7 @@ class Acting:
             vllm_healthy=snapshot.vllm_healthy,
             data_age_s=None if self._last_good_s is None else max(0.0, snapshot.monotonic_s - self._last_good_s),
             derived=self._last_good or _EMPTY,
+            vllm_down=snapshot.vllm.unreachable,
         )
         return self._apply(self.policy.decide(observation, self.ledger))
 

@@ -39,6 +39,7 @@ def policy_settings(settings: Settings) -> PolicySettings:
             resume_kv_usage_ratio=settings.resume_kv_usage,
             min_gpu_free_ratio=settings.min_gpu_free,
             dead_after_s=settings.dead_after,
+            down_after_s=settings.down_after,
             hung_after_s=settings.hung_after,
             oom_forecast_s=settings.oom_forecast,
             max_restarts_per_hour=settings.max_restarts_per_hour,

@@ -158,6 +158,12 @@ class Settings(BaseSettings):
         description="seconds /health may fail, after it was healthy, before vLLM is restarted",
         json_schema_extra=_allowed("seconds > 0"),
     )
+    down_after: float = Field(
+        900.0,
+        gt=0,
+        description="seconds nothing may listen at vLLM's address (process gone, not brought back) before a restart",
+        json_schema_extra=_allowed("seconds > 0; longer than vLLM takes to load if a supervisor restarts it"),
+    )
     hung_after: float = Field(
         120.0,
         gt=0,

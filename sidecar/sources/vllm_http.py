@@ -28,6 +28,10 @@ _SMALL_BODY_BYTES = 64 * 1024  # /version and /health answers are tiny; anything
 class FetchError(Exception):
     """A request to vLLM failed; the message is one line naming the endpoint and the reason."""
 
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
 
 class VllmHttpSource:
     def __init__(
@@ -63,7 +67,8 @@ class VllmHttpSource:
             message = str(error)
             if isinstance(error, ExpositionError):
                 message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
-            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message)
+            refused = isinstance(error, FetchError) and error.refused
+            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message, unreachable=refused)
         if version_task is not None:
             self._version = await version_task
             self._version_asked_at = started
@@ -99,7 +104,8 @@ class VllmHttpSource:
         except TimeoutError:
             raise FetchError(f"vLLM {url} did not answer within {self._timeout_s:g} s") from None
         except httpx.ConnectError as error:
-            raise FetchError(f"vLLM unreachable at {url}: {_reason(error)}") from None
+            reason = _reason(error)
+            raise FetchError(f"vLLM unreachable at {url}: {reason}", refused=reason == "connection refused") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as error:
             raise FetchError(f"vLLM {url} dropped the connection mid-answer: {_reason(error)}") from None
         except httpx.HTTPError as error:

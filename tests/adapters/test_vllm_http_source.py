@@ -45,6 +45,7 @@ async def test_vllm_down(client: httpx.AsyncClient) -> None:
     result = await source(client, url).read()
     assert not result.ok
     assert result.error == f"vLLM unreachable at {url}/metrics: connection refused"
+    assert result.unreachable  # nothing listens: the process is gone, not failing
     assert not await source(client, url).healthy()
 
 
@@ -71,6 +72,7 @@ async def test_http_500(server: LoopbackServer, client: httpx.AsyncClient) -> No
     server.routes["/metrics"] = respond(500, b"Internal Server Error")
     result = await source(client, server.url).read()
     assert result.error == f"vLLM {server.url}/metrics answered HTTP 500"
+    assert not result.unreachable  # it answered: running, and failing
 
 
 async def test_garbage(server: LoopbackServer, client: httpx.AsyncClient) -> None:

@@ -131,3 +131,84 @@ def test_oom_forecast_needs_three_ticks_under_the_limit() -> None:
     # 900 s exactly is not under 900 s; no forecast (memory not growing) ends the streak too.
     assert next_oom_streaks(streaks, derived(gpus=(gpu(1, time_to_oom_s=900),)), S) == {1: 0}
     assert next_oom_streaks(streaks, derived(gpus=(gpu(1),)), S) == {1: 0}
+
+
+class TestDownIsNotDead:
+    """A vLLM whose process is gone (connection refused) is being reloaded by its supervisor; only a long
+    silence with nothing listening makes the sidecar restart it."""
+
+    def _run(self, *, down_for_s: float, down_after_s: float = 900.0) -> list[str]:
+        from sidecar.model.derived import Derived
+        from sidecar.policy.decision import ActionKind
+        from sidecar.policy.ledger import RestartLedger
+        from sidecar.policy.machine import Policy
+        from sidecar.policy.observation import Observation
+        from sidecar.policy.settings import PolicySettings
+
+        policy = Policy(PolicySettings(down_after_s=down_after_s))
+        ledger = RestartLedger()
+        empty = Derived(engines=(), gpus=(), problems=())
+        kinds: list[str] = []
+        t = 0.0
+        for _ in range(3):  # healthy and polled: the startup grace ends
+            policy.decide(
+                Observation(
+                    now_s=t, wall_time_s=1e9 + t, poll_ok=True, vllm_healthy=True, data_age_s=0.0, derived=empty
+                ),
+                ledger,
+            )
+            t += 2.0
+        start = t
+        while t - start <= down_for_s:
+            decision = policy.decide(
+                Observation(
+                    now_s=t,
+                    wall_time_s=1e9 + t,
+                    poll_ok=False,
+                    vllm_healthy=False,
+                    data_age_s=t - start,
+                    derived=empty,
+                    vllm_down=True,
+                ),
+                ledger,
+            )
+            kinds += [str(action.kind) for action in decision.actions]
+            if ActionKind.RESTART in [a.kind for a in decision.actions] or kinds:
+                break
+            t += 2.0
+        return kinds
+
+    def test_a_supervisor_reloading_vllm_for_ten_minutes_is_left_alone(self) -> None:
+        assert self._run(down_for_s=600.0) == []
+
+    def test_nothing_listening_past_down_after_restarts_it(self) -> None:
+        kinds = self._run(down_for_s=1000.0)
+        assert "drain" in kinds or "restart" in kinds
+
+    def test_an_engine_failing_inside_a_live_server_is_dead_after_30_s(self) -> None:
+        from sidecar.model.derived import Derived
+        from sidecar.policy.ledger import RestartLedger
+        from sidecar.policy.machine import Policy
+        from sidecar.policy.observation import Observation
+
+        policy, ledger = Policy(), RestartLedger()
+        empty = Derived(engines=(), gpus=(), problems=())
+        t, kinds = 0.0, []
+        for _ in range(3):
+            policy.decide(
+                Observation(
+                    now_s=t, wall_time_s=1e9 + t, poll_ok=True, vllm_healthy=True, data_age_s=0.0, derived=empty
+                ),
+                ledger,
+            )
+            t += 2.0
+        for _ in range(20):  # /health answers 503 while /metrics still reads: engine dead in a live server
+            decision = policy.decide(
+                Observation(
+                    now_s=t, wall_time_s=1e9 + t, poll_ok=True, vllm_healthy=False, data_age_s=0.0, derived=empty
+                ),
+                ledger,
+            )
+            kinds += [str(action.kind) for action in decision.actions]
+            t += 2.0
+        assert "drain" in kinds or "restart" in kinds
