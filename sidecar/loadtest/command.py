@@ -94,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RATIO",
         help="FAIL when more than this share of requests fail (default %(default)g)",
     )
+    parser.add_argument(
+        "--readiness-url",
+        default=None,
+        metavar="URL",
+        help="send only while this URL answers 200 (e.g. the sidecar's /readyz), as a Kubernetes Service or "
+        "router honours readiness; arrivals while it does not are counted as not_ready",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -126,6 +133,7 @@ def build_spec(args: argparse.Namespace, *, run_tag: str | None = None) -> LoadS
         shared_prefix_tokens=args.shared_prefix_tokens,
         seed=args.seed,
         max_error_rate=args.max_error_rate,
+        readiness_url=args.readiness_url,
         run_tag=run_tag if run_tag is not None else f"r{secrets.token_hex(3)}",
     )
 

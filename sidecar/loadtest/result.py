@@ -16,6 +16,7 @@ class FailureKind(StrEnum):
     CONNECTION_RESET = "connection_reset"  # dropped before or during the answer
     PROTOCOL = "protocol"  # an answer that is not an OpenAI completion
     DROPPED_BY_CLIENT = "dropped_by_client"  # open loop, more than --max-in-flight already running
+    NOT_READY = "not_ready"  # --readiness-url answered non-200: a router would not have sent it (its 503)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,4 +53,17 @@ def dropped(planned: PlannedRequest, at_s: float, limit: int) -> RequestResult:
         requested_output_tokens=planned.max_tokens,
         failure=FailureKind.DROPPED_BY_CLIENT,
         error=f"{limit} requests already in flight (--max-in-flight)",
+    )
+
+
+def not_ready(planned: PlannedRequest, at_s: float, url: str) -> RequestResult:
+    """An arrival while the readiness gate was closed: what a client behind a router or Service would get."""
+    return RequestResult(
+        index=planned.index,
+        started_s=at_s,
+        duration_s=0.0,
+        requested_prompt_tokens=planned.prompt_words,
+        requested_output_tokens=planned.max_tokens,
+        failure=FailureKind.NOT_READY,
+        error=f"not ready: {url} did not answer 200",
     )

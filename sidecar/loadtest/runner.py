@@ -21,9 +21,10 @@ from typing import Any, Protocol
 import httpx
 
 from sidecar.loadtest.client import ClientShards, Target, send
+from sidecar.loadtest.gate import ReadinessGate
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.monitor import PROBE_TIMEOUT_S, Monitor, ServerInfo, probe
-from sidecar.loadtest.result import FailureKind, RequestResult, dropped
+from sidecar.loadtest.result import FailureKind, RequestResult, dropped, not_ready
 from sidecar.loadtest.spec import MAX_REQUESTS, LoadSpec, PlannedRequest, check_fits, plan_request, seeded
 
 PROGRESS_INTERVAL_S = 0.25
@@ -101,6 +102,9 @@ class _Tally:
         )
 
 
+GATE_BACKOFF_S = 0.1  # how long a worker waits after its request met a closed readiness gate
+
+
 def _watch_client() -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
     return httpx.AsyncClient(
@@ -131,10 +135,19 @@ async def run_load(
         )
         stop = asyncio.Event()
         background = [asyncio.create_task(monitor.poll_until(stop))]
+        gate = ReadinessGate(spec.readiness_url, watch_client) if spec.readiness_url is not None else None
+        if gate is not None:
+            await gate.check()
+            background.append(asyncio.create_task(gate.poll_until(stop)))
         if sink is not None:
             background.append(asyncio.create_task(_show_progress(sink, tally, stop, started, clock)))
 
         async def send_one(planned: PlannedRequest) -> RequestResult:
+            if gate is not None and not gate.open:
+                held = not_ready(planned, clock() - started, gate.url)
+                tally.record(held)
+                await asyncio.sleep(GATE_BACKOFF_S)  # a closed loop would otherwise spin on the closed gate
+                return held
             tally.sent += 1
             tally.in_flight += 1
             try:

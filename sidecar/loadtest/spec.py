@@ -178,11 +178,14 @@ class LoadSpec:
     shared_prefix_tokens: int = 64
     seed: int = 0
     max_error_rate: float = 0.01
+    readiness_url: str | None = None  # send only while this answers 200, as a router honours readiness
     run_tag: str = "r0"  # one word, unique to the run
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise SpecError(f"--url must start with http:// or https://; got {self.url!r}")
+        if self.readiness_url is not None and not self.readiness_url.startswith(("http://", "https://")):
+            raise SpecError(f"--readiness-url must start with http:// or https://; got {self.readiness_url!r}")
         if not self.run_tag or any(char.isspace() for char in self.run_tag):
             raise SpecError("the run tag must be one non-empty word")
         _check_arrivals(self)
