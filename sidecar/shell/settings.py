@@ -176,6 +176,12 @@ class Settings(BaseSettings):
         description="restart in a planned way when the time to OOM stays under this (3 polls)",
         json_schema_extra=_allowed("seconds > 0"),
     )
+    forecast_min_uptime: float = Field(
+        600.0,
+        ge=0,
+        description="seconds vLLM must have been up before a forecast-driven restart (a young trend is noise)",
+        json_schema_extra=_allowed("seconds >= 0"),
+    )
     max_restarts_per_hour: int = Field(
         3,
         ge=0,
