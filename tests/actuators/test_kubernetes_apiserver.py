@@ -8,8 +8,12 @@ Without etcd or the apiserver binary these tests skip, except in CI (CI=true) wh
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,8 @@ from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_credentials import kubeconfig_credentials
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents, connect
+from tests.adapters.daemon_process import SidecarProcess
+from tests.scenarios.harness import SimProcess
 
 from .kube_apiserver import ApiServer, StartError, UnavailableError, Workspace, start_apiserver
 
@@ -315,3 +321,79 @@ async def test_kubeconfig_with_a_client_certificate(apiserver: ApiServer, admin:
         await adapter.close()
     assert outcome.status is OutcomeStatus.DONE, outcome.detail
     assert space.deployment_document()["metadata"]["generation"] == 2
+
+
+def test_the_daemon_evicts_its_hung_pod_and_reports_events(workspace: Workspace, tmp_path: Path) -> None:
+    """The whole daemon with --actuator kubernetes against the real apiserver: a hung (simulated) vLLM in
+    this pod is drained and its pod evicted, with Kubernetes Events on the pod for the pause and restart."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {
+                            "server": workspace.server.url,
+                            "certificate-authority": str(workspace.server.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "sidecar", "user": {"token": workspace.sidecar_token()}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "sidecar"}}],
+            }
+        )
+    )
+    sim = SimProcess("hang", tmp_path / "sim.log", "--hang-after-s", "2")
+    sidecar = None
+    load = None
+    try:
+        sim.wait_healthy()
+        sidecar = SidecarProcess(
+            [
+                *(
+                    "--vllm-url",
+                    sim.url,
+                    "--gpu-source",
+                    "sim",
+                    "--interval",
+                    "0.5",
+                    "--state-dir",
+                    str(tmp_path / "s"),
+                ),
+                *("--actuator", "kubernetes", "--kubernetes-mode", "evict", "--kubeconfig", str(kubeconfig)),
+                *("--pod-name", workspace.pod, "--pod-namespace", workspace.namespace, "--kubernetes-events"),
+                *("--hung-after", "3", "--drain-timeout", "1"),
+            ],
+            tmp_path / "sidecar.log",
+        )
+        sidecar.wait_ready()
+        load = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "sidecar", "loadtest", "--url", sim.url, "--quiet", "--json"),
+                *("--concurrency", "4", "--duration", "10", "--timeout", "3"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 40
+        while workspace.pod_exists() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert not workspace.pod_exists(), "the pod was not evicted"
+        time.sleep(1.5)  # the events are sent from the notifier's queue
+    finally:
+        if load is not None:
+            load.kill()
+        if sidecar is not None:
+            sidecar.kill()
+        sim.stop()
+    assert sidecar is not None
+    log = [json.loads(line) for line in sidecar.log_path.read_text().splitlines() if line.startswith("{")]
+    outcomes = [(e["adapter"], e["status"]) for e in log if e["event"] == "restart_outcome"]
+    assert outcomes == [("kubernetes", "done")]
+    reasons = [event["reason"] for event in workspace.events() if event["involvedObject"]["name"] == workspace.pod]
+    assert "AdmissionPaused" in reasons
+    assert "RestartStarted" in reasons
