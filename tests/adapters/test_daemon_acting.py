@@ -154,3 +154,46 @@ def test_without_a_token_file_the_admin_api_is_off(vllm: LoopbackServer, tmp_pat
         assert "admin API is off" in answer.text
     finally:
         sidecar.kill()
+
+
+def test_pause_is_posted_to_a_signed_webhook(vllm: LoopbackServer, tmp_path: Path) -> None:
+    """--webhook-url with --webhook-hmac-key-file: the receiver gets the JSON document, signed."""
+    import http.server
+    import threading
+
+    from sidecar.notify.payload import verify_signature
+
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(({key.lower(): value for key, value in self.headers.items()}, body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key_file = tmp_path / "hmac.key"
+    key_file.write_text("a-shared-signing-key")
+    hook = f"http://127.0.0.1:{server.server_address[1]}/hooks/S3CRETPATH"
+    sidecar = _start(vllm, tmp_path, "--webhook-url", hook, "--webhook-hmac-key-file", str(key_file))
+    try:
+        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        vllm.routes["/metrics"] = respond(body=_with_usage(0.96))
+        _wait_for(lambda: len(received) >= 1, 10)
+    finally:
+        sidecar.kill()
+        server.shutdown()
+    headers, body = received[0]
+    document = json.loads(body)
+    assert document["source"] == "vllm-sidecar"
+    assert document["kind"] == "pause"
+    assert "0.96" in document["summary"]
+    assert verify_signature(
+        b"a-shared-signing-key", headers["x-vllm-sidecar-timestamp"], body, headers["x-vllm-sidecar-signature"]
+    )
+    assert "S3CRETPATH" not in sidecar.log_path.read_text()  # the webhook URL is a secret: never logged
