@@ -182,7 +182,8 @@ class Procedure:
         return self._request(
             now_s,
             f"drain timed out after {seconds(self._settings.drain_timeout_s)} with requests still running, "
-            "restarting anyway (with --shutdown-timeout > 0, vLLM >= 0.18 lets in-flight requests finish on SIGTERM; otherwise they are aborted)",
+            "restarting anyway (with --shutdown-timeout > 0, vLLM >= 0.18 lets in-flight requests finish on "
+            "SIGTERM; otherwise they are aborted)",
         )
 
     def _done(self, now_s: float) -> Step:
