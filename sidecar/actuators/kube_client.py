@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from sidecar.actuators.kube_credentials import KubeCredentials
+from sidecar.body_cap import BodyTooLargeError, read_capped
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -174,14 +175,10 @@ def _load_client_cert(context: ssl.SSLContext, cert_pem: str, key_pem: str) -> N
 
 
 async def _read_capped(response: httpx.Response, what: str) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > _MAX_BODY_BYTES:
-            raise KubeTransportError(f"{what}: answer exceeds {_MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(response, _MAX_BODY_BYTES)
+    except BodyTooLargeError:
+        raise KubeTransportError(f"{what}: answer exceeds {_MAX_BODY_BYTES} bytes") from None
 
 
 def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:

@@ -44,26 +44,25 @@ class RequestResult:
         return self.started_s + self.duration_s
 
 
-def dropped(planned: PlannedRequest, at_s: float, limit: int) -> RequestResult:
+def _unsent(planned: PlannedRequest, at_s: float, failure: FailureKind, error: str) -> RequestResult:
+    """A planned request the client never sent, and why."""
     return RequestResult(
         index=planned.index,
         started_s=at_s,
         duration_s=0.0,
         requested_prompt_tokens=planned.prompt_words,
         requested_output_tokens=planned.max_tokens,
-        failure=FailureKind.DROPPED_BY_CLIENT,
-        error=f"{limit} requests already in flight (--max-in-flight)",
+        failure=failure,
+        error=error,
+    )
+
+
+def dropped(planned: PlannedRequest, at_s: float, limit: int) -> RequestResult:
+    return _unsent(
+        planned, at_s, FailureKind.DROPPED_BY_CLIENT, f"{limit} requests already in flight (--max-in-flight)"
     )
 
 
 def not_ready(planned: PlannedRequest, at_s: float, url: str) -> RequestResult:
     """An arrival while the readiness gate was closed: what a client behind a router or Service would get."""
-    return RequestResult(
-        index=planned.index,
-        started_s=at_s,
-        duration_s=0.0,
-        requested_prompt_tokens=planned.prompt_words,
-        requested_output_tokens=planned.max_tokens,
-        failure=FailureKind.NOT_READY,
-        error=f"not ready: {url} did not answer 200",
-    )
+    return _unsent(planned, at_s, FailureKind.NOT_READY, f"not ready: {url} did not answer 200")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import httpx
 
+from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
 from sidecar.parse.exposition import ExpositionError, parse_exposition
@@ -118,14 +119,10 @@ class VllmHttpSource:
             declared = response.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > max_bytes:
                 raise FetchError(f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise FetchError(f"vLLM {url} answer exceeds the {max_bytes} byte cap")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            try:
+                return await read_capped(response, max_bytes)
+            except BodyTooLargeError as error:
+                raise FetchError(f"vLLM {url} {error}") from None
 
 
 def _decode(body: bytes) -> str:

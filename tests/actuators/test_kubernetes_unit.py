@@ -380,3 +380,12 @@ async def test_an_unreadable_token_file_fails_before_sending(tmp_path: Path) -> 
         f"cannot read a bearer token from {tmp_path / 'gone'}",
     )
     await adapter.close()
+
+
+async def test_an_oversized_answer_is_cut_off_with_a_clear_error(server: LoopbackServer) -> None:
+    server.routes[POD_PATH] = respond(200, b"x" * (9 * 2**20), "application/json")  # over the 8 MiB cap
+    adapter = KubernetesActuator("delete", pod="vllm-0", namespace="ml", client=client_for(server.url))
+    outcome = await adapter.restart(reason="x", dry_run=False)
+    assert outcome.status is OutcomeStatus.FAILED
+    assert outcome.detail.endswith("answer exceeds 8388608 bytes")
+    await adapter.close()
