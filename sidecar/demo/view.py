@@ -28,22 +28,29 @@ class Header:
     vllm_state: str  # "running", "dead (exit 1)", "restarting", ...
 
 
+def _number(value: object) -> float | None:
+    """A JSON number from /status, or None for null, a bool or anything else: shown as "-"."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _num(value: object, pattern: str = "{:.1f}") -> str:
-    return pattern.format(value) if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+    number = _number(value)
+    return "-" if number is None else pattern.format(number)
 
 
 def _ratio_bar(value: object, width: int = 20) -> Text:
-    if not isinstance(value, int | float):
+    number = _number(value)
+    if number is None:
         return Text("-")
-    filled = round(max(0.0, min(1.0, float(value))) * width)
-    style = "red" if value >= 0.9 else "yellow" if value >= 0.8 else "green"
-    return Text("█" * filled + "░" * (width - filled) + f" {value:6.1%}", style=style)
+    filled = round(max(0.0, min(1.0, number)) * width)
+    style = "red" if number >= 0.9 else "yellow" if number >= 0.8 else "green"
+    return Text("█" * filled + "░" * (width - filled) + f" {number:6.1%}", style=style)
 
 
 def _duration(value: object) -> str:
-    if not isinstance(value, int | float):
+    seconds = _number(value)
+    if seconds is None:
         return "-"
-    seconds = float(value)
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
     if seconds >= 60:
@@ -80,10 +87,6 @@ def engines_table(engines: Sequence[Mapping[str, object]]) -> Table:
     if not engines:
         table.add_row("(no engine data: vLLM not readable)", *[""] * 8)
     return table
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _gib(value: object, pattern: str = "{:.1f} GiB") -> str:
