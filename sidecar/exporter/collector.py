@@ -111,11 +111,11 @@ def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:
     add(names.ADMISSION_PAUSED, 1.0 if acting.admission_paused else 0.0)
     for state in acting.states:
         add(names.POLICY_STATE, 1.0 if state == acting.state else 0.0, state)
-    for action, count in sorted(acting.actions.items()):
-        add(names.ACTIONS, float(count), action)
-    for action, count in sorted(acting.failures.items()):
-        add(names.ACTION_FAILURES, float(count), action)
-    for reason, count in sorted(acting.restarts.items()):
-        add(names.RESTARTS, float(count), reason)
+    for action in sorted({*acting.action_kinds, *acting.actions}):
+        add(names.ACTIONS, float(acting.actions.get(action, 0)), action)
+    for action in sorted({*acting.failure_kinds, *acting.failures}):
+        add(names.ACTION_FAILURES, float(acting.failures.get(action, 0)), action)
+    for reason in sorted({*acting.restart_reasons, *acting.restarts}):
+        add(names.RESTARTS, float(acting.restarts.get(reason, 0)), reason)
     add(names.LAST_RESTART, acting.last_restart_wall_time_s)
     add(names.RESTART_BUDGET_REMAINING, float(acting.restart_budget_remaining))

@@ -23,3 +23,8 @@ class ActingView:
     failures: dict[str, int] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
     recent: tuple[dict[str, object], ...] = ()
+    # Every label value the counters can take. Exported at 0 before the first event: Prometheus' increase()
+    # cannot see a series that is born at 1, so an alert on the first restart would never fire.
+    action_kinds: tuple[str, ...] = ()
+    failure_kinds: tuple[str, ...] = ()
+    restart_reasons: tuple[str, ...] = ()

@@ -51,6 +51,8 @@ _NOTIFIED = {
     ActionKind.NOTIFY_RESTART_FAILED: NotificationKind.RESTART_FAILURE,
     ActionKind.NOTIFY_BUDGET_EXHAUSTED: NotificationKind.BUDGET_EXHAUSTED,
 }
+_RESTART_FAILURE = "restart"
+_FAILURE_KINDS = (_RESTART_FAILURE,)
 
 
 class Acting:
@@ -181,7 +183,7 @@ class Acting:
         kind = _NOTIFIED.get(action.kind)
         if kind is not None:
             if kind is NotificationKind.RESTART_FAILURE:
-                self.failures["restart"] += 1
+                self.failures[_RESTART_FAILURE] += 1
             self._notify(
                 Notification(
                     kind=kind,
@@ -243,6 +245,9 @@ class Acting:
             failures=dict(self.failures),
             restarts=dict(self.restarts),
             recent=tuple(self.recent),
+            action_kinds=tuple(str(kind) for kind in ActionKind),
+            failure_kinds=_FAILURE_KINDS,
+            restart_reasons=tuple(str(reason) for reason in RestartReason),
         )
 
     @property

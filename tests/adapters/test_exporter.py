@@ -15,6 +15,7 @@ from sidecar.derive.tick import Deriver
 from sidecar.derive.window import Window
 from sidecar.exporter import names
 from sidecar.exporter.collector import SidecarCollector
+from sidecar.model.acting import ActingView
 from sidecar.model.view import View
 from tests.unit.builders import GIB, device, engine, snapshot
 
@@ -158,3 +159,43 @@ def test_promtool_check_metrics_is_clean() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _acting_view(*, restarts: dict[str, int], actions: dict[str, int]) -> ActingView:
+    return ActingView(
+        state="normal",
+        states=("normal", "paused"),
+        admission_paused=False,
+        readiness_reason="admitting",
+        decision_reason="ok",
+        would_restart_but=None,
+        cooldown_remaining_s=None,
+        restarts_in_budget_window=0,
+        restart_budget_remaining=3,
+        last_restart_wall_time_s=None,
+        dry_run=False,
+        actuator="none",
+        action_kinds=("drain", "restart"),
+        failure_kinds=("restart",),
+        restart_reasons=("engine_dead", "engine_hung"),
+        restarts=restarts,
+        actions=actions,
+    )
+
+
+def test_counters_exist_at_zero_before_their_first_event() -> None:
+    # increase() in an alert rule cannot see a series born at 1: each labelled counter must start at 0.
+    registry = CollectorRegistry(auto_describe=False)
+    acting = _acting_view(restarts={"engine_hung": 2}, actions={"custom": 1})
+    registry.register(SidecarCollector(version="9.9.9", latest_view=lambda: None, acting_view=lambda: acting))
+    samples = _samples(generate_latest(registry).decode())
+    assert {s[0]["reason"]: s[1] for s in samples["vllm_sidecar_restarts_total"]} == {
+        "engine_dead": 0.0,
+        "engine_hung": 2.0,
+    }
+    assert {s[0]["action"]: s[1] for s in samples["vllm_sidecar_actions_total"]} == {
+        "custom": 1.0,
+        "drain": 0.0,
+        "restart": 0.0,
+    }
+    assert {s[0]["action"]: s[1] for s in samples["vllm_sidecar_action_failures_total"]} == {"restart": 0.0}
