@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeResponse
 
-RBAC_FILE = "deploy/kubernetes/rbac.yaml"
+RBAC_FILE = "deploy/kubernetes/add-sidecar/rbac.yaml"
 _USER = re.compile(r'User "([^"]+)"')
 
 

@@ -10,7 +10,8 @@
 Names are validated when the adapter is built (and owner names as they come back), so nothing can address
 another resource. Every refusal becomes one line: a 403 names the verb and resource the Role lacks. The
 adapter never retries a restart and never raises; `dry_run` sends nothing. `PERMISSIONS` lists exactly
-what each mode needs, and `deploy/kubernetes/rbac.yaml` grants exactly that (a test holds them together).
+what each mode needs, and `deploy/kubernetes/add-sidecar/rbac.yaml` grants exactly that (a test holds them
+together).
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def _wait_ready(server: ApiServer) -> None:
     raise StartError(f"kube-apiserver not ready within {READY_TIMEOUT_S:g} s\n{server.log_tail()}")
 
 
-RBAC_FILE = REPO / "deploy" / "kubernetes" / "rbac.yaml"
+RBAC_FILE = REPO / "deploy" / "kubernetes" / "add-sidecar" / "rbac.yaml"
 SERVICE_ACCOUNT = "vllm-sidecar"
 LABELS = {"app": "vllm"}
 POD_SPEC = {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.32.0"}]}

@@ -1,4 +1,5 @@
-"""The Kubernetes adapter against a real kube-apiserver 1.20.2 + etcd, RBAC from deploy/kubernetes/rbac.yaml.
+"""The Kubernetes adapter against a real kube-apiserver 1.20.2 + etcd, with the RBAC of
+deploy/kubernetes/add-sidecar/rbac.yaml.
 
 The code under test authenticates as the `vllm-sidecar` ServiceAccount (a token minted with the
 TokenRequest API), bound by the shipped Role; fixtures act as an admin. Each test gets a fresh namespace.
@@ -190,7 +191,7 @@ async def test_each_permission_is_needed_and_named(
     assert outcome.detail == (
         f"forbidden: cannot {permission.verb} {permission.resource} in namespace {space.namespace} "
         f"as system:serviceaccount:{space.namespace}:vllm-sidecar; the Role must grant verb {permission.verb} "
-        f"on resource {permission.resource} in API group {group} (see deploy/kubernetes/rbac.yaml)"
+        f"on resource {permission.resource} in API group {group} (see deploy/kubernetes/add-sidecar/rbac.yaml)"
     )
     assert space.pod_exists()
     assert space.deployment_document()["metadata"]["generation"] == 1
