@@ -1,0 +1,426 @@
+"""deploy/systemd/ on a real systemd: a Debian 12 system (PID 1 systemd 252, its system bus, polkitd 122) booted
+in systemd-nspawn, with the sidecar installed the way deploy/systemd/README.md says and the simulator as
+vllm.service (made from vllm.service.example).
+
+What it proves: the shipped unit starts the daemon as its own user, sandboxed, and becomes active only on the
+daemon's READY=1; the sandbox refuses what it should and lets through what the daemon needs; POST
+/admin/restart restarts vllm.service through polkit (the caller is not root), while the same user is refused
+every other unit and verb, and a sidecar pointed at another unit is refused; the sidecar survives vLLM's stops
+and restarts; a frozen sidecar is killed by the watchdog (WatchdogSec=3s in a drop-in, for speed) and
+restarted. The root file system comes from .ci/build-rootfs.sh (VLLM_SIDECAR_ROOTFS); without
+it these tests are skipped, except in CI (CI=true), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import required_in_ci
+from tests.loopback import closed_port
+
+from .nspawn import Container, boot, missing_requirements
+from .systemd_install import (
+    BYSTANDER_UNIT,
+    DEPLOY,
+    EXAMPLE_CHECK_UNIT,
+    INSTALL_STEPS,
+    PROBE_OUTPUT,
+    PROBE_PATH,
+    PROBE_UNIT,
+    SIDECAR_UNIT,
+    VENV,
+    VLLM_UNIT,
+    Installed,
+    install,
+)
+
+ROOTFS_ENV = "VLLM_SIDECAR_ROOTFS"
+SIDECAR_USER = "vllm-sidecar"
+MAX_EXPOSURE = 2.0  # systemd-analyze security: 1.8 when written; a change that loosens the sandbox must say so
+TEST_WATCHDOG_S = 3  # the drop-in's WatchdogSec (the shipped 30 s would make the test wait 15-30 s)
+BUSCTL_MANAGER = ("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1")
+MANAGER_INTERFACE = "org.freedesktop.systemd1.Manager"
+# the policy's states in which it has seen vLLM and takes a manual restart (cooldown: a restart is in the
+# ledger, which survives the sidecar's own restarts)
+SETTLED = ("normal", "cooldown")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deployment:
+    container: Container
+    installed: Installed
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.installed.sidecar_url + path, timeout=5)
+
+    def uid(self, user: str) -> int:
+        return self.container.ids(user)[0]
+
+    def active(self, unit: str) -> bool:
+        return self.container.unit_property(unit, "ActiveState") == "active"
+
+    def sidecar_events(self) -> list[dict[str, object]]:
+        """The daemon's JSON log lines, from the journal."""
+        lines = self.container.journal(SIDECAR_UNIT).splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def busctl_as(self, user: str, method: str, signature: str, *args: str) -> tuple[int, str]:
+        """A call on systemd's Manager as `user`, from inside the container: (exit status, output)."""
+        result = self.container.run(
+            *BUSCTL_MANAGER, MANAGER_INTERFACE, method, signature, *args, user=user, check=False
+        )
+        return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def _missing() -> str | None:
+    rootfs = os.environ.get(ROOTFS_ENV)
+    if not rootfs:
+        return f'{ROOTFS_ENV} is not set (eval "$(.ci/build-rootfs.sh)")'
+    if not (Path(rootfs) / ".complete").is_file():
+        return f"{ROOTFS_ENV}={rootfs} is not a finished root file system (no .complete)"
+    return missing_requirements()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """One booted container for the module; each test leaves the sidecar and vllm.service running."""
+    missing = _missing()
+    if missing is not None:
+        if required_in_ci():
+            pytest.fail(
+                f"the systemd deployment tests need a root file system in CI (CI=true): {missing}", pytrace=False
+            )
+        pytest.skip(f"systemd deployment tests: {missing}")
+    base = tmp_path_factory.mktemp("systemd-deploy")
+    root = base / "root"
+    vllm_port = closed_port()
+    sidecar_port = next(port for port in iter(closed_port, None) if port != vllm_port)
+    try:
+        installed = install(
+            Path(os.environ[ROOTFS_ENV]), root, wheels=base / "wheels", vllm_port=vllm_port, sidecar_port=sidecar_port
+        )
+        container = boot(
+            root,
+            machine=f"vllm-sidecar-test-{uuid.uuid4().hex[:8]}",
+            bus_dir=base / "bus",
+            log_path=base / "container.log",
+        )
+        try:
+            deployment = Deployment(container=container, installed=installed)
+            _wait(lambda: deployment.active(SIDECAR_UNIT) and deployment.active(VLLM_UNIT), 30, "both units active")
+            _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar's /readyz to answer 200")
+            yield deployment
+        finally:
+            container.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # 300 MB; pytest keeps the last three runs' folders
+
+
+def test_unit_files_pass_systemd_analyze_verify(deployment: Deployment) -> None:
+    units = [f"/etc/systemd/system/{unit}" for unit in (SIDECAR_UNIT, EXAMPLE_CHECK_UNIT, VLLM_UNIT)]
+    result = deployment.container.run("systemd-analyze", "verify", *units, check=False)
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def test_security_exposure_stays_low(deployment: Deployment) -> None:
+    result = deployment.container.run(
+        "systemd-analyze", "security", "--offline=yes", "--no-pager", f"/etc/systemd/system/{SIDECAR_UNIT}"
+    )
+    match = re.search(rf"Overall exposure level for {re.escape(SIDECAR_UNIT)}: (\d+\.\d+)", result.stdout)
+    assert match is not None, result.stdout
+    exposure = float(match.group(1))
+    # shown with -s: the score is quoted in the README and in reviews
+    print(f"systemd-analyze security --offline=yes {SIDECAR_UNIT}: {exposure}")
+    assert exposure <= MAX_EXPOSURE, result.stdout
+
+
+def test_the_sidecar_is_ready_as_its_own_user_with_its_state_dir(deployment: Deployment) -> None:
+    container = deployment.container
+    # Type=notify: "active" only after READY=1; the status line came in the same message, from a process
+    # that is neither root nor privileged
+    assert container.service_property(SIDECAR_UNIT, "Type") == "notify"
+    assert container.unit_property(SIDECAR_UNIT, "SubState") == "running"
+    status_text = container.service_property(SIDECAR_UNIT, "StatusText")
+    assert status_text == f"watching http://127.0.0.1:{deployment.installed.vllm_port}"
+    uid = deployment.uid(SIDECAR_USER)
+    assert uid != 0
+    status = _proc_status(container, container.main_pid(SIDECAR_UNIT))
+    assert status["Uid"].split() == [str(uid)] * 4
+    assert (status["NoNewPrivs"], status["Seccomp"], int(status["CapEff"], 16)) == ("1", "2", 0)
+    # MemoryMax=256M must leave the daemon room (about 60 MB when written)
+    assert int(status["VmHWM"].removesuffix(" kB")) < 128 * 1024, status["VmHWM"]
+    state_dir = (deployment.installed.root / "var/lib/vllm-sidecar").stat()
+    assert (state_dir.st_uid, state_dir.st_mode & 0o777) == (uid, 0o750)
+    assert _status_code(deployment, "/healthz") == 200
+    assert _status_code(deployment, "/readyz") == 200
+    started = next(event for event in deployment.sidecar_events() if event["event"] == "started")
+    # from the shipped config.toml, with the test's env file on top
+    assert (started["actuator"], started["gpu_source"]) == ("systemd", "sim")
+    for name, expected in {
+        "User": SIDECAR_USER,
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "NoNewPrivileges": True,
+        "PrivateTmp": True,
+        "MemoryDenyWriteExecute": True,
+        "CapabilityBoundingSet": 0,
+        "DevicePolicy": "closed",
+        "NotifyAccess": "main",
+        "WatchdogUSec": 30_000_000,
+        "MemoryMax": 256 * 2**20,
+    }.items():
+        assert container.service_property(SIDECAR_UNIT, name) == expected, name
+
+
+def test_the_sandbox_refuses_what_it_should_and_allows_what_the_daemon_needs(deployment: Deployment) -> None:
+    container = deployment.container
+    container.run("systemctl", "start", PROBE_UNIT)  # Type=oneshot: returns when the probe has finished
+    sandboxed = json.loads(container.run("cat", PROBE_OUTPUT).stdout)
+    # the same probe as the same user, without the unit: every refusal below must come from the sandbox
+    bare = json.loads(container.run(f"{VENV}/bin/python", PROBE_PATH, user=SIDECAR_USER).stdout)
+    assert bare["user"] == sandboxed["user"] == SIDECAR_USER
+    refused = {
+        "write_own_dir_outside_state_dir": "EROFS",  # ProtectSystem=strict
+        "list_home": "EACCES",  # ProtectHome=yes
+        "map_writable_executable": "EPERM",  # MemoryDenyWriteExecute=yes
+        "netlink_socket": "EAFNOSUPPORT",  # RestrictAddressFamilies=
+    }
+    assert {check: sandboxed[check] for check in refused} == refused
+    assert {check: bare[check] for check in refused} == dict.fromkeys(refused, "ok")
+    needed = ("write_state_dir", "ctypes_callback", "compiled_extensions", "read_other_users_cmdline")
+    assert {check: sandboxed[check] for check in needed} == dict.fromkeys(needed, "ok")
+    assert sandboxed["status"] == {"CapEff": "0" * 16, "CapBnd": "0" * 16, "NoNewPrivs": "1", "Seccomp": "2"}
+    assert bare["status"]["NoNewPrivs"] == "0"
+
+
+def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> None:
+    container = deployment.container
+    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+    sidecar_pid = container.main_pid(SIDECAR_UNIT)
+    vllm_pid = container.main_pid(VLLM_UNIT)
+    answer = httpx.post(
+        deployment.installed.sidecar_url + "/admin/restart",
+        headers={"Authorization": f"Bearer {deployment.installed.token}"},
+        timeout=5,
+    )
+    assert answer.status_code == 200, answer.text
+    _wait(lambda: _restart_outcomes(deployment) != [], 30, "the sidecar to report the restart's outcome")
+    outcomes = [(event["adapter"], event["status"]) for event in _restart_outcomes(deployment)]
+    assert outcomes == [("systemd", "done")], deployment.container.journal(SIDECAR_UNIT)[-3000:]
+    assert container.main_pid(VLLM_UNIT) not in (0, vllm_pid)
+    assert deployment.active(VLLM_UNIT)
+    assert container.service_property(VLLM_UNIT, "NRestarts") == 0  # a restart job, not systemd's Restart=
+    # the caller is not root, so systemd asked polkit (polkitd is D-Bus activated by the first question)
+    assert deployment.active("polkit.service")
+    # wanted by the sidecar, not bound to it: vLLM's restart left the sidecar alone
+    assert container.main_pid(SIDECAR_UNIT) == sidecar_pid
+    ledger_path = deployment.installed.root / "var/lib/vllm-sidecar/restart-ledger.json"
+    assert ledger_path.stat().st_uid == deployment.uid(SIDECAR_USER)
+    assert [record["reason"] for record in json.loads(ledger_path.read_text())["restarts"]] == ["manual"]
+    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to see vLLM back")
+
+
+def test_the_polkit_rule_allows_restarting_vllm_and_nothing_else(deployment: Deployment) -> None:
+    container = deployment.container
+    container.run("systemctl", "start", BYSTANDER_UNIT)
+    vllm_pid = container.main_pid(VLLM_UNIT)
+    bystander_pid = container.main_pid(BYSTANDER_UNIT)
+    denied = {
+        "RestartUnit bystander.service": deployment.busctl_as(
+            SIDECAR_USER, "RestartUnit", "ss", BYSTANDER_UNIT, "replace"
+        ),
+        "StopUnit bystander.service": deployment.busctl_as(SIDECAR_USER, "StopUnit", "ss", BYSTANDER_UNIT, "replace"),
+        "StopUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "StopUnit", "ss", VLLM_UNIT, "replace"),
+        "StartUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "StartUnit", "ss", VLLM_UNIT, "replace"),
+        "TryRestartUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "TryRestartUnit", "ss", VLLM_UNIT, "replace"),
+        "KillUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "KillUnit", "ssi", VLLM_UNIT, "all", "15"),
+        "Reload (the manager)": deployment.busctl_as(SIDECAR_USER, "Reload", ""),
+    }
+    assert {call: outcome for call, outcome in denied.items() if outcome[1] != "Call failed: Access denied"} == {}
+    # nothing happened to either unit
+    assert (container.main_pid(VLLM_UNIT), container.main_pid(BYSTANDER_UNIT)) == (vllm_pid, bystander_pid)
+    # the rule names one user: another unprivileged user gets polkit's default (an administrator's password)
+    status, output = deployment.busctl_as("nobody", "RestartUnit", "ss", VLLM_UNIT, "replace")
+    assert status != 0
+    assert "Interactive authentication required" in output or "Access denied" in output, output
+    assert container.main_pid(VLLM_UNIT) == vllm_pid
+    # the control: the same command, the one thing allowed, works (a broken busctl or polkit would fail it)
+    status, output = deployment.busctl_as(SIDECAR_USER, "RestartUnit", "ss", VLLM_UNIT, "replace")
+    assert (status, output.split()[0]) == (0, "o"), output
+    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, vllm_pid), 15, "the allowed restart to run a new vLLM")
+    _wait(lambda: deployment.active(VLLM_UNIT), 15, "vllm.service active again")
+    container.run("systemctl", "stop", BYSTANDER_UNIT)
+
+
+def test_a_sidecar_pointed_at_another_unit_is_refused(deployment: Deployment) -> None:
+    """--systemd-unit changed without the polkit rule (README: both change together): the restart is refused."""
+    container = deployment.container
+    env = deployment.installed.root / "etc/vllm-sidecar/env"
+    original = env.read_text()
+    env.write_text(original + f"VLLM_SIDECAR_SYSTEMD_UNIT={BYSTANDER_UNIT}\n")
+    try:
+        container.run("systemctl", "start", BYSTANDER_UNIT)
+        bystander_pid = container.main_pid(BYSTANDER_UNIT)
+        container.run("systemctl", "restart", SIDECAR_UNIT)
+        _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+        before = len(_restart_outcomes(deployment))
+        answer = httpx.post(
+            deployment.installed.sidecar_url + "/admin/restart",
+            headers={"Authorization": f"Bearer {deployment.installed.token}"},
+            timeout=5,
+        )
+        assert answer.status_code == 200, answer.text
+        _wait(lambda: len(_restart_outcomes(deployment)) > before, 30, "the sidecar to report the restart's outcome")
+        (outcome,) = _restart_outcomes(deployment)[before:]
+        assert (outcome["adapter"], outcome["status"]) == ("systemd", "failed")
+        assert "AccessDenied" in str(outcome["detail"]), outcome
+        assert container.main_pid(BYSTANDER_UNIT) == bystander_pid
+    finally:
+        env.write_text(original)
+        container.run("systemctl", "stop", BYSTANDER_UNIT)
+        container.run("systemctl", "restart", SIDECAR_UNIT)
+    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+
+
+def test_stopping_vllm_leaves_the_sidecar_running(deployment: Deployment) -> None:
+    container = deployment.container
+    sidecar_pid = container.main_pid(SIDECAR_UNIT)
+    container.run("systemctl", "stop", VLLM_UNIT)
+    try:
+        assert container.unit_property(VLLM_UNIT, "ActiveState") == "inactive"
+        assert deployment.active(SIDECAR_UNIT)
+        assert container.main_pid(SIDECAR_UNIT) == sidecar_pid
+    finally:
+        container.run("systemctl", "start", VLLM_UNIT)
+    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+
+
+def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment) -> None:
+    """With a drop-in: WatchdogSec=3s (pings every 1.5 s) and RestartSec=500ms, to keep the test short."""
+    container = deployment.container
+    drop_in = deployment.installed.root / f"etc/systemd/system/{SIDECAR_UNIT}.d/50-test-watchdog.conf"
+    drop_in.parent.mkdir(exist_ok=True)
+    # LimitCORE=0: the watchdog's SIGABRT would otherwise leave a core file wherever the host's core_pattern says
+    drop_in.write_text(f"[Service]\nWatchdogSec={TEST_WATCHDOG_S}s\nRestartSec=500ms\nLimitCORE=0\n")
+    try:
+        container.run("systemctl", "daemon-reload")
+        container.run("systemctl", "restart", SIDECAR_UNIT)  # returns on READY=1
+        assert container.service_property(SIDECAR_UNIT, "WatchdogUSec") == TEST_WATCHDOG_S * 1_000_000
+        restarts = container.service_property(SIDECAR_UNIT, "NRestarts")
+        assert isinstance(restarts, int)
+        frozen = container.main_pid(SIDECAR_UNIT)
+        # the daemon pings (systemd's time of the last WATCHDOG=1 moves on), or the kill below would prove nothing
+        pings = [container.service_property(SIDECAR_UNIT, "WatchdogTimestampMonotonic")]
+        for _ in range(2):
+            _wait(
+                lambda: container.service_property(SIDECAR_UNIT, "WatchdogTimestampMonotonic") != pings[-1],
+                TEST_WATCHDOG_S,
+                "a WATCHDOG=1 from the sidecar",
+            )
+            pings.append(container.service_property(SIDECAR_UNIT, "WatchdogTimestampMonotonic"))
+        assert container.main_pid(SIDECAR_UNIT) == frozen
+        container.call("KillUnit", "ssi", SIDECAR_UNIT, "main", int(signal.SIGSTOP))
+        stopped_at = time.monotonic()
+        _wait(lambda: container.main_pid(SIDECAR_UNIT) not in (0, frozen), 20, "systemd to start a new sidecar")
+        elapsed_s = time.monotonic() - stopped_at
+        journal = container.journal(SIDECAR_UNIT)
+        assert f"Watchdog timeout (limit {TEST_WATCHDOG_S}s)!" in journal
+        assert "Failed with result 'watchdog'." in journal
+        assert container.service_property(SIDECAR_UNIT, "NRestarts") == restarts + 1
+        # the last ping can have come at most half a WatchdogSec before the SIGSTOP
+        assert elapsed_s >= TEST_WATCHDOG_S / 2
+        _wait(lambda: deployment.active(SIDECAR_UNIT), 15, "the new sidecar to be ready")
+        _wait(lambda: _status_code(deployment, "/readyz") == 200, 15, "the new sidecar to answer /readyz")
+    finally:
+        drop_in.unlink()
+        container.run("systemctl", "daemon-reload")
+        container.run("systemctl", "restart", SIDECAR_UNIT)
+
+
+# --- the files themselves, no container ---------------------------------------------------------------------
+
+
+def test_readme_installs_what_the_test_installs() -> None:
+    readme = {line.strip() for line in (DEPLOY / "README.md").read_text().splitlines()}
+    for step in filter(None, (line.strip() for line in INSTALL_STEPS.splitlines())):
+        if step.startswith(f"{VENV}/bin/pip install"):
+            assert any(line.startswith(f"{VENV}/bin/pip install") for line in readme)
+        elif step.startswith("systemctl enable"):  # not booted during the install: no --now
+            assert f"systemctl enable --now {SIDECAR_UNIT}" in readme
+        else:
+            assert step in readme, step
+
+
+def test_the_three_places_that_name_the_vllm_unit_agree() -> None:
+    config = tomllib.loads((DEPLOY / "config.toml").read_text())
+    rule = (DEPLOY / "50-vllm-sidecar.rules").read_text()
+    unit = (DEPLOY / "vllm-sidecar.service").read_text()
+    assert config["systemd-unit"] == VLLM_UNIT
+    assert f'var UNIT = "{VLLM_UNIT}";' in rule
+    assert f'var USER = "{SIDECAR_USER}";' in rule
+    assert re.search(r'var VERBS = \["restart"\];', rule)  # RestartUnit's verb; the sidecar calls nothing else
+    assert f"Wants={VLLM_UNIT}" in unit.splitlines()
+    assert f"After={VLLM_UNIT}" in unit.splitlines()
+    assert f"User={SIDECAR_USER}" in unit.splitlines()
+    assert "StateDirectory=vllm-sidecar" in unit.splitlines()
+    assert config["state-dir"] == "/var/lib/vllm-sidecar"
+
+
+def test_the_vllm_example_lets_the_drain_finish_before_systemd_kills() -> None:
+    text = (DEPLOY / "vllm.service.example").read_text().replace("\\\n", " ")
+    settings = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    argv = shlex.split(settings["ExecStart"])
+    shutdown_timeout_s = int(argv[argv.index("--shutdown-timeout") + 1])
+    assert shutdown_timeout_s > 0
+    assert settings["TimeoutStopSec"].endswith("s")
+    assert int(settings["TimeoutStopSec"].removesuffix("s")) >= shutdown_timeout_s + 10
+    assert (settings["KillSignal"], settings["KillMode"], settings["Restart"]) == ("SIGTERM", "mixed", "on-failure")
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _status_code(deployment: Deployment, path: str) -> int | None:
+    try:
+        return deployment.get(path).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def _policy_state(deployment: Deployment) -> object:
+    try:
+        return deployment.get("/status").json()["policy"]["state"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _restart_outcomes(deployment: Deployment) -> list[dict[str, object]]:
+    """What the sidecar's systemd adapter reported, every restart since the container booted."""
+    return [event for event in deployment.sidecar_events() if event["event"] == "restart_outcome"]
+
+
+def _proc_status(container: Container, pid: int) -> dict[str, str]:
+    text = container.run("cat", f"/proc/{pid}/status").stdout
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
