@@ -58,6 +58,11 @@ _TOOL_COMMANDS = (
         "a peak-load profile against any OpenAI-compatible server, with a verdict",
         "sidecar.loadtest.command",
     ),
+    (
+        "doctor",
+        "diagnose OOM root causes from vLLM, the GPUs, a log and history; recommend vLLM flags",
+        "sidecar.doctor.command",
+    ),
 )
 
 

@@ -15,12 +15,18 @@ _PACKAGE = "/usr/local/lib/python3.12/dist-packages/vllm"
 # Source locations printed in each version's lines ([file:line]), as seen in that release's logs.
 _WHERE: dict[VllmVersion, dict[str, str]] = {
     VllmVersion.V0_6: {
+        "args": "api_server.py:585",
+        "engine_config": "llm_engine.py:237",
+        "weights": "model_runner.py:1099",
         "blocks": "gpu_executor.py:122",
         "concurrency": "gpu_executor.py:126",
         "engine_error": "engine.py:135",
         "launcher": "launcher.py:99",
     },
     VllmVersion.V0_10: {
+        "args": "utils.py:326",
+        "engine_config": "core.py:74",
+        "weights": "gpu_model_runner.py:1892",
         "available": "gpu_worker.py:276",
         "kv_size": "kv_cache_utils.py:829",
         "concurrency": "kv_cache_utils.py:833",
@@ -30,6 +36,9 @@ _WHERE: dict[VllmVersion, dict[str, str]] = {
         "output_handler": "async_llm.py:416",
     },
     VllmVersion.V0_32: {
+        "args": "api_utils.py:286",
+        "engine_config": "core.py:133",
+        "weights": "gpu_model_runner.py:4213",
         "available": "gpu_worker.py:424",
         "kv_size": "kv_cache_utils.py:1291",
         "info": "loggers.py:258",
@@ -78,6 +87,63 @@ class _Printer:
         if self._v0:
             return f"{level} {self._stamp} {place}] {message}"
         return f"(APIServer pid={self._config.api_server_pid}) {level} {self._stamp} [{place}] {message}"
+
+
+RELEASES = {VllmVersion.V0_6: "0.6.6", VllmVersion.V0_10: "0.10.2", VllmVersion.V0_32: "0.32.0"}
+
+
+def preamble_lines(config: SimConfig, wall_s: float) -> tuple[str, ...]:
+    """What vLLM prints before it sizes its KV cache: its arguments, the engine's configuration, the weights.
+
+    The simulated operator passes every sizing flag explicitly, so all of them are in V1's `non-default args`.
+    """
+    out = _Printer(config, wall_s)
+    release = RELEASES[config.vllm_version]
+    settings: list[tuple[str, object]] = [
+        ("model", config.model_name),
+        ("max_model_len", config.max_model_len),
+        ("max_num_seqs", config.max_num_seqs),
+        ("max_num_batched_tokens", config.max_num_batched_tokens),
+        ("gpu_memory_utilization", config.gpu_memory_utilization),
+        ("block_size", config.block_size),
+        ("enable_prefix_caching", config.enable_prefix_caching),
+    ]
+    if config.data_parallel > 1:
+        settings.append(("data_parallel_size", config.data_parallel))
+    if config.num_gpu_blocks is not None:
+        settings.append(("num_gpu_blocks_override", config.num_gpu_blocks))
+    engine_config = (
+        f"model={config.model_name!r}, speculative_config=None, tokenizer={config.model_name!r}, dtype=torch.bfloat16, "
+        f"max_seq_len={config.max_model_len}, tensor_parallel_size=1, data_parallel_size={config.data_parallel}, "
+        "quantization=None, enforce_eager=False, kv_cache_dtype=auto, device_config=cuda, "
+        f"served_model_name={config.model_name}, enable_prefix_caching={config.enable_prefix_caching}"
+    )
+    weights_gib = config.weights_bytes / GIB
+    if config.vllm_version == VllmVersion.V0_6:
+        namespace = ", ".join(f"{key}={value!r}" for key, value in settings)
+        return (
+            out.api("INFO", "args", f"args: Namespace({namespace})"),
+            out.engine(
+                0, "INFO", "engine_config", f"Initializing an LLM engine (v{release}) with config: {engine_config}"
+            ),
+            # vLLM <= 0.7 divides by 2**30 but prints "GB".
+            out.engine(0, "INFO", "weights", f"Loading model weights took {weights_gib:.4f} GB"),
+        )
+    non_default = "{" + ", ".join(f"{key!r}: {value!r}" for key, value in settings) + "}"
+    lines = [out.api("INFO", "args", f"non-default args: {non_default}")]
+    for engine in range(config.data_parallel):
+        lines.append(
+            out.engine(
+                engine,
+                "INFO",
+                "engine_config",
+                f"Initializing a V1 LLM engine (v{release}) with config: {engine_config}",
+            )
+        )
+        lines.append(
+            out.engine(engine, "INFO", "weights", f"Model loading took {weights_gib:.4f} GiB and 4.521337 seconds")
+        )
+    return tuple(lines)
 
 
 def max_concurrency(config: SimConfig, num_gpu_blocks: int) -> float:

@@ -26,6 +26,7 @@ from sidecar.sim.config import SimConfig
 from sidecar.sim.engine import RequestRejectedError
 from sidecar.sim.exposition import MetricsWriter
 from sidecar.sim.exposition_cache import CacheSettings
+from sidecar.sim.logs import RELEASES, preamble_lines
 from sidecar.sim.openai import (
     DONE,
     Api,
@@ -43,7 +44,7 @@ from sidecar.sim.openai import (
 from sidecar.sim.records import TokenEvent
 from sidecar.sim.simulation import Simulation
 
-VERSIONS = {"0.6": "0.6.6", "0.10": "0.10.2", "0.32": "0.32.0"}  # what /version answers per profile
+VERSIONS = {str(version): release for version, release in RELEASES.items()}  # what /version answers per profile
 EXIT_AFTER_DEATH_S = 2.0  # vLLM's watchdog notices a dead engine and stops the API server within seconds
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
@@ -113,6 +114,7 @@ class SimServer:
     async def run(self) -> int:
         """Start, serve until stopped or dead; return the process exit code."""
         now_s = self._clock()
+        self._raw(preamble_lines(self.config, now_s + self.config.wall_offset_s))
         self._raw(self._simulation.startup_log(now_s))
         if self._simulation.startup_check(now_s) is not None:
             return 1  # the refusal is in the startup log, as vLLM prints it; it never listens

@@ -105,12 +105,13 @@ class VllmHttpSource:
         except TimeoutError:
             raise FetchError(f"vLLM {url} did not answer within {self._timeout_s:g} s") from None
         except httpx.ConnectError as error:
-            reason = _reason(error)
+            reason = connection_error_reason(error)
             raise FetchError(f"vLLM unreachable at {url}: {reason}", refused=reason == "connection refused") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as error:
-            raise FetchError(f"vLLM {url} dropped the connection mid-answer: {_reason(error)}") from None
+            reason = connection_error_reason(error)
+            raise FetchError(f"vLLM {url} dropped the connection mid-answer: {reason}") from None
         except httpx.HTTPError as error:
-            raise FetchError(f"vLLM {url} failed: {type(error).__name__}: {_reason(error)}") from None
+            raise FetchError(f"vLLM {url} failed: {type(error).__name__}: {connection_error_reason(error)}") from None
 
     async def _fetch_unbounded(self, url: str, max_bytes: int) -> bytes:
         async with self._client.stream("GET", url) as response:
@@ -132,7 +133,7 @@ def _decode(body: bytes) -> str:
         raise FetchError(f"vLLM /metrics is not UTF-8 text (byte {error.start})") from None
 
 
-def _reason(error: BaseException) -> str:
+def connection_error_reason(error: BaseException) -> str:
     """The most specific cause: httpx wraps the OS error ("connection refused") in a generic message."""
     cause: BaseException | None = error
     while cause is not None:

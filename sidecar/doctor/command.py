@@ -1,0 +1,123 @@
+"""`vllm-sidecar doctor`: its flags (`add_arguments`) and the run (`run`). Does I/O: stdout, stderr, exit code.
+
+Exit codes, like a linter (the contract's): 0 no findings, 1 findings (`--fail-on warning` lets info advice pass), 2
+could not diagnose (nothing readable, or a file named on the command line that cannot be read), with one line
+on stderr saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+MAX_TIMEOUT_S = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vllm-url", default="http://127.0.0.1:8000", help="base URL of the vLLM server (default %(default)s)"
+    )
+    parser.add_argument(
+        "--vllm-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="vLLM's log (stdout/stderr of its start, a refused start or a crash); works with vLLM not running",
+    )
+    parser.add_argument(
+        "--history",
+        default=None,
+        metavar="SOURCE",
+        help="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir",
+    )
+    parser.add_argument(
+        "--gpu-source",
+        choices=("nvml", "sim", "none"),
+        default="nvml",
+        help="nvml; sim: the simulator's /sim/gpu at --vllm-url; none (default %(default)s)",
+    )
+    parser.add_argument("--gpus", default="all", help="GPU indices: all, or a list such as 0,1 (default all)")
+    parser.add_argument(
+        "--vllm-process-pattern",
+        default=r"vllm|VLLM::",
+        help="regular expression matched on a GPU process's name to tell vLLM from other tenants",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds each request to vLLM may take (default %(default)g)"
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=("info", "warning", "critical"),
+        default="info",
+        help="exit 1 when a finding is at least this severe (default %(default)s: any finding)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the contract's JSON document")
+
+
+def _gpu_indices(text: str) -> tuple[int, ...] | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        indices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--gpus must be 'all' or a list such as 0,1, got {text!r}") from None
+    if any(index < 0 for index in indices):
+        raise ValueError(f"--gpus must not be negative, got {text!r}")
+    return indices
+
+
+def _checked_url(text: str, option: str) -> str:
+    """An http(s) URL with a host and a valid port, or ValueError naming the option."""
+    import httpx  # noqa: PLC0415 - keeps --help fast
+
+    problem = f"{option} must be an http:// or https:// URL with a host, got {text!r}"
+    try:
+        url = httpx.URL(text)
+        port = url.port
+    except (httpx.InvalidURL, ValueError):
+        raise ValueError(problem) from None
+    if url.scheme not in ("http", "https") or not url.host or (port is not None and not 0 < port < 2**16):
+        raise ValueError(problem)
+    return text
+
+
+def _timeout(value: object) -> float:
+    timeout = float(str(value))
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"--timeout must be in (0, {MAX_TIMEOUT_S}] seconds, got {value}")
+    return timeout
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.doctor.diagnose import diagnose  # noqa: PLC0415 - keeps the CLI's start light
+    from sidecar.doctor.finding import Severity  # noqa: PLC0415
+    from sidecar.doctor.gather import InputError, Options, gather  # noqa: PLC0415
+    from sidecar.doctor.render import exit_code, render_json, render_text  # noqa: PLC0415
+
+    try:
+        options = Options(
+            vllm_url=_checked_url(str(args.vllm_url), "--vllm-url"),
+            vllm_log=Path(args.vllm_log) if args.vllm_log is not None else None,
+            history=_checked_url(args.history, "--history")
+            if args.history is not None and "://" in args.history
+            else args.history,
+            gpu_source=str(args.gpu_source),
+            gpu_indices=_gpu_indices(str(args.gpus)),
+            vllm_process_pattern=str(args.vllm_process_pattern),
+            timeout_s=_timeout(args.timeout),
+        )
+        evidence = asyncio.run(gather(options))
+    except (InputError, ValueError) as error:
+        print(f"vllm-sidecar doctor: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    diagnosis = diagnose(evidence)
+    if args.json:
+        print(render_json(diagnosis))
+    elif diagnosis.diagnosable:
+        print(render_text(diagnosis))
+    if not diagnosis.diagnosable:
+        print(f"vllm-sidecar doctor: {diagnosis.reason}", file=sys.stderr)
+    return exit_code(diagnosis, Severity(str(args.fail_on)))

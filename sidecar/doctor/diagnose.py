@@ -1,0 +1,114 @@
+"""Runs every rule on the evidence and says what was read and what that leaves unchecked. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sidecar.doctor import hygiene
+from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout, log_blowout
+from sidecar.doctor.concurrency import live_concurrency
+from sidecar.doctor.evidence import Evidence
+from sidecar.doctor.finding import SEVERITY_ORDER, Cause, Diagnosis, Finding
+from sidecar.doctor.fit import live_does_not_fit, log_does_not_fit, weights_dominate
+from sidecar.doctor.log_overshoot import log_overshoot
+from sidecar.doctor.overshoot import live_overshoot
+from sidecar.doctor.setup import Setup, resolve
+
+_CAUSE_ORDER = {cause: index for index, cause in enumerate(Cause)}
+
+Rule = Callable[[Evidence, Setup], Finding | None]
+
+
+def diagnose(evidence: Evidence) -> Diagnosis:
+    setup = resolve(evidence)
+    diagnosable = evidence.live.reading is not None or (evidence.log is not None and evidence.log.lines_recognised > 0)
+    url = evidence.live.url
+    if not diagnosable:
+        return Diagnosis(
+            version=setup.version_text,
+            reachable=evidence.live.reachable,
+            url=url,
+            findings=(),
+            notes=tuple(_notes(evidence, setup)),
+            diagnosable=False,
+            reason=_reason(evidence),
+        )
+    dominated = weights_dominate(evidence.log)
+    rules: tuple[Rule, ...] = (
+        live_overshoot,
+        lambda ev, st: log_overshoot(ev.log, st),
+        live_blowout,
+        lambda ev, st: log_blowout(ev, st, weights_dominate=dominated),
+        live_concurrency,
+        log_does_not_fit,
+        live_does_not_fit,
+        hygiene.prefix_caching,
+        hygiene.shutdown,
+        hygiene.block_size,
+    )
+    findings = [finding for rule in rules if (finding := rule(evidence, setup)) is not None]
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], _CAUSE_ORDER[f.cause]))
+    return Diagnosis(
+        version=setup.version_text,
+        reachable=evidence.live.reachable,
+        url=url,
+        findings=tuple(findings),
+        notes=tuple(_notes(evidence, setup)),
+        diagnosable=True,
+    )
+
+
+def _reason(evidence: Evidence) -> str:
+    live = evidence.live
+    why = live.error or "no vllm: metrics"
+    if evidence.log_path is None:
+        return f"nothing to diagnose: {why}; give --vllm-log FILE to diagnose a vLLM that is not running"
+    return f"nothing to diagnose: {why}; and {evidence.log_path} has no vLLM start, refusal or crash line"
+
+
+def _notes(evidence: Evidence, setup: Setup) -> list[str]:
+    notes = [_vllm_note(evidence, setup)]
+    gpu = evidence.gpu
+    if gpu.reading is not None and gpu.reading.devices:
+        notes.append(f"GPU: {len(gpu.reading.devices)} device(s) read from {gpu.source}")
+    else:
+        why = "--gpu-source none" if gpu.source == "none" else (gpu.error or f"{gpu.source} found no GPU")
+        notes.append(
+            f"GPU evidence missing ({why}): other tenants and vLLM's memory beyond its budget are not checked "
+            "live; the rules that need them use vLLM's metrics and the log only"
+        )
+    log = evidence.log
+    if log is not None:
+        notes.append(
+            f"log {evidence.log_path}: {log.lines_read:,} lines of the last start, {log.lines_recognised} recognised"
+            + (f", vLLM {log.version}" if log.version else "")
+        )
+    else:
+        notes.append(
+            "no log (--vllm-log): max_num_seqs and max_num_batched_tokens are not published on /metrics, so the "
+            "concurrency check relies on preemptions alone"
+        )
+    if evidence.history is not None:
+        notes.append(f"history: {evidence.history.source}")
+    traffic = evidence.live.traffic
+    if evidence.live.reading is not None and (traffic is None or traffic.requests < MIN_REQUESTS):
+        seen = traffic.requests if traffic is not None else 0
+        notes.append(
+            f"traffic too thin for percentiles: {seen} finished requests (< {MIN_REQUESTS}): max_model_len, "
+            "max_num_seqs and prefix caching are not checked against real request sizes"
+        )
+    if setup.version is None:
+        notes.append("vLLM version unknown: only flags every release since 0.5.4 has are recommended")
+    notes.extend(evidence.problems)
+    return notes
+
+
+def _vllm_note(evidence: Evidence, setup: Setup) -> str:
+    live = evidence.live
+    version = f"vLLM {setup.version_text}" if setup.version_text else "vLLM (version unknown)"
+    if live.reading is not None:
+        engines = len(live.reading.engines)
+        return f"{version} at {live.url}: read /metrics ({live.reading.schema.value} metric names, {engines} engine(s))"
+    if live.reachable:
+        return f"{version} at {live.url} answered, but {live.error or 'its /metrics could not be used'}"
+    return f"{version}: not reachable at {live.url} ({live.error})"

@@ -1,0 +1,231 @@
+"""Gathers the doctor's evidence: vLLM over HTTP, the GPUs, the log file and the daemon's history. Does I/O.
+
+Every read is bounded in time and size and turns failure into a one-line problem, except a file the user
+named that cannot be read at all (`InputError`: the command exits 2 with that line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from sidecar.body_cap import BodyTooLargeError, read_capped
+from sidecar.doctor.evidence import Evidence, GpuEvidence, HistoryFacts, LiveEvidence
+from sidecar.doctor.histogram import SAMPLE_NAMES
+from sidecar.doctor.history import HistoryError, from_ledger, from_status
+from sidecar.doctor.log_parser import parse_log
+from sidecar.doctor.logfacts import LogFacts
+from sidecar.doctor.traffic import read_traffic
+from sidecar.model.gpu import GpuReading
+from sidecar.parse.exposition import ExpositionError, parse_exposition
+from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+from sidecar.sources.gpu import GpuSource
+from sidecar.sources.sim_gpu import SimGpuSource
+from sidecar.sources.vllm_http import connection_error_reason
+
+MAX_LOG_BYTES = 64 * 2**20  # the tail of a longer log: the last start is what counts
+MAX_SMALL_BYTES = 4 * 2**20  # /version, /v1/models, /status
+LEDGER_FILE = "restart-ledger.json"
+
+
+class InputError(Exception):
+    """A file the user named cannot be read; the message is the one line to print."""
+
+
+class _FetchError(Exception):
+    def __init__(self, message: str, *, answered: bool) -> None:
+        super().__init__(message)
+        self.answered = answered
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    vllm_url: str
+    vllm_log: Path | None
+    history: str | None
+    gpu_source: str  # nvml, sim or none
+    gpu_indices: tuple[int, ...] | None
+    vllm_process_pattern: str
+    timeout_s: float
+    max_body_bytes: int = 16 * 2**20
+
+
+def read_log(path: Path) -> LogFacts:
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - MAX_LOG_BYTES))
+            raw = handle.read()
+    except OSError as error:
+        raise InputError(f"cannot read --vllm-log {path}: {error.strerror or error}") from None
+    return parse_log(raw.decode("utf-8", errors="replace"))
+
+
+async def gather(options: Options) -> Evidence:
+    log = read_log(options.vllm_log) if options.vllm_log is not None else None
+    history_path = _history_path(options.history)
+    problems: list[str] = []
+    base = options.vllm_url.rstrip("/")
+    async with httpx.AsyncClient(timeout=options.timeout_s, follow_redirects=False, trust_env=False) as client:
+        live, gpu, history = await asyncio.gather(
+            _live(client, base, options, problems),
+            _gpu(client, base, options),
+            _history(client, options.history, history_path, problems),
+        )
+    return Evidence(
+        live=live,
+        gpu=gpu,
+        log=log,
+        log_path=str(options.vllm_log) if options.vllm_log is not None else None,
+        history=history,
+        problems=tuple(problems),
+    )
+
+
+async def _fetch(client: httpx.AsyncClient, url: str, max_bytes: int, timeout_s: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("GET", url) as response:
+                if response.status_code != httpx.codes.OK:
+                    raise _FetchError(f"{url} answered HTTP {response.status_code}", answered=True)
+                return await read_capped(response, max_bytes)
+    except TimeoutError:
+        raise _FetchError(f"{url} did not answer within {timeout_s:g} s", answered=False) from None
+    except BodyTooLargeError as error:
+        raise _FetchError(f"{url}: {error}", answered=True) from None
+    except httpx.HTTPError as error:
+        raise _FetchError(f"{url} unreachable: {connection_error_reason(error)}", answered=False) from None
+
+
+async def _live(client: httpx.AsyncClient, base: str, options: Options, problems: list[str]) -> LiveEvidence:
+    timeout = options.timeout_s
+    metrics, version, models = await asyncio.gather(
+        _fetch(client, base + "/metrics", options.max_body_bytes, timeout),
+        _fetch(client, base + "/version", MAX_SMALL_BYTES, timeout),
+        _fetch(client, base + "/v1/models", MAX_SMALL_BYTES, timeout),
+        return_exceptions=True,
+    )
+    version_text = _json_field(version, lambda doc: doc.get("version") if isinstance(doc, dict) else None)
+    max_model_len = _json_field(models, _model_max_len)
+    if isinstance(metrics, BaseException):
+        answered = isinstance(metrics, _FetchError) and metrics.answered
+        return LiveEvidence(
+            url=base,
+            reachable=answered,
+            error=str(metrics),
+            version=version_text if isinstance(version_text, str) else None,
+            max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+            reading=None,
+            traffic=None,
+        )
+    try:
+        exposition = parse_exposition(metrics.decode("utf-8"), KEPT_SAMPLES | SAMPLE_NAMES)
+    except (ExpositionError, UnicodeDecodeError) as error:
+        return LiveEvidence(
+            url=base,
+            reachable=True,
+            error=f"{base}/metrics is not a Prometheus text exposition: {error}",
+            version=version_text if isinstance(version_text, str) else None,
+            max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+            reading=None,
+            traffic=None,
+        )
+    version_value = version_text if isinstance(version_text, str) else None
+    reading = read_vllm(exposition, url=base, version=version_value)
+    problems.extend(reading.problems)
+    traffic = read_traffic(exposition, problems) if reading.engines else None
+    return LiveEvidence(
+        url=base,
+        reachable=True,
+        error=None,
+        version=version_value,
+        max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+        reading=reading,
+        traffic=traffic,
+    )
+
+
+def _json_field(body: bytes | BaseException, pick: Callable[[object], object]) -> object:
+    if isinstance(body, BaseException):
+        return None
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return pick(document)
+
+
+def _model_max_len(document: object) -> int | None:
+    """max_model_len of the served model (not of a LoRA adapter, which names a parent)."""
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        return None
+    for model in data:
+        if isinstance(model, dict) and model.get("parent") is None:
+            value = model.get("max_model_len")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+async def _gpu(client: httpx.AsyncClient, base: str, options: Options) -> GpuEvidence:
+    if options.gpu_source == "none":
+        return GpuEvidence(source="none", reading=None, error=None)
+    source: GpuSource
+    if options.gpu_source == "sim":
+        source = SimGpuSource(
+            client=client,
+            url=base + "/sim/gpu",
+            timeout_s=options.timeout_s,
+            gpu_indices=options.gpu_indices,
+            vllm_process_pattern=options.vllm_process_pattern,
+        )
+    else:
+        from sidecar.sources.nvml import NvmlSource  # noqa: PLC0415 - pynvml only when NVML is asked for
+
+        source = NvmlSource(gpu_indices=options.gpu_indices, vllm_process_pattern=options.vllm_process_pattern)
+    try:
+        result = await source.read()
+    finally:
+        await asyncio.to_thread(source.close)
+    reading: GpuReading | None = result.value if result.ok else None
+    return GpuEvidence(source=options.gpu_source, reading=reading, error=result.error)
+
+
+def _history_path(history: str | None) -> Path | None:
+    if history is None or re.match(r"https?://", history):
+        return None
+    path = Path(history)
+    if path.is_dir():
+        path = path / LEDGER_FILE
+    if not path.is_file():
+        raise InputError(f"cannot read --history {history}: no such file (a /status JSON, a state dir or a URL)")
+    return path
+
+
+async def _history(
+    client: httpx.AsyncClient, history: str | None, path: Path | None, problems: list[str]
+) -> HistoryFacts | None:
+    if history is None:
+        return None
+    try:
+        if path is None:
+            url = history.rstrip("/") + ("" if history.rstrip("/").endswith("/status") else "/status")
+            raw = await _fetch(client, url, MAX_SMALL_BYTES, 10.0)
+            source = url
+        else:
+            raw = await asyncio.to_thread(path.read_bytes)
+            source = str(path)
+        document = json.loads(raw)
+        if isinstance(document, dict) and "restarts" in document and "engines" not in document:
+            return from_ledger(document, source)
+        return from_status(document, source)
+    except (_FetchError, OSError, ValueError, HistoryError) as error:
+        problems.append(f"history {history} not used: {error}")
+        return None

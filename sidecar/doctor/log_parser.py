@@ -1,0 +1,304 @@
+"""Reads a vLLM log (a start, a refused start, or a crash) into `LogFacts`. Pure: text in, facts out.
+
+Only the last start in the file counts (a log that holds a refused start and a later good one describes the
+good one). Lines are matched anywhere, so vLLM's prefixes (`(EngineCore_DP0 pid=7) INFO 11-22 06:26:29
+[core.py:133]`, V0's `INFO 12-16 21:40:15 engine.py:135]`, a journald prefix) do not matter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, ServerArgs
+from sidecar.doctor.oom_log import find_oom
+
+_NUM = r"(-?[\d.]+)"
+_INT = r"([\d,]+)"
+_ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+_ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")
+_ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)$")
+_BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
+
+_MAX_LEN_V1 = re.compile(
+    r"To serve at least one request with the models?'s max seq len \((\d+)\), \(" + _NUM + r" GiB KV cache is "
+    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" GiB\)\."
+    r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
+)
+_MAX_LEN_V0 = re.compile(
+    r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+    r"cache \((\d+)\)"
+)
+_NO_CACHE_MEMORY = re.compile(r"No available memory for the cache blocks")
+_FREE_AT_START = re.compile(
+    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired GPU "
+    r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+_FREE_INFO = re.compile(
+    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup\. Desired GPU memory utilization "
+    r"is \(" + _NUM + ", " + _NUM + r" GiB\)\. Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for "
+    r"peak activation, " + _NUM + r" GiB for non-torch memory, and " + _NUM + r" GiB for CUDAGraph memory"
+)
+_V0_BUDGET = re.compile(
+    r"total_gpu_memory \(" + _NUM + r" ?GiB\) x gpu_memory_utilization \(" + _NUM + r"\) = " + _NUM + r" ?GiB"
+)
+_V0_PROFILE = re.compile(
+    r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch activation peak "
+    r"memory takes " + _NUM + r" ?GiB; the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
+)
+_KV_TOKENS = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
+_BLOCKS = re.compile(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
+_AVAILABLE_KV = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
+_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
+_GRAPHS = re.compile(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
+_MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
+_PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
+_ENGINE_DEAD = re.compile(r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error")
+
+_ARG_TYPES: dict[str, type] = {
+    "max_model_len": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "gpu_memory_utilization": float,
+    "block_size": int,
+    "enable_prefix_caching": bool,
+    "kv_cache_memory_bytes": int,
+    "tensor_parallel_size": int,
+    "shutdown_timeout": int,
+    "quantization": str,
+    "kv_cache_dtype": str,
+}
+
+Facts = dict[str, object]
+
+
+def parse_log(text: str) -> LogFacts:
+    lines = text.splitlines()
+    lines = lines[_last_start(lines) :]
+    facts: Facts = {}
+    recognised = 0
+    for line in lines:
+        # Every handler sees every line: 0.28+ prints the KV size and the concurrency on one line.
+        if [_apply(handler, line, facts) for handler in _HANDLERS].count(True):
+            recognised += 1
+    oom = find_oom(lines)
+    if oom is not None:
+        recognised += 1
+    result = LogFacts(lines_read=len(lines), lines_recognised=recognised, oom=oom)
+    return replace(result, **facts)  # type: ignore[arg-type]
+
+
+def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bool:
+    try:
+        return handler(line, facts)
+    except ValueError:  # a number vLLM never prints ("1.2.3"): the line only looks like vLLM's
+        return False
+
+
+def _last_start(lines: list[str]) -> int:
+    """Index of the first line of the last start: its args line, else its engine config line."""
+    for pattern in (_ARGS_NON_DEFAULT, _ARGS_NAMESPACE, _ENGINE_CONFIG):
+        for index in range(len(lines) - 1, -1, -1):
+            if pattern.search(lines[index]):
+                return index
+    return 0
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _args(line: str, facts: Facts) -> bool:
+    non_default = _ARGS_NON_DEFAULT.search(line)
+    namespace = None if non_default else _ARGS_NAMESPACE.search(line)
+    if non_default is None and namespace is None:
+        return False
+    body = (non_default or namespace).group(1)  # type: ignore[union-attr]
+    values = {key: _arg_value(body, key, kind, quoted_keys=non_default is not None) for key, kind in _ARG_TYPES.items()}
+    facts["args"] = ServerArgs(complete=namespace is not None, **values)  # type: ignore[arg-type]
+    return True
+
+
+def _arg_value(body: str, key: str, kind: type, *, quoted_keys: bool) -> object:
+    """One argument from a dict repr (`'key': value`) or a Namespace repr (`key=value`); None when absent."""
+    pattern = rf"'{key}': " if quoted_keys else rf"(?<![\w.]){key}="
+    match = re.search(pattern + r"('([^']*)'|[^,})]+)", body)
+    if match is None:
+        return None
+    raw = match.group(2) if match.group(2) is not None else match.group(1).strip()
+    if raw == "None":
+        return None
+    try:
+        if kind is bool:
+            return {"True": True, "False": False}.get(raw)
+        return kind(raw)
+    except ValueError:
+        return None
+
+
+def _engine_config(line: str, facts: Facts) -> bool:
+    match = _ENGINE_CONFIG.search(line)
+    if match is None:
+        return False
+    facts["version"] = match.group(1).rstrip(",")
+    config = match.group(2)
+    for key, name, kind in (
+        ("max_seq_len", "max_seq_len", int),
+        ("tensor_parallel_size", "tensor_parallel_size", int),
+        ("quantization", "quantization", str),
+        ("kv_cache_dtype", "kv_cache_dtype", str),
+        ("device_config", "device", str),
+    ):
+        found = re.search(rf"\b{key}=([\w.]+)", config)
+        if found is not None and found.group(1) != "None":
+            facts[name] = kind(found.group(1))
+    return True
+
+
+def _simple(pattern: re.Pattern[str], store: Callable[[re.Match[str], Facts], None]) -> Callable[[str, Facts], bool]:
+    def handler(line: str, facts: Facts) -> bool:
+        match = pattern.search(line)
+        if match is None:
+            return False
+        store(match, facts)
+        return True
+
+    return handler
+
+
+def _refusal_line(match: re.Match[str]) -> str:
+    text = match.string
+    at = text.find("ValueError:")
+    return text[at:].strip() if at >= 0 else text[match.start() :].strip()
+
+
+def _max_len_v1(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
+        line=_refusal_line(match),
+        max_model_len=int(match.group(1)),
+        needed_gib=float(match.group(2)),
+        available_gib=float(match.group(3)),
+        estimated_max_len=int(match.group(4)) if match.group(4) else None,
+    )
+
+
+def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
+        line=_refusal_line(match),
+        max_model_len=int(match.group(1)),
+        capacity_tokens=int(match.group(2)),
+    )
+
+
+def _no_cache(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=_refusal_line(match))
+
+
+def _free_at_start(match: re.Match[str], facts: Facts) -> None:
+    free, total, utilization, requested = (float(match.group(i)) for i in range(1, 5))
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
+        line=_refusal_line(match),
+        free_gib=free,
+        total_gib=total,
+        utilization=utilization,
+        requested_gib=requested,
+    )
+
+
+def _free_info(match: re.Match[str], facts: Facts) -> None:
+    free, total, utilization, budget, weights, activation, non_torch, graphs = (
+        float(match.group(i)) for i in range(1, 9)
+    )
+    facts["profile"] = MemoryProfile(
+        total_gib=total,
+        utilization=utilization,
+        budget_gib=budget,
+        weights_gib=weights,
+        activation_gib=activation,
+        non_torch_gib=non_torch,
+        cudagraph_gib=graphs,
+        free_gib=free,
+    )
+    facts["weights_gib"] = weights
+
+
+def _v0_budget(match: re.Match[str], facts: Facts) -> None:
+    previous = facts.get("profile")
+    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    total, utilization, budget = (float(match.group(i)) for i in range(1, 4))
+    facts["profile"] = replace(base, total_gib=total, utilization=utilization, budget_gib=budget)
+
+
+def _v0_profile(match: re.Match[str], facts: Facts) -> None:
+    previous = facts.get("profile")
+    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    weights, non_torch, activation, kv = (float(match.group(i)) for i in range(1, 5))
+    facts["profile"] = replace(base, weights_gib=weights, non_torch_gib=non_torch, activation_gib=activation, kv_gib=kv)
+    facts["weights_gib"] = weights
+    facts["available_kv_gib"] = kv
+
+
+def _empty_profile() -> MemoryProfile:
+    return MemoryProfile(
+        total_gib=None, utilization=None, budget_gib=None, weights_gib=None, activation_gib=None, non_torch_gib=None
+    )
+
+
+def _weights(match: re.Match[str], facts: Facts) -> None:
+    # vLLM <= 0.8.0 printed "GB" for a value it had divided by 2**30: both spellings are GiB.
+    facts["weights_gib"] = float(match.group(1))
+
+
+def _blocks(match: re.Match[str], facts: Facts) -> None:
+    facts["num_gpu_blocks"] = int(match.group(1) or match.group(2))
+
+
+def _preemptions(match: re.Match[str], facts: Facts) -> None:
+    facts["preemptions"] = int(match.group(1))
+
+
+def _store(name: str, convert: Callable[[str], object]) -> Callable[[re.Match[str], Facts], None]:
+    def store(match: re.Match[str], facts: Facts) -> None:
+        facts[name] = convert(match.group(1))
+
+    return store
+
+
+def _concurrency(match: re.Match[str], facts: Facts) -> None:
+    facts["concurrency"] = (int(_number(match.group(1))), float(match.group(2)))
+
+
+def _banner_version(match: re.Match[str], facts: Facts) -> None:
+    facts.setdefault("version", match.group(1))  # the engine's own config line, when there is one, wins
+
+
+def _dead(_: re.Match[str], facts: Facts) -> None:
+    facts["engine_dead"] = True
+
+
+_HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
+    _args,
+    _engine_config,
+    _simple(_BANNER_VERSION, _banner_version),
+    _simple(_MAX_LEN_V1, _max_len_v1),
+    _simple(_MAX_LEN_V0, _max_len_v0),
+    _simple(_NO_CACHE_MEMORY, _no_cache),
+    _simple(_FREE_AT_START, _free_at_start),
+    _simple(_FREE_INFO, _free_info),
+    _simple(_V0_BUDGET, _v0_budget),
+    _simple(_V0_PROFILE, _v0_profile),
+    _simple(_KV_TOKENS, _store("kv_cache_tokens", lambda text: int(_number(text)))),
+    _simple(_CONCURRENCY, _concurrency),
+    _simple(_BLOCKS, _blocks),
+    _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
+    _simple(_WEIGHTS, _weights),
+    _simple(_GRAPHS, _store("graph_capture_gib", float)),
+    _simple(_MAX_MODEL_LEN, _store("max_seq_len", int)),
+    _simple(_PREEMPTIONS, _preemptions),
+    _simple(_ENGINE_DEAD, _dead),
+)

@@ -1,0 +1,114 @@
+"""What a vLLM log says about its configuration, its memory and why it stopped. Pure data.
+
+Every field is None when the log does not say it; `log_parser.parse_log` fills them from the exact lines
+listed in docs/doctor.md ("Log lines read").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerArgs:
+    """The command-line arguments vLLM logged at start.
+
+    `complete` is True for the `args: Namespace(...)` line (<= 0.8.x: every argument, None when unset) and
+    False for `non-default args: {...}` (0.9+: only what differs from the default, so a missing key means
+    vLLM's default).
+    """
+
+    complete: bool
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    block_size: int | None = None
+    enable_prefix_caching: bool | None = None
+    kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int | None = None
+    shutdown_timeout: int | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+
+
+class RefusalKind(StrEnum):
+    MAX_LEN_EXCEEDS_KV = "max_len_exceeds_kv"  # one max_model_len request does not fit the KV cache
+    NO_CACHE_MEMORY = "no_cache_memory"  # nothing at all is left for the KV cache
+    INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"  # V1: free memory at start < utilization x total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    kind: RefusalKind
+    line: str  # the error as vLLM printed it, without the log prefix
+    max_model_len: int | None = None
+    capacity_tokens: int | None = None  # V0: tokens the KV cache holds
+    needed_gib: float | None = None  # V1: KV cache one max_model_len request needs
+    available_gib: float | None = None  # V1: KV cache memory there is
+    estimated_max_len: int | None = None  # V1: what vLLM says would fit
+    free_gib: float | None = None  # insufficient free memory: free and total at start
+    total_gib: float | None = None
+    utilization: float | None = None
+    requested_gib: float | None = None
+
+
+class OomPhase(StrEnum):
+    PROFILING = "profiling"  # the profile run sizing the KV cache
+    GRAPH_CAPTURE = "graph_capture"  # CUDA graph capture after the KV cache was allocated
+    SERVING = "serving"  # a forward pass while serving requests
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaOom:
+    """PyTorch's CUDA out-of-memory message."""
+
+    phase: OomPhase
+    tried_bytes: int
+    gpu: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    process_bytes: int | None  # "this process has X memory in use" (non-PyTorch memory included)
+    reserved_unallocated_bytes: int | None
+    other_processes: tuple[tuple[int, int], ...]  # (pid, bytes) of the other processes PyTorch lists
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryProfile:
+    """The budget arithmetic vLLM logged at start (V0 `Memory profiling` or V1 `Free memory on device`)."""
+
+    total_gib: float | None
+    utilization: float | None
+    budget_gib: float | None
+    weights_gib: float | None
+    activation_gib: float | None
+    non_torch_gib: float | None
+    cudagraph_gib: float | None = None
+    kv_gib: float | None = None
+    free_gib: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogFacts:
+    lines_read: int
+    lines_recognised: int
+    version: str | None = None
+    device: str | None = None  # device_config of the engine: "cuda", "cpu", ...
+    args: ServerArgs | None = None
+    max_seq_len: int | None = None  # from the engine's config line or "Using max model len"
+    tensor_parallel_size: int | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str | None = None
+    weights_gib: float | None = None
+    available_kv_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+    concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)
+    profile: MemoryProfile | None = None
+    graph_capture_gib: float | None = None
+    refusal: Refusal | None = None
+    oom: CudaOom | None = None
+    preemptions: int | None = None  # V0's cumulative preemption count from its warnings
+    engine_dead: bool = False

@@ -1,0 +1,189 @@
+"""Configuration overshoot, live (GPUs + the daemon's trend) and from a log (start refusal, CUDA OOM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.doctor.evidence import GpuTrend
+from sidecar.doctor.finding import Cause, Finding, Severity
+from sidecar.doctor.log_overshoot import log_overshoot
+from sidecar.doctor.logfacts import CudaOom, OomPhase, Refusal, RefusalKind
+from sidecar.doctor.overshoot import live_overshoot
+from sidecar.doctor.setup import resolve
+from tests.doctor.builders import GIB, args, evidence, gpu, gpus, history, live, log
+
+TENANT = (31337, 6 * GIB, "python train.py")
+
+
+def _live(*devices: object, **kwargs: object) -> Finding | None:
+    ev = evidence(gpu_evidence=gpus(*devices), **kwargs)  # type: ignore[arg-type]
+    return live_overshoot(ev, resolve(ev))
+
+
+def _flags(finding: Finding | None) -> list[tuple[str, object]]:
+    assert finding is not None
+    return [(r.flag, r.value) for r in finding.recommendations]
+
+
+def test_vllm_within_its_budget_alone_on_the_card_is_fine() -> None:
+    assert _live(gpu(used=72 * GIB)) is None
+    assert _live(gpu(used=60 * GIB)) is None
+
+
+def test_another_tenant_takes_what_the_budget_needs() -> None:
+    finding = _live(gpu(used=int(76.75 * GIB), others=(TENANT,)))
+    assert finding is not None
+    assert (finding.cause, finding.severity) == (Cause.CONFIGURATION_OVERSHOOT, Severity.CRITICAL)
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.87)]
+    assert "another process on GPU 0: pid 31337 'python train.py' holds 6.00 GiB" in finding.evidence
+    assert any("3.25 GiB free (4.1% < the 5% reserve)" in line for line in finding.evidence)
+
+
+def test_a_tenant_that_still_leaves_the_reserve_free_is_a_warning() -> None:
+    finding = _live(gpu(used=int(60.5 * GIB), vllm=int(54.5 * GIB), others=(TENANT,)), live_evidence=None)
+    # 0.9 x 80 budget + 6 GiB tenant = 78 GiB > 76 GiB: when vLLM fills its budget the reserve is gone.
+    assert finding is not None
+    assert finding.severity is Severity.WARNING
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.87)]
+
+
+def test_vllm_beyond_its_budget_gets_a_lower_budget_and_expandable_segments() -> None:
+    finding = _live(gpu(used=77 * GIB))  # 5 GiB beyond 72
+    assert finding is not None
+    assert finding.severity is Severity.CRITICAL
+    assert _flags(finding) == [
+        ("--gpu-memory-utilization", 0.88),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+    ]
+    assert "vLLM's processes hold 77.00 GiB: 5.00 GiB beyond its budget" in finding.evidence
+
+
+def test_over_budget_below_the_tolerance_is_noise() -> None:
+    assert _live(gpu(used=int(73.5 * GIB))) is None  # 1.5 GiB over, under 2 % of 80 GiB (1.6 GiB)
+
+
+def test_batched_tokens_are_cut_to_the_cards_default_when_set_above_it() -> None:
+    finding = _live(gpu(used=77 * GIB), log_facts=log(args=args(max_num_batched_tokens=32768)))
+    assert ("--max-num-batched-tokens", 8192) in _flags(finding)
+    finding = _live(gpu(used=77 * GIB), log_facts=log(args=args(max_num_batched_tokens=8192)))
+    assert all(flag != "--max-num-batched-tokens" for flag, _ in _flags(finding))
+
+
+def test_a_growing_memory_trend_from_the_daemon_is_critical_when_the_oom_is_within_an_hour() -> None:
+    trend = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0)
+    finding = _live(gpu(used=71 * GIB), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
+    assert finding is not None
+    assert finding.severity is Severity.CRITICAL
+    assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
+    assert any("grows 32.0 MiB/s (R² 0.99); the daemon forecasts an OOM in 250 s" in e for e in finding.evidence)
+    assert any("oom_forecast: 2" in line for line in finding.evidence)
+
+
+def test_a_noisy_trend_is_not_evidence() -> None:
+    trend = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.2, time_to_oom_s=None)
+    assert _live(gpu(used=71 * GIB), history_facts=history(trend)) is None
+
+
+def test_unknown_utilization_still_reports_a_tenant_eating_the_reserve() -> None:
+    from tests.doctor.builders import cache_config, engine, live, reading
+
+    unknown = live(vllm=reading(engine(cache_config=cache_config(gpu_memory_utilization=None))))
+    finding = _live(gpu(used=78 * GIB, others=(TENANT,)), live_evidence=unknown)
+    assert finding is not None
+    assert finding.recommendations == ()
+    assert any("gpu_memory_utilization is unknown" in line for line in finding.evidence)
+
+
+def test_no_gpu_reading_no_live_finding() -> None:
+    ev = evidence()
+    assert live_overshoot(ev, resolve(ev)) is None
+
+
+def _from_log(**facts: object) -> Finding | None:
+    """A log of a vLLM that is not running: nothing live to read."""
+    ev = evidence(live_evidence=live(error="connection refused"), log_facts=log(**facts))
+    return log_overshoot(ev.log, resolve(ev))
+
+
+def test_start_refused_for_free_memory() -> None:
+    refusal = Refusal(
+        kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
+        line="ValueError: Free memory on device ...",
+        free_gib=18.40,
+        total_gib=23.53,
+        utilization=0.9,
+        requested_gib=21.18,
+    )
+    finding = _from_log(refusal=refusal)
+    assert finding is not None
+    assert finding.severity is Severity.CRITICAL
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.73)]  # (18.40 - 1.18) / 23.53 = 0.732
+
+
+def _oom(phase: OomPhase, **overrides: object) -> CudaOom:
+    values: dict[str, object] = {
+        "phase": phase,
+        "tried_bytes": 2 * GIB,
+        "gpu": 0,
+        "total_bytes": 80 * GIB,
+        "free_bytes": GIB // 2,
+        "process_bytes": 73 * GIB,
+        "reserved_unallocated_bytes": 3 * GIB,
+        "other_processes": (),
+    }
+    values.update(overrides)
+    return CudaOom(**values)  # type: ignore[arg-type]
+
+
+def test_oom_while_serving_with_another_process_on_the_card() -> None:
+    oom = _oom(OomPhase.SERVING, process_bytes=72 * GIB, other_processes=((31337, 6 * GIB),))
+    finding = _from_log(oom=oom, args=args(gpu_memory_utilization=0.9))
+    assert _flags(finding) == [
+        ("--gpu-memory-utilization", 0.87),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),  # 3 GiB reserved but unallocated
+    ]
+
+
+def test_oom_within_the_budget_tolerance_and_no_fragmentation_is_not_overshoot() -> None:
+    # non-default args without gpu_memory_utilization: the default 0.9; 73 - 72 = 1 GiB is within tolerance.
+    assert _from_log(oom=_oom(OomPhase.SERVING, reserved_unallocated_bytes=0), args=args()) is None
+
+
+def test_oom_while_serving_beyond_the_budget_numbers() -> None:
+    finding = _from_log(oom=_oom(OomPhase.SERVING, process_bytes=76 * GIB, reserved_unallocated_bytes=0), args=args())
+    # 4 GiB beyond 72: (80 - 4 - 4) / 80 = 0.90, not below 0.9: only the allocator setting.
+    assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
+    finding = _from_log(oom=_oom(OomPhase.SERVING, process_bytes=78 * GIB, reserved_unallocated_bytes=0), args=args())
+    assert _flags(finding) == [
+        ("--gpu-memory-utilization", 0.87),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+    ]
+
+
+def test_oom_in_graph_capture_lowers_the_budget_by_the_shortfall_or_goes_eager() -> None:
+    oom = _oom(OomPhase.GRAPH_CAPTURE, tried_bytes=int(1.5 * GIB), free_bytes=GIB // 2)
+    finding = _from_log(oom=oom, args=args(gpu_memory_utilization=0.98))
+    assert finding is not None
+    assert "capturing CUDA graphs" in finding.summary
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.95), ("--enforce-eager", "")]  # 0.98-0.0125-0.01
+
+
+def test_oom_in_the_profile_run_halves_the_dummy_batch() -> None:
+    finding = _from_log(oom=_oom(OomPhase.PROFILING), args=args(max_num_batched_tokens=16384))
+    assert _flags(finding) == [("--max-num-batched-tokens", 8192)]
+    finding = _from_log(
+        oom=_oom(OomPhase.PROFILING, other_processes=((7, 10 * GIB),)), args=args(max_num_batched_tokens=300)
+    )
+    assert _flags(finding) == [("--max-num-batched-tokens", 256), ("--gpu-memory-utilization", 0.82)]
+
+
+def test_oom_in_the_profile_run_without_arguments_says_what_is_missing() -> None:
+    finding = _from_log(oom=_oom(OomPhase.PROFILING))
+    assert finding is not None
+    assert finding.recommendations == ()
+    assert any("max_num_batched_tokens unknown" in line for line in finding.evidence)
+
+
+@pytest.mark.parametrize("facts", [{}, {"refusal": Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line="x")}])
+def test_nothing_in_the_log_about_memory_overshoot(facts: dict[str, object]) -> None:
+    assert _from_log(**facts) is None
