@@ -145,7 +145,9 @@ def test_hang_stalls_the_engine_while_health_stays_ok(
     code, report = loadtest_report(load)
     watch.stop()
     stalled = [engine["engine_stalled_seconds"] for engine in watch.engines()]
-    assert max(stalled) > 5
+    running = [engine["requests_running"] for engine in watch.engines()]
+    # Seen once in CI under heavy load (every sample 0): say enough to tell a late load from a missed hang.
+    assert max(stalled) > 5, f"running={running[::4]} report={report} sim log: {sim.log()[-1500:]}"
     assert httpx.get(sim.url + "/health", timeout=5).status_code == 200
     assert "vllm_sidecar_vllm_healthy 1.0" in sidecar.get("/metrics").text
     assert report["requests"]["failed"] > 0  # requests time out on a hung engine
