@@ -70,8 +70,9 @@ EXPOSE 9468
 VOLUME ["/var/lib/vllm-sidecar"]
 # The venv's own Python, so the image needs no curl or wget; http.client ignores *_proxy variables, which
 # must not reroute a loopback probe. The port follows VLLM_SIDECAR_LISTEN: move the port with that variable,
-# not with --listen or a --config file, which the probe cannot see.
+# not with --listen or a --config file, which the probe cannot see. With VLLM_SIDECAR_TLS_CERT_FILE set it
+# speaks HTTPS without verifying: the certificate names the Service, not 127.0.0.1, and it is our own process.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["/opt/vllm-sidecar/bin/python", "-c", "import http.client, os; port = os.environ.get('VLLM_SIDECAR_LISTEN', ':9468').rpartition(':')[2]; c = http.client.HTTPConnection('127.0.0.1', int(port), timeout=4); c.request('GET', '/healthz'); raise SystemExit(c.getresponse().status != 200)"]
+    CMD ["/opt/vllm-sidecar/bin/python", "-c", "import http.client, os, ssl; port = int(os.environ.get('VLLM_SIDECAR_LISTEN', ':9468').rpartition(':')[2]); tls = os.environ.get('VLLM_SIDECAR_TLS_CERT_FILE'); c = http.client.HTTPSConnection('127.0.0.1', port, timeout=4, context=ssl._create_unverified_context()) if tls else http.client.HTTPConnection('127.0.0.1', port, timeout=4); c.request('GET', '/healthz'); raise SystemExit(c.getresponse().status != 200)"]
 ENTRYPOINT ["vllm-sidecar"]
 CMD ["run"]

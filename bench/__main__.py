@@ -1,79 +1,68 @@
-"""`python -m bench`: the sidecar's cost per tick, printed as ratios against references from the same run.
+"""`python -m bench [SUITE ...]`: what the sidecar costs and what it is worth, against references from the same run.
 
-1. Parse + derive of one tick on a generated vLLM 0.32 exposition (4 engines, all histograms, ~300 KB)
-   against prometheus_client's parser on the same bytes.
-2. The real daemon polling that exposition: CPU per tick, share of one core, peak RSS against a bare
-   interpreter that imports the same libraries.
+Suites (all by default, in this order):
+  parser    our parser against prometheus_client.parser on the same bytes (50 KB, 300 KB, 1 MB), values compared
+  tick      the real daemon polling vLLM stand-ins: CPU per tick, share of a core, peak RSS, at 1, 2 and 5 s
+  growth    one tick's pure work as the exposition grows (engines) and as GPUs are added
+  reaction  simulated GPU crossing the pause threshold -> /readyz 503, over repeated trials
+  efficacy  burst, leak, tenant and hang under a fixed load with the sidecar off and on
+
+Each suite prints as it goes; the results, with the machine, go to bench/RESULTS.md (see --results).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import time
+from pathlib import Path
 
-from bench.daemon_cost import measure_daemon
-from bench.generate_exposition import generate_exposition
-from bench.tick_cost import measure_tick_cost
+from bench.machine import describe_machine, load_average
+from bench.report import Results
+from bench.suites import SUITES, Options
+
+DEFAULT_RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument(
-        "--engines",
-        default="4,6",
-        help="data-parallel engines per generated exposition, comma-separated (4: ~200 KB, 6: ~300 KB, 8: ~390 KB)",
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--lora-adapters", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--interval", type=float, default=1.0, help="daemon poll interval, seconds")
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of steady-state daemon running")
-    parser.add_argument("--skip-daemon", action="store_true")
-    args = parser.parse_args()
-
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    print(f"machine: {machine}")
-    text = ""
-    for engines in (int(part) for part in args.engines.split(",")):
-        text = generate_exposition(engines=engines, lora_adapters=args.lora_adapters)
-        _report_tick(text, engines, args.repeats)
-    if args.skip_daemon:
-        return
-    _report_daemon(text, args.interval, args.duration)
-
-
-def _report_tick(text: str, engines: int, repeats: int) -> None:
-    size_kib = len(text.encode()) / 1024
-    print(f"\nexposition: vLLM 0.32 shape, {engines} engines, {size_kib:.0f} KiB, {text.count(chr(10))} lines")
-    cost = measure_tick_cost(text, repeats=repeats)
-    print(f"prometheus_client.parser (reference, full parse)   {cost.reference_ms:8.2f} ms")
-    print(
-        f"sidecar parser, full parse                         {cost.ours_full_ms:8.2f} ms  "
-        f"{cost.reference_ms / cost.ours_full_ms:5.1f}x faster"
+    parser.add_argument("suites", nargs="*", choices=[*SUITES, []], metavar="SUITE", help=", ".join(SUITES))
+    parser.add_argument("--repeats", type=int, default=15, help="in-process timings: rounds per median")
+    parser.add_argument("--tick-seconds", type=float, default=20.0, help="daemon suite: least steady-state seconds")
+    parser.add_argument("--tick-serial", action="store_true", help="daemon suite: one daemon at a time")
+    parser.add_argument("--reaction-trials", type=int, default=10)
+    parser.add_argument("--reaction-intervals", default="1", help="comma-separated poll intervals, seconds")
+    parser.add_argument("--scenarios", default="burst,leak,tenant,hang", help="efficacy: which, comma-separated")
+    parser.add_argument("--efficacy-scale", type=float, default=1.0, help="efficacy: multiply each run's length")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file to write")
+    parser.add_argument("--no-results", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    chosen = args.suites or list(SUITES)
+    options = Options(
+        repeats=args.repeats,
+        tick_seconds=args.tick_seconds,
+        tick_serial=args.tick_serial,
+        reaction_trials=args.reaction_trials,
+        reaction_intervals=tuple(float(part) for part in args.reaction_intervals.split(",")),
+        scenarios=tuple(part for part in args.scenarios.split(",") if part),
+        efficacy_scale=args.efficacy_scale,
     )
-    print(
-        f"sidecar tick: filtered parse + read + derive       {cost.ours_tick_ms:8.2f} ms  "
-        f"{cost.reference_ms / cost.ours_tick_ms:5.1f}x faster"
-    )
-    print(f"values of the samples the sidecar reads identical to the reference: {cost.values_identical}")
-    if not cost.values_identical:
-        raise SystemExit("the sidecar's parser disagrees with prometheus_client: the speed figures are void")
-
-
-def _report_daemon(text: str, interval_s: float, duration_s: float) -> None:
-    reference_ms = measure_tick_cost(text, repeats=10).reference_ms
-    daemon = measure_daemon(text.encode(), interval_s=interval_s, duration_s=duration_s)
-    print(f"\ndaemon polling the last exposition ({len(text.encode()) / 1024:.0f} KiB) over HTTP:")
-    print(
-        f"daemon at {daemon.interval_s:g} s interval over {daemon.ticks} ticks: "
-        f"{daemon.cpu_ms_per_tick:.2f} ms CPU per tick ({daemon.cpu_ms_per_tick / reference_ms:.2f}x one "
-        f"reference parse), {daemon.cpu_share_of_one_core:.2%} of one core"
-    )
-    print(
-        f"daemon peak RSS {daemon.peak_rss_mb:.1f} MB; bare interpreter with the same imports "
-        f"{daemon.baseline_rss_mb:.1f} MB ({daemon.peak_rss_mb / daemon.baseline_rss_mb:.2f}x)"
-    )
+    machine = describe_machine()
+    results = Results(machine=machine)
+    print(f"machine: {machine.line()}")
+    started = time.monotonic()
+    for name in SUITES:
+        if name in chosen:
+            print(f"\n== {name} ==")
+            SUITES[name](options, results)
+    results.finish(elapsed_s=time.monotonic() - started, load_at_end=load_average())
+    print(f"\n{results.targets_text()}")
+    if not args.no_results:
+        args.results.write_text(results.markdown())
+        print(f"\nwrote {args.results}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

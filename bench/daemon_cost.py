@@ -1,123 +1,172 @@
-"""CPU seconds per tick and peak RSS of the real daemon process polling a loopback vLLM stand-in.
+"""CPU time per tick and peak RSS of the real daemon polling loopback vLLM stand-ins.
 
-Does I/O: starts `vllm-sidecar run` as a subprocess and a loopback HTTP server that serves a fixed
-exposition. Reads /proc for the daemon's CPU time and peak RSS (VmHWM), and a bare `python -c pass`
-with the same imports as the reference for memory.
+Does I/O: starts `vllm-sidecar run` subprocesses, one per case, each against its own stand-in (bench.standin),
+and reads their CPU time and peak RSS (VmHWM) from /proc. A Prometheus scrape of the daemon's own /metrics
+every 15 s is part of the cost, as it would be in production.
+
+The cases run side by side by default: each daemon is idle almost all the time and CPU time is counted per
+process, so they hardly disturb one another, and the whole matrix takes one steady-state window instead of
+one per case. `serial=True` runs them one at a time.
 """
 
 from __future__ import annotations
 
-import http.server
-import os
-import socket
-import subprocess
-import sys
-import threading
+import math
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from bench.process import Child, cpu_seconds, free_port, peak_rss_mb, wait_for
+from bench.standin import StandIn
 
-@dataclass(frozen=True, slots=True)
-class DaemonCost:
+PROMETHEUS_SCRAPE_S = 15.0
+WARMUP_TICKS = 3  # start-up and the first ticks (imports, window fill) are not steady state
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonCase:
+    key: str  # which exposition: "300 KB", "sim-8"
+    label: str
+    metrics: bytes
     interval_s: float
+    gpu_document: bytes | None = None  # the simulator's /sim/gpu answer; None: no GPU source
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonCost:
+    case: DaemonCase
     ticks: int
+    seconds: float
     cpu_ms_per_tick: float
     cpu_share_of_one_core: float
     peak_rss_mb: float
-    baseline_rss_mb: float  # a Python interpreter that only imports the same libraries
+    requests_per_tick: float  # every request the daemon sent to the stand-in, per tick
+    gzip_share: float  # of /metrics answers that were gzip-compressed because the daemon accepted gzip
 
 
-def _serve(body: bytes) -> tuple[http.server.ThreadingHTTPServer, list[str]]:
-    hits: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            payload = {"/metrics": body, "/version": b'{"version":"0.32.0"}', "/health": b""}.get(self.path)
-            if payload is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, hits
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _baseline_rss_mb() -> float:
-    code = (
-        "import httpx, prometheus_client, structlog, apscheduler, pydantic_settings, pynvml, yaml, pathlib;"
-        "print([l for l in pathlib.Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')][0])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    return int(out.split()[1]) / 1024
-
-
-def measure_daemon(body: bytes, *, interval_s: float, duration_s: float) -> DaemonCost:
-    server, hits = _serve(body)
-    port = server.server_address[1]
-    listen_port = _free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "sidecar", "run",
-            "--vllm-url", f"http://127.0.0.1:{port}",
-            "--listen", f"127.0.0.1:{listen_port}",
-            "--interval", str(interval_s),
-            "--log-level", "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while hits.count("/metrics") < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)  # start-up and the first ticks (imports, window fill) are not steady state
-        cpu_before, ticks_before, started = _cpu_seconds(process.pid), hits.count("/metrics"), time.monotonic()
-        time.sleep(duration_s)
-        httpx.get(f"http://127.0.0.1:{listen_port}/metrics", timeout=5)  # one scrape, as Prometheus would
-        cpu, ticks, elapsed = (
-            _cpu_seconds(process.pid) - cpu_before,
-            hits.count("/metrics") - ticks_before,
-            time.monotonic() - started,
+class _Running:
+    def __init__(self, case: DaemonCase, workdir: Path) -> None:
+        self.case = case
+        self.stand_in = StandIn(metrics=case.metrics, gpu_document=case.gpu_document).start()
+        self.port = free_port()
+        gpu = ["--gpu-source", "sim"] if case.gpu_document is not None else ["--gpu-source", "none"]
+        self.child = Child(
+            [
+                "run",
+                *("--vllm-url", self.stand_in.url, "--listen", f"127.0.0.1:{self.port}"),
+                *("--interval", str(case.interval_s), "--log-level", "warning", *gpu),
+                *("--state-dir", str(workdir / "state")),
+            ],
+            workdir / "daemon.log",
         )
+        self.cpu_start = 0.0
+        self.ticks_start = 0
+        self.requests_start = 0
+        self.gzip_start = 0
+        self.started_s = 0.0
+
+    def ticks(self) -> int:
+        return self.stand_in.count("/metrics")
+
+    def requests(self) -> int:
+        return sum(self.stand_in.hits.values())
+
+    def begin(self) -> None:
+        self.cpu_start = cpu_seconds(self.child.pid)
+        self.ticks_start = self.ticks()
+        self.requests_start = self.requests()
+        self.gzip_start = self.stand_in.gzip_served
+        self.started_s = time.monotonic()
+
+    def scrape(self) -> None:
+        httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
+
+    def result(self) -> DaemonCost:
+        cpu = cpu_seconds(self.child.pid) - self.cpu_start
+        elapsed = time.monotonic() - self.started_s
+        ticks = max(self.ticks() - self.ticks_start, 1)
         return DaemonCost(
-            interval_s=interval_s,
+            case=self.case,
             ticks=ticks,
-            cpu_ms_per_tick=cpu * 1000 / max(ticks, 1),
+            seconds=elapsed,
+            cpu_ms_per_tick=cpu * 1000 / ticks,
             cpu_share_of_one_core=cpu / elapsed,
-            peak_rss_mb=_peak_rss_mb(process.pid),
-            baseline_rss_mb=_baseline_rss_mb(),
+            peak_rss_mb=peak_rss_mb(self.child.pid),
+            requests_per_tick=(self.requests() - self.requests_start) / ticks,
+            gzip_share=(self.stand_in.gzip_served - self.gzip_start) / ticks,
         )
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        server.shutdown()
+
+    def stop(self) -> None:
+        self.child.stop()
+        self.stand_in.stop()
 
 
-def _free_port() -> int:
-    """A free loopback port (bound, then released for the daemon to take)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def _ticks_wanted(case: DaemonCase, min_ticks: int, min_s: float) -> int:
+    return max(min_ticks, math.ceil(min_s / case.interval_s))
+
+
+def measure_daemons(
+    cases: list[DaemonCase], *, min_ticks: int = 8, min_s: float = 20.0, serial: bool = False
+) -> list[DaemonCost]:
+    """Steady-state cost of each case over whole ticks: at least `min_ticks` of them and `min_s` seconds.
+
+    A window opens half an interval after one poll and closes half an interval after the poll that ends
+    it, so it holds exactly that many whole ticks (each poll takes milliseconds, the interval seconds).
+    """
+    if serial:
+        return [cost for case in cases for cost in measure_daemons([case], min_ticks=min_ticks, min_s=min_s)]
+    with tempfile.TemporaryDirectory(prefix="vllm-sidecar-bench-") as tmp:
+        running: list[_Running] = []
+        try:
+            for index, case in enumerate(cases):
+                workdir = Path(tmp) / f"case-{index}"
+                workdir.mkdir()
+                running.append(_Running(case, workdir))
+            return _measure(running, min_ticks=min_ticks, min_s=min_s)
+        finally:
+            for run in running:
+                run.stop()
+
+
+def _measure(running: list[_Running], *, min_ticks: int, min_s: float) -> list[DaemonCost]:
+    for run in running:
+        wait_for(
+            lambda run=run: run.ticks() >= WARMUP_TICKS or not run.child.alive(),  # type: ignore[misc]
+            30 + WARMUP_TICKS * run.case.interval_s,
+            f"the daemon of {run.case.label} to poll",
+        )
+        if not run.child.alive():
+            raise RuntimeError(f"the daemon of {run.case.label} exited:\n{run.child.log_tail()}")
+    seen = [run.ticks() for run in running]
+    last_tick_at = [0.0] * len(running)
+    begin_at: list[float | None] = [None] * len(running)
+    end_at: list[float | None] = [None] * len(running)
+    results: dict[int, DaemonCost] = {}
+    next_scrape = time.monotonic() + PROMETHEUS_SCRAPE_S
+    while len(results) < len(running):
+        time.sleep(0.01)
+        now = time.monotonic()
+        if now >= next_scrape:
+            for run in running:
+                run.scrape()
+            next_scrape += PROMETHEUS_SCRAPE_S
+        for index, run in enumerate(running):
+            if index in results:
+                continue
+            half = run.case.interval_s / 2
+            ticks = run.ticks()
+            if ticks != seen[index]:
+                seen[index], last_tick_at[index] = ticks, now
+                if begin_at[index] is None:
+                    begin_at[index] = now + half
+                elif run.started_s and ticks - run.ticks_start >= _ticks_wanted(run.case, min_ticks, min_s):
+                    end_at[index] = now + half
+            if not run.started_s and begin_at[index] is not None and now >= (begin_at[index] or 0.0):
+                run.begin()
+            finish = end_at[index]
+            if finish is not None and now >= finish:
+                results[index] = run.result()
+    return [results[index] for index in range(len(running))]

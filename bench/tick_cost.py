@@ -1,14 +1,16 @@
-"""Parse + derive cost of one tick, against prometheus_client's parser on the same bytes. Pure CPU work.
+"""In-process cost of the parser and of one tick's pure work, against prometheus_client on the same bytes.
 
-Both sides get the same text and are timed with the same clock in the same process, interleaved, so a
-busy machine slows both alike; the ratio is what to read, the milliseconds depend on the machine.
+Pure CPU work, no I/O. Every contender runs once per round, interleaved, with the same clock in the same
+process, so a busy machine slows all of them alike: the ratios are what to read, the milliseconds depend on
+the machine. The values are compared before any speed is reported (`values_identical`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,80 +18,150 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.tick import Deriver
 from sidecar.derive.window import Window
+from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.source import SourceResult
 from sidecar.parse.exposition import parse_exposition
 from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
 
+Flat = list[tuple[str, tuple[tuple[str, str], ...], str]]
 
-@dataclass(frozen=True, slots=True)
-class TickCost:
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParserSpeed:
     size_bytes: int
-    lines: int
-    reference_ms: float  # prometheus_client.parser, full parse (what peers do every scrape)
-    ours_full_ms: float  # our parser, every sample kept
-    ours_tick_ms: float  # what the daemon does per tick: filtered parse + vLLM reading + derive over a window
-    values_identical: bool
+    reference_ms: float  # prometheus_client.parser, full parse (all it can do)
+    full_ms: float  # our parser keeping every sample
+    tick_ms: float  # our parser keeping what the daemon's tick reads (KEPT_SAMPLES)
+    full_identical: bool  # every sample equal to the reference's
+    tick_identical: bool  # the kept samples equal to the reference's samples of those names
+
+    @property
+    def values_identical(self) -> bool:
+        return self.full_identical and self.tick_identical
 
 
-def _median_ms(run: Callable[[], object], repeats: int) -> float:
-    samples = []
+def _timed_rounds(contenders: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median milliseconds of each contender, each run once per round, in turn."""
+    samples: list[list[float]] = [[] for _ in contenders]
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
+        for index, run in enumerate(contenders):
+            started = time.perf_counter()
+            run()
+            samples[index].append((time.perf_counter() - started) * 1000)
+    return [statistics.median(values) for values in samples]
 
 
-def _reference_values(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
-    return sorted(
-        (sample.name, tuple(sorted(sample.labels.items())), sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name in KEPT_SAMPLES
+def _normal(rows: list[tuple[str, tuple[tuple[str, str], ...], float]]) -> Flat:
+    # repr keeps every bit of a float; NaN is spelled out since NaN != NaN.
+    return sorted((name, labels, "nan" if math.isnan(value) else repr(value)) for name, labels, value in rows)
+
+
+def reference_values(text: str, keep: Collection[str] | None = None) -> Flat:
+    return _normal(
+        [
+            (sample.name, tuple(sorted(sample.labels.items())), sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if keep is None or sample.name in keep
+        ]
     )
 
 
-def _our_values(text: str) -> list[tuple[str, tuple[tuple[str, str], ...], float]]:
-    exposition = parse_exposition(text, KEPT_SAMPLES)
-    return sorted(
-        (sample.name, tuple(sorted(sample.labels)), sample.value)
-        for samples in exposition.samples.values()
-        for sample in samples
+def our_values(text: str, keep: Collection[str] | None = None) -> Flat:
+    exposition = parse_exposition(text, keep)
+    return _normal(
+        [
+            (sample.name, tuple(sorted(sample.labels)), sample.value)
+            for samples in exposition.samples.values()
+            for sample in samples
+        ]
     )
 
 
-def measure_tick_cost(text: str, *, repeats: int = 30, window_ticks: int = 150) -> TickCost:
-    """Median cost per tick; the derive step runs over a window already holding `window_ticks` snapshots."""
-    window = Window(span_s=DeriveSettings().span_s)
-    deriver = Deriver(DeriveSettings())
+def measure_parser(text: str, *, repeats: int = 15) -> ParserSpeed:
+    reference_ms, full_ms, tick_ms = _timed_rounds(
+        [
+            lambda: list(text_string_to_metric_families(text)),
+            lambda: parse_exposition(text),
+            lambda: parse_exposition(text, KEPT_SAMPLES),
+        ],
+        repeats,
+    )
+    return ParserSpeed(
+        size_bytes=len(text.encode()),
+        reference_ms=reference_ms,
+        full_ms=full_ms,
+        tick_ms=tick_ms,
+        full_identical=our_values(text) == reference_values(text),
+        tick_identical=our_values(text, KEPT_SAMPLES) == reference_values(text, KEPT_SAMPLES),
+    )
+
+
+def gpu_reading(gpus: int, used_bytes: int) -> GpuReading:
+    """`gpus` H100s with vLLM on each, as the NVML or simulator source would report them."""
+    return GpuReading(
+        devices=tuple(
+            GpuDevice(
+                index=index,
+                uuid=f"GPU-{index:08d}",
+                name="NVIDIA H100 80GB HBM3",
+                memory_total_bytes=80 * 2**30,
+                memory_used_bytes=used_bytes,
+                memory_free_bytes=80 * 2**30 - used_bytes,
+                utilization_ratio=0.5,
+                temperature_celsius=60.0,
+                processes=(
+                    GpuProcess(
+                        pid=4242 + index, used_memory_bytes=used_bytes, name="VLLM::Worker", owner=ProcessOwner.VLLM
+                    ),
+                ),
+                xid_errors_total=0,
+                last_xid=None,
+            )
+            for index in range(gpus)
+        ),
+        driver_version="570.00",
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickWork:
+    window_snapshots: int
+    reference_ms: float  # one prometheus_client parse of the same bytes
+    tick_ms: float  # filtered parse + vLLM reading + derive over a full window
+
+
+def measure_tick(text: str, *, interval_s: float, gpus: int = 0, repeats: int = 15) -> TickWork:
+    """One tick's pure work with the window as full as a daemon's after `span_s` of running at `interval_s`."""
+    settings = DeriveSettings()
+    window = Window(span_s=settings.span_s)
+    deriver = Deriver(settings)
     clock = [0.0]
+    used = [60 * 2**30]
 
-    def one_tick() -> None:
-        exposition = parse_exposition(text, KEPT_SAMPLES)
-        reading = read_vllm(exposition, url="http://vllm", version="0.32.0")
-        clock[0] += 2.0
+    first = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="http://vllm", version="0.32.0")
+
+    def one_tick(parse: bool = True, derive: bool = True) -> None:
+        reading = first
+        if parse:
+            reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="http://vllm", version="0.32.0")
+        clock[0] += interval_s
+        used[0] += 1_000_000  # a slow, steady growth: the trend fit has a line to find
+        gpu = SourceResult(source="gpu", duration_s=0.0, value=gpu_reading(gpus, used[0])) if gpus else None
         window.push(
             Snapshot(
                 monotonic_s=clock[0],
                 wall_time_s=clock[0],
                 vllm=SourceResult(source="vllm", duration_s=0.0, value=reading),
                 vllm_healthy=True,
-                gpu=None,
+                gpu=gpu,
             )
         )
-        deriver.derive(window)
+        if derive:
+            deriver.derive(window)
 
-    for _ in range(window_ticks):
-        one_tick()
-    reference_ms = _median_ms(lambda: list(text_string_to_metric_families(text)), repeats)
-    ours_full_ms = _median_ms(lambda: parse_exposition(text), repeats)
-    ours_tick_ms = _median_ms(one_tick, repeats)
-    return TickCost(
-        size_bytes=len(text.encode()),
-        lines=text.count("\n"),
-        reference_ms=reference_ms,
-        ours_full_ms=ours_full_ms,
-        ours_tick_ms=ours_tick_ms,
-        values_identical=_reference_values(text) == _our_values(text),
-    )
+    for _ in range(int(settings.span_s / interval_s) + 1):
+        one_tick(parse=False, derive=False)  # filling the window needs neither parsing nor deriving
+    reference_ms, tick_ms = _timed_rounds([lambda: list(text_string_to_metric_families(text)), one_tick], repeats)
+    return TickWork(window_snapshots=len(window), reference_ms=reference_ms, tick_ms=tick_ms)

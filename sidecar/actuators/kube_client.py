@@ -24,12 +24,14 @@ import httpx
 
 from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.body_cap import BodyTooLargeError, read_capped
+from sidecar.file_cap import read_capped_file
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 TOKEN_REREAD_S = 60.0  # client-go re-reads a projected token file at this period too
 _MAX_BODY_BYTES = 8 * 2**20  # a Pod with managedFields is tens of KiB; anything near this is not an answer to us
 _USER_AGENT = "vllm-sidecar"
+_MAX_TOKEN_BYTES = 64 * 2**10  # a service account JWT is 1-2 KiB; OIDC tokens with many claims stay far below this
 
 
 class KubeTransportError(Exception):
@@ -141,7 +143,7 @@ class KubeClient:
             return False
         self._token_read_at = self._clock()
         try:
-            token = file.read_text(encoding="utf-8").strip()
+            token = read_capped_file(file, _MAX_TOKEN_BYTES).decode("utf-8").strip()
         except (OSError, UnicodeDecodeError):
             return False  # the request then goes out with the old token and its 401 says enough
         changed = token != self._token

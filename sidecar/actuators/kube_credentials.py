@@ -25,10 +25,15 @@ from typing import Any
 import yaml
 
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
+from sidecar.file_cap import read_capped_file
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
+# Far above real sizes (a kubeconfig with many contexts and inline certificates is tens of KiB, a CA bundle
+# a few hundred), and small enough that a wrong path (a log, a disk image) cannot take the daemon's memory.
+MAX_KUBECONFIG_BYTES = 16 * 2**20
+MAX_CREDENTIAL_FILE_BYTES = 4 * 2**20
 _UNSUPPORTED_USER_KEYS = {
     "exec": "an exec credential plugin",
     "auth-provider": "an auth-provider plugin",
@@ -94,11 +99,13 @@ def in_cluster_credentials(
 def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCredentials:
     """The cluster and user of `context` (default: the kubeconfig's current-context)."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.safe_load(read_capped_file(path, MAX_KUBECONFIG_BYTES).decode("utf-8"))
     except OSError as error:
         raise CredentialsError(f"cannot read kubeconfig {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise CredentialsError(f"kubeconfig {path} is not UTF-8 text (byte {error.start})") from None
     except yaml.YAMLError as error:
-        raise CredentialsError(f"kubeconfig {path} is not YAML: {_one_line(str(error))}") from None
+        raise CredentialsError(f"kubeconfig {path} is not YAML: {_yaml_problem(error)}") from None
     if not isinstance(document, dict):
         raise CredentialsError(f"kubeconfig {path} is not a mapping")
     name = context or document.get("current-context")
@@ -189,7 +196,7 @@ def _pem(mapping: dict[str, Any], key: str, base: Path, where: str) -> str | Non
 
 def _read_text(path: Path, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_capped_file(path, MAX_CREDENTIAL_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise CredentialsError(f"cannot read {what} from {path}: {reason}") from None
@@ -197,3 +204,12 @@ def _read_text(path: Path, what: str) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What is wrong and where, without the text around it: PyYAML quotes the offending line, which in a
+    kubeconfig can be a `token:` or `client-key-data:` line."""
+    problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{_one_line(str(problem))}{where}"

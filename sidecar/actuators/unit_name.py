@@ -44,6 +44,8 @@ def _problem(unit: str) -> str | None:  # noqa: PLR0911 - one return per rule: t
         return f"has nothing before '{SERVICE_SUFFIX}'"
     if stem.startswith("@"):
         return "starts with '@'; a unit needs a name before the instance"
-    if stem.endswith("@"):
+    if stem.find("@") == len(stem) - 1:
+        # Only the first '@' separates the instance (systemd's unit_name_is_valid): "a@b@.service" is the
+        # instance "b@" of a@.service, not a template.
         return "is a template with no instance; name one, such as vllm@0.service"
     return None

@@ -5,6 +5,7 @@ Pure: the window and `now_s` come from the caller.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 
 from sidecar.derive.counter import increase
@@ -50,6 +51,46 @@ def engine_history(snapshots: Iterable[Snapshot]) -> dict[EngineKey, list[tuple[
         for engine in reading.engines:
             history.setdefault((engine.model_name, engine.engine), []).append((snapshot.monotonic_s, engine))
     return history
+
+
+class EngineHistory:
+    """What `engine_history(window.since(start_s))` returns, kept up to date one snapshot at a time.
+
+    Rebuilding it scanned the whole window every tick (300 snapshots x every engine at a 1 s interval); this
+    appends each new snapshot's engines once and cuts each engine's list at `start_s` with a bisection.
+    """
+
+    def __init__(self) -> None:
+        # Per engine: the snapshot numbers, their times, and the (time, metrics) entries, all in push order.
+        self._engines: dict[EngineKey, tuple[list[int], list[float], list[tuple[float, EngineMetrics]]]] = {}
+
+    def reset(self) -> None:
+        self._engines.clear()
+
+    def add(self, snapshot: Snapshot, number: int) -> None:
+        reading = snapshot.vllm.value
+        if reading is None or snapshot.vllm.error is not None:
+            return
+        for engine in reading.engines:
+            numbers, times, entries = self._engines.setdefault((engine.model_name, engine.engine), ([], [], []))
+            numbers.append(number)
+            times.append(snapshot.monotonic_s)
+            entries.append((snapshot.monotonic_s, engine))
+
+    def since(self, start_s: float, oldest: int) -> dict[EngineKey, list[tuple[float, EngineMetrics]]]:
+        """Every engine's entries at or after `start_s` among the snapshots numbered `oldest` and later."""
+        history: dict[EngineKey, list[tuple[float, EngineMetrics]]] = {}
+        for key, (numbers, times, entries) in list(self._engines.items()):
+            gone = bisect_left(numbers, oldest)  # no longer in the window
+            if gone:
+                del numbers[:gone], times[:gone], entries[:gone]
+            if not numbers:
+                del self._engines[key]
+                continue
+            first = bisect_left(times, start_s)
+            if first < len(entries):
+                history[key] = entries[first:]
+        return history
 
 
 def windowed_hit_ratio(history: list[tuple[float, EngineMetrics]]) -> float | None:

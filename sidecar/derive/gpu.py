@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 
 from sidecar.derive.settings import DeriveSettings
@@ -28,6 +29,56 @@ def memory_history(snapshots: Iterable[Snapshot]) -> dict[int, list[tuple[float,
                 points.clear()
             points.append((snapshot.monotonic_s, used))
     return history
+
+
+class MemoryHistory:
+    """What `memory_history(window.since(start_s))` returns, kept up to date one snapshot at a time.
+
+    A large drop clears a GPU's points, and whether a point is one depends only on the point before it. So
+    the answer is the points from the newest drop on, if the point before that drop is in the range too, else
+    every point in the range: found by bisection, without rescanning every GPU of every snapshot each tick.
+    """
+
+    def __init__(self) -> None:
+        # Per GPU index: snapshot numbers, times, (time, used bytes) points, and the newest drop's number
+        # with the number and time of the point before it.
+        self._gpus: dict[int, tuple[list[int], list[float], list[tuple[float, float]]]] = {}
+        self._drops: dict[int, tuple[int, int, float]] = {}
+
+    def reset(self) -> None:
+        self._gpus.clear()
+        self._drops.clear()
+
+    def add(self, snapshot: Snapshot, number: int) -> None:
+        if snapshot.gpu is None or snapshot.gpu.value is None or snapshot.gpu.error is not None:
+            return
+        for device in snapshot.gpu.value.devices:
+            numbers, times, points = self._gpus.setdefault(device.index, ([], [], []))
+            used = float(device.memory_used_bytes)
+            if points and points[-1][1] - used > REGIME_DROP_RATIO * device.memory_total_bytes:
+                self._drops[device.index] = (number, numbers[-1], times[-1])
+            numbers.append(number)
+            times.append(snapshot.monotonic_s)
+            points.append((snapshot.monotonic_s, used))
+
+    def since(self, start_s: float, oldest: int) -> dict[int, list[tuple[float, float]]]:
+        """Per GPU, the points at or after `start_s` among the snapshots numbered `oldest` and later."""
+        history: dict[int, list[tuple[float, float]]] = {}
+        for index, (numbers, times, points) in list(self._gpus.items()):
+            gone = bisect_left(numbers, oldest)  # no longer in the window
+            if gone:
+                del numbers[:gone], times[:gone], points[:gone]
+            if not numbers:
+                del self._gpus[index]
+                self._drops.pop(index, None)
+                continue
+            first = bisect_left(times, start_s)
+            drop = self._drops.get(index)
+            if drop is not None and drop[1] >= oldest and drop[2] >= start_s:
+                first = bisect_left(numbers, drop[0])
+            if first < len(points):
+                history[index] = points[first:]
+        return history
 
 
 def derive_gpu(

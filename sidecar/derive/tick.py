@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from sidecar.derive.engine import derive_engine, engine_history
-from sidecar.derive.gpu import derive_gpu, memory_history
+from sidecar.derive.engine import EngineHistory, derive_engine
+from sidecar.derive.gpu import MemoryHistory, derive_gpu
 from sidecar.derive.progress import ProgressTracker
-from sidecar.derive.restart import last_restart_s
+from sidecar.derive.restart import RestartTracker
 from sidecar.derive.settings import DeriveSettings
-from sidecar.derive.window import Window
+from sidecar.derive.window import Follower, Window
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import VllmReading
@@ -16,23 +16,43 @@ HEALTH_FAILING = "vLLM /health is not answering 200 while /metrics answers"
 
 
 class Deriver:
-    """Holds what derivation carries between ticks (engine progress); everything else is the window."""
+    """Holds what derivation carries between ticks (engine progress) and, so a tick does not rescan the whole
+    window, the histories taken from it (engine readings, GPU memory, restart signs), each kept up to date a
+    snapshot at a time and equal to what the functions in engine, gpu and restart compute from the window."""
 
     def __init__(self, settings: DeriveSettings) -> None:
         self.settings = settings
         self._progress = ProgressTracker()
+        self._follower = Follower()
+        self._engines = EngineHistory()
+        self._memory = MemoryHistory()
+        self._restarts = RestartTracker()
+
+    def _follow(self, window: Window) -> None:
+        newer, start_over = self._follower.advance(window)
+        if start_over:
+            self._engines.reset()
+            self._memory.reset()
+            self._restarts.reset()
+        first = self._follower.count - len(newer)
+        for number, snapshot in enumerate(newer, start=first):
+            self._engines.add(snapshot, number)
+            self._memory.add(snapshot, number)
+            self._restarts.add(snapshot, number)
 
     def derive(self, window: Window) -> Derived:
         latest = window.latest()
         if latest is None:
             return Derived(engines=(), gpus=(), problems=())
+        self._follow(window)
+        oldest = self._follower.oldest
         now_s = latest.monotonic_s
         problems = list(_source_problems(latest))
         engines: tuple[EngineDerived, ...] = ()
         reading = latest.vllm.value if latest.vllm.error is None else None
         if reading is not None:
             stalled = self._progress.observe(reading.engines, now_s)
-            history = engine_history(window.since(now_s - self.settings.window_s))
+            history = self._engines.since(now_s - self.settings.window_s, oldest)
             engines = tuple(
                 derive_engine(
                     engine,
@@ -45,8 +65,8 @@ class Deriver:
         if latest.gpu is not None and latest.gpu.value is not None and latest.gpu.error is None:
             utilization = self._gpu_memory_utilization(window, problems)
             trend_start_s = now_s - self.settings.memory_trend_window_s
-            restarted_s = last_restart_s(window.since(trend_start_s))
-            memory = memory_history(window.since(max(trend_start_s, restarted_s or trend_start_s)))
+            restarted_s = self._restarts.last_restart_s(trend_start_s, oldest)
+            memory = self._memory.since(max(trend_start_s, restarted_s or trend_start_s), oldest)
             gpus = tuple(
                 derive_gpu(device, memory.get(device.index, []), utilization, self.settings)
                 for device in latest.gpu.value.devices
@@ -75,11 +95,10 @@ class Deriver:
 
 def _latest_vllm_reading(window: Window) -> VllmReading | None:
     """The newest successful reading: vLLM's budget does not change while it is briefly unreachable."""
-    found = None
-    for snapshot in window.since(float("-inf")):
+    for snapshot in window.newest_first():
         if snapshot.vllm.error is None and snapshot.vllm.value is not None:
-            found = snapshot.vllm.value
-    return found
+            return snapshot.vllm.value
+    return None
 
 
 def _source_problems(snapshot: Snapshot) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import mul
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,12 +21,18 @@ def fit_line(points: Sequence[tuple[float, float]]) -> LineFit | None:
     count = len(points)
     if count < 2:
         return None
-    mean_t = sum(t for t, _ in points) / count
-    mean_v = sum(v for _, v in points) / count
-    # Centred sums: monotonic seconds (~1e6) times bytes (~1e11) would lose precision uncentred.
-    s_tt = sum((t - mean_t) ** 2 for t, _ in points)
-    s_tv = sum((t - mean_t) * (v - mean_v) for t, v in points)
-    s_vv = sum((v - mean_v) ** 2 for _, v in points)
+    times = [t for t, _ in points]
+    values = [v for _, v in points]
+    mean_t = sum(times) / count
+    mean_v = sum(values) / count
+    # Centred sums: monotonic seconds (~1e6) times bytes (~1e11) would lose precision uncentred. The same
+    # operations in the same order as one expression per term, with the loops in C (map over builtins):
+    # a forecast refits every GPU's ten minutes of points every tick.
+    d_t = [t - mean_t for t in times]
+    d_v = [v - mean_v for v in values]
+    s_tt = sum(map(pow, d_t, repeat(2)))
+    s_tv = sum(map(mul, d_t, d_v))
+    s_vv = sum(map(pow, d_v, repeat(2)))
     if s_tt == 0:
         return None
     slope = s_tv / s_tt

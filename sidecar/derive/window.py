@@ -32,5 +32,47 @@ class Window:
     def latest(self) -> Snapshot | None:
         return self._snapshots[-1] if self._snapshots else None
 
+    def newest_first(self) -> Iterator[Snapshot]:
+        return reversed(self._snapshots)
+
+    def after(self, snapshot: Snapshot | None) -> list[Snapshot] | None:
+        """The snapshots pushed after `snapshot`, oldest first (all of them for None); None when it is gone."""
+        if snapshot is None:
+            return list(self._snapshots)
+        newer: list[Snapshot] = []
+        for candidate in reversed(self._snapshots):
+            if candidate is snapshot:
+                newer.reverse()
+                return newer
+            newer.append(candidate)
+        return None
+
     def __len__(self) -> int:
         return len(self._snapshots)
+
+
+class Follower:
+    """Numbers a window's snapshots in push order, for derivations that keep state between ticks.
+
+    `advance` hands over the snapshots pushed since its last call, oldest first, and says whether the state
+    built so far must be dropped (the first call, another window, or a window that no longer holds the last
+    snapshot handed over): then it hands over everything the window holds, numbered from 0. A window only
+    appends and forgets its oldest, so it always holds the snapshots numbered `oldest` to `count - 1`.
+    """
+
+    def __init__(self) -> None:
+        self._window: Window | None = None
+        self._last: Snapshot | None = None
+        self.count = 0  # snapshots handed over since the last start-over
+        self.oldest = 0  # number of the oldest snapshot the window still holds
+
+    def advance(self, window: Window) -> tuple[list[Snapshot], bool]:
+        newer = window.after(self._last) if window is self._window else None
+        start_over = newer is None
+        if newer is None:
+            self._window, self.count = window, 0
+            newer = list(window.since(float("-inf")))
+        self.count += len(newer)
+        self.oldest = self.count - len(window)
+        self._last = window.latest()
+        return newer, start_over

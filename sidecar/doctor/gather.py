@@ -22,6 +22,7 @@ from sidecar.doctor.history import HistoryError, from_ledger, from_status
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.traffic import read_traffic
+from sidecar.file_cap import read_capped_file
 from sidecar.model.gpu import GpuReading
 from sidecar.parse.exposition import ExpositionError, parse_exposition
 from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
@@ -61,7 +62,7 @@ def read_log(path: Path) -> LogFacts:
         with path.open("rb") as handle:
             size = handle.seek(0, 2)
             handle.seek(max(0, size - MAX_LOG_BYTES))
-            raw = handle.read()
+            raw = handle.read(MAX_LOG_BYTES)  # bounded even where the size lies (/dev/zero, a file still growing)
     except OSError as error:
         raise InputError(f"cannot read --vllm-log {path}: {error.strerror or error}") from None
     return parse_log(raw.decode("utf-8", errors="replace"))
@@ -220,7 +221,7 @@ async def _history(
             raw = await _fetch(client, url, MAX_SMALL_BYTES, 10.0)
             source = url
         else:
-            raw = await asyncio.to_thread(path.read_bytes)
+            raw = await asyncio.to_thread(read_capped_file, path, MAX_SMALL_BYTES)
             source = str(path)
         document = json.loads(raw)
         if isinstance(document, dict) and "restarts" in document and "engines" not in document:

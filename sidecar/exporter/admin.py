@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
+from sidecar.file_cap import read_capped_file
+
 MAX_TOKEN_BYTES = 4096
 MIN_TOKEN_CHARS = 16  # shorter is guessable; refuse to run the API with it
 
@@ -46,9 +48,15 @@ class AdminAuth:
         token, problem = self._token()
         if token is None:
             return AuthResult(allowed=False, status=HTTPStatus.FORBIDDEN, reason=problem)
-        if authorization is None or not authorization.startswith("Bearer "):
+        # The scheme is case-insensitive (RFC 9110 11.1); then 1*SP and the token (RFC 6750).
+        if authorization is None or authorization[:7].lower() != "bearer ":
             return AuthResult(allowed=False, status=HTTPStatus.UNAUTHORIZED, reason="a bearer token is required")
-        presented = authorization.removeprefix("Bearer ").strip().encode()
+        try:
+            # The server decoded the header as latin-1: encoding it back gives the very bytes the client sent,
+            # which is how a token with non-ASCII characters (UTF-8 in the file) matches.
+            presented = authorization[7:].strip(" \t").encode("latin-1")
+        except UnicodeEncodeError:  # not from an HTTP header: cannot be the token's bytes
+            return AuthResult(allowed=False, status=HTTPStatus.FORBIDDEN, reason="wrong token")
         if not hmac.compare_digest(presented, token):
             return AuthResult(allowed=False, status=HTTPStatus.FORBIDDEN, reason="wrong token")
         return AuthResult(allowed=True, status=HTTPStatus.OK, reason="ok")
@@ -58,7 +66,8 @@ def _read_token(path: Path, size: int) -> tuple[bytes | None, str]:
     if size > MAX_TOKEN_BYTES:
         return None, f"the admin API is off: the token file is over {MAX_TOKEN_BYTES} bytes"
     try:
-        token = path.read_bytes().strip()
+        # Capped again here: the size from stat says nothing for a FIFO or a device, and the file may grow.
+        token = read_capped_file(path, MAX_TOKEN_BYTES).strip()
     except OSError as error:
         return None, f"the admin API is off: cannot read the token file ({error.strerror or error})"
     if len(token) < MIN_TOKEN_CHARS:

@@ -9,12 +9,14 @@ from http import HTTPStatus
 from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from structlog.typing import FilteringBoundLogger
 
 from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.http import Request, Response
+from sidecar.exporter.rate_limit import AdminRateLimiter
 from sidecar.model.acting import ActingView
 from sidecar.model.view import View
-from sidecar.report.document import policy_document, status_document
+from sidecar.report.document import finite, policy_document, status_document
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +57,8 @@ class Endpoints:
         acting_view: Callable[[], ActingView | None] = lambda: None,
         admin: AdminActions | None = None,
         admin_auth: AdminAuth | None = None,
+        admin_rate_limiter: AdminRateLimiter | None = None,
+        logger: FilteringBoundLogger | None = None,
     ) -> None:
         self._registry = registry
         self._latest_view = latest_view
@@ -65,6 +69,8 @@ class Endpoints:
         self._acting_view = acting_view
         self._admin = admin
         self._admin_auth = admin_auth if admin_auth is not None else AdminAuth(None)
+        self._admin_rate_limiter = admin_rate_limiter
+        self._log = logger
         self._routes: dict[str, Callable[[], Response]] = {
             "/metrics": self._metrics,
             "/healthz": self._healthz,
@@ -73,6 +79,11 @@ class Endpoints:
         }
 
     async def handle(self, request: Request) -> Response:
+        if request.path.startswith("/admin/"):
+            # Before anything else, so a refused token costs a token too; never on the probe routes below.
+            limited = self._admin_rate_limited(request)
+            if limited is not None:
+                return limited
         if request.path in ADMIN_PATHS:
             return self._admin_call(request, ADMIN_PATHS[request.path])
         route = self._routes.get(request.path)
@@ -95,6 +106,20 @@ class Endpoints:
         readiness = self._readiness()
         return Response.text(HTTPStatus.OK if readiness.admitting else HTTPStatus.SERVICE_UNAVAILABLE, readiness.reason)
 
+    def _admin_rate_limited(self, request: Request) -> Response | None:
+        if self._admin_rate_limiter is None:
+            return None
+        admission = self._admin_rate_limiter.admit(request.peer)
+        if admission.allowed:
+            return None
+        if admission.first_refusal and self._log is not None:
+            self._log.warning("admin_rate_limited", caller=request.peer, retry_after_s=admission.retry_after_s)
+        return Response(
+            status=HTTPStatus.TOO_MANY_REQUESTS,
+            body=f"too many admin requests: retry in {admission.retry_after_s} s\n".encode(),
+            headers={"Retry-After": str(admission.retry_after_s)},
+        )
+
     def _admin_call(self, request: Request, action: str) -> Response:
         if request.method != "POST":
             return Response(status=HTTPStatus.METHOD_NOT_ALLOWED, body=b"use POST\n", headers={"Allow": "POST"})
@@ -102,6 +127,11 @@ class Endpoints:
         if not auth.allowed or self._admin is None:
             reason = auth.reason if not auth.allowed else "the admin API is off: no policy runs here"
             status = auth.status if not auth.allowed else HTTPStatus.FORBIDDEN
+            if self._log is not None:
+                # The record of a refused override; what was presented is never logged, only that it failed.
+                self._log.warning(
+                    "admin_refused", action=action, caller=request.peer, status=int(status), reason=reason
+                )
             headers = {"WWW-Authenticate": 'Bearer realm="vllm-sidecar"'} if status == HTTPStatus.UNAUTHORIZED else {}
             return Response(status=status, body=(reason + "\n").encode(), headers=headers)
         outcome: str = getattr(self._admin, action)(request.peer)
@@ -125,6 +155,7 @@ class Endpoints:
             body["policy"] = policy_document(acting)
         return Response(
             status=HTTPStatus.OK,
-            body=json.dumps(body, indent=2, allow_nan=False, default=str).encode() + b"\n",
+            # A derived value can overflow to infinity even from finite inputs (a denormal request count): null.
+            body=json.dumps(finite(body), indent=2, allow_nan=False, default=str).encode() + b"\n",
             content_type="application/json",
         )

@@ -1,21 +1,29 @@
 """A small HTTP/1.1 server on asyncio streams for the daemon's endpoints. Does network I/O.
 
 The daemon answers a handful of tiny requests from probes and Prometheus, so it needs no framework:
-one request per connection, bounded header size, body size and read time, so a slow or hostile client
-costs a socket for a few seconds at most and never blocks the tick.
+one request per connection, bounded header size, header count, body size and read time, and a bounded
+number of connections at once, so a slow or hostile client costs a socket and a few KiB for a few seconds
+at most and never blocks the tick. With an `ssl.SSLContext` it serves HTTPS (the handshake bounded by the
+same read timeout); a client speaking plain HTTP to it only gets its connection closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
 MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADER_FIELDS = 100  # what h11 and most servers allow; real clients send under 20
 MAX_BODY_BYTES = 64 * 1024
 READ_TIMEOUT_S = 5.0
+# Connections the daemon serves at once: each holds at most a head and a body for at most the read timeout,
+# so this bounds memory (about 80 KiB each) and descriptors under a flood. Probes and scrapes need a handful.
+# (The simulator streams to hundreds of load-test clients and sets no cap.)
+DAEMON_MAX_CONNECTIONS = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,17 +66,33 @@ class HttpServer:
         handler: Handler,
         read_timeout_s: float = READ_TIMEOUT_S,
         max_body_bytes: int = MAX_BODY_BYTES,
+        max_connections: int | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._handler = handler
         self._read_timeout_s = read_timeout_s
         self._max_body_bytes = max_body_bytes
+        self._max_connections = max_connections
+        self._connections = 0
+        self._tls = tls
         self._server: asyncio.Server | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._tls is not None else "http"
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, host=self._host or None, port=self._port, limit=MAX_HEADER_BYTES, reuse_address=True
+            self._serve,
+            host=self._host or None,
+            port=self._port,
+            limit=MAX_HEADER_BYTES,
+            reuse_address=True,
+            ssl=self._tls,
+            # asyncio's default is 60 s: a client that opens a connection and sends nothing would hold it that long.
+            ssl_handshake_timeout=self._read_timeout_s if self._tls is not None else None,
         )
 
     @property
@@ -88,6 +112,16 @@ class HttpServer:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._max_connections is not None and self._connections >= self._max_connections:
+            writer.transport.abort()  # over the cap: dropped at once, costing nothing while the flood lasts
+            return
+        self._connections += 1
+        try:
+            await self._serve_one(reader, writer)
+        finally:
+            self._connections -= 1
+
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer(writer)
         try:
             try:
@@ -136,6 +170,8 @@ async def _read_request(reader: asyncio.StreamReader, peer: str, max_body_bytes:
     except asyncio.LimitOverrunError:
         raise BadRequestError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large") from None
     lines = head.decode("latin-1").split("\r\n")
+    if len(lines) > MAX_HEADER_FIELDS + 3:  # the request line and the two empty lines that end the head
+        raise BadRequestError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"over {MAX_HEADER_FIELDS} header fields")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise BadRequestError(HTTPStatus.BAD_REQUEST, "malformed request line")
@@ -147,11 +183,13 @@ async def _read_request(reader: asyncio.StreamReader, peer: str, max_body_bytes:
         name, separator, value = line.partition(":")
         if not separator:
             raise BadRequestError(HTTPStatus.BAD_REQUEST, "malformed header line")
-        headers[name.strip().lower()] = value.strip()
+        # Only SP and HTAB surround a value (RFC 9110 5.5): str.strip() would also eat bytes 0x85 and 0xa0,
+        # which are the end of UTF-8 characters in a token ("à" is c3 a0).
+        headers[name.strip().lower()] = value.strip(" \t")
     if "transfer-encoding" in headers:
         raise BadRequestError(HTTPStatus.NOT_IMPLEMENTED, "chunked request bodies are not accepted")
     length_text = headers.get("content-length", "0")
-    if not length_text.isdigit():
+    if not (length_text.isascii() and length_text.isdigit()):  # "²".isdigit() too, and int() refuses it
         raise BadRequestError(HTTPStatus.BAD_REQUEST, "invalid Content-Length")
     length = int(length_text)
     if length > max_body_bytes:

@@ -7,8 +7,13 @@ sink, so the tick that calls it never waits on a network:
 2. it is queued for each remote sink; a full queue drops its oldest waiting item (logged as
    `notification_dropped`; that record is already in the log);
 3. each sink's worker delivers its queue in order, retrying what is retryable with exponential backoff and
-   full jitter (a delay drawn uniformly from 0 to min(max, base * 2^(attempt - 1))), up to `max_attempts`,
-   then logs `notification_delivered` or, once per notification, `notification_failed`.
+   full jitter (a delay drawn uniformly from 0 to min(max, base * 2^(attempt - 1))) for as long as the
+   notification has waited less than `give_up_after_s` (and, when set, up to `max_attempts`), then logs
+   `notification_delivered` or, once per notification, `notification_failed`.
+
+Why a time limit rather than a few attempts: a receiver that is down for a minute (a restart, a deploy) must
+not cost the page it would have received; five attempts with a one-second base span about 15 s at most. The
+queue bound still keeps memory bounded while it is down: newer notifications push out the oldest waiting.
 
 A slow or dead sink only ever delays its own queue. Logs name a sink by its `name`, which never holds a
 secret (webhook URLs are redacted by the sink), and never carry a URL, a token or a key.
@@ -78,7 +83,8 @@ class Notifier:
         *,
         logger: FilteringBoundLogger,
         queue_size: int = 100,
-        max_attempts: int = 5,
+        max_attempts: int | None = None,  # None: no limit on attempts, only give_up_after_s
+        give_up_after_s: float = 3600.0,  # a page an hour late still tells what happened; later it is noise
         backoff_base_s: float = 1.0,
         backoff_max_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -87,14 +93,17 @@ class Notifier:
     ) -> None:
         if queue_size < 1:
             raise ValueError("notification queue size must be >= 1")
-        if max_attempts < 1:
+        if max_attempts is not None and max_attempts < 1:
             raise ValueError("notification max attempts must be >= 1")
+        if not give_up_after_s > 0:
+            raise ValueError("notification give-up time must be > 0 seconds")
         if backoff_base_s < 0 or backoff_max_s < backoff_base_s:
             raise ValueError("notification backoff needs 0 <= base <= max")
         self._lanes = [_Lane(sink) for sink in sinks]
         self._log = logger
         self._queue_size = queue_size
         self._max_attempts = max_attempts
+        self._give_up_after_s = give_up_after_s
         self._backoff_base_s = backoff_base_s
         self._backoff_max_s = backoff_max_s
         self._clock = clock
@@ -211,7 +220,7 @@ class Notifier:
                     latency_s=round(self._clock() - item.queued_s, 3),
                 )
                 return
-            if result.status is DeliveryStatus.PERMANENT or attempt >= self._max_attempts:
+            if result.status is DeliveryStatus.PERMANENT or self._gives_up(attempt, item):
                 break
             delay_s = self._delay_s(attempt, result.retry_after_s)
             self._log.debug(
@@ -241,6 +250,11 @@ class Notifier:
             # Only the type: a misbehaving sink's message could hold what its name was careful to hide.
             detail = f"{type(error).__name__} raised by the sink"
             return DeliveryResult(status=DeliveryStatus.RETRYABLE, detail=detail, duration_s=self._clock() - started)
+
+    def _gives_up(self, attempt: int, item: _Item) -> bool:
+        if self._max_attempts is not None and attempt >= self._max_attempts:
+            return True
+        return self._clock() - item.queued_s >= self._give_up_after_s
 
     def _delay_s(self, attempt: int, retry_after_s: float | None) -> float:
         delay_s = self._jitter() * self.backoff_cap_s(attempt)

@@ -112,7 +112,9 @@ def render_body(notification: Notification, origin: Origin, fmt: WebhookFormat) 
     document = (
         json_document(notification, origin) if fmt is WebhookFormat.JSON else slack_document(notification, origin)
     )
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    # A lone surrogate (how Python holds bytes of an environment variable that were not UTF-8) cannot be UTF-8:
+    # written as its JSON escape `\udcff` instead, which is still inside a JSON string and decodes back to it.
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
 def signature(key: bytes, timestamp: str, body: bytes) -> str:
@@ -142,9 +144,10 @@ def verify_signature(
     """
     try:
         sent_s = int(timestamp)
-    except ValueError:
-        return False
-    if now_s is not None and abs(now_s - sent_s) > max_age_s:
+        # A timestamp past float range is no time at all; `not <=` fails closed on a NaN clock too.
+        if now_s is not None and not abs(now_s - sent_s) <= max_age_s:
+            return False
+    except (ValueError, OverflowError):
         return False
     return hmac.compare_digest(signature(key, timestamp, body).encode(), header.strip().encode())
 

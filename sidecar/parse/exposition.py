@@ -15,11 +15,18 @@ import re
 from collections.abc import Collection
 
 from sidecar.model.exposition import Exposition, Labels, Sample
+from sidecar.parse.skim import skim_exposition
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# A label set without blanks or escapes, as prometheus_client writes it; read by the C regex engine in one go.
+_PLAIN_LABELS = re.compile(r'\{((?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*",)*[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"),?\}')
+_PLAIN_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 # One C-level match per line: the name, then '{' or whitespace (checked here, so the line has a rest).
-_NAME_THEN_SEPARATOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)[{ \t]")
-_VALUE_END = "0123456789NnFf"
+# Blanks may also stand between the name and its '{' (group 2), as the format allows between any tokens.
+_NAME_THEN_SEPARATOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*(\{)|[ \t])")
+# How a value (or timestamp) can end: a digit, "5." , NaN, Inf, Infinity: what Go's ParseFloat, which the format
+# names, reads.
+_VALUE_END = "0123456789.NnFfYy"
 _VALUE_END_SET = frozenset(_VALUE_END)
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 _KNOWN_TYPES = frozenset(
@@ -41,8 +48,22 @@ def parse_exposition(text: str, keep: Collection[str] | None = None) -> Expositi
     """Parse `text`; keep only samples whose name is in `keep` (all when `keep` is None).
 
     Every sample line is checked at least for a valid metric name followed by a separator, so garbage
-    (HTML error pages, binary data) is rejected even when nothing in it would be kept.
+    (HTML error pages, binary data) is rejected even when nothing in it would be kept. With a filter, the
+    families that keep nothing are skimmed a family at a time (sidecar.parse.skim); the result is the same.
     """
+    if keep is None:
+        return _parse_lines(text, None)
+    wanted = frozenset(keep)
+    try:
+        return skim_exposition(text, wanted, lambda part: _parse_lines(part, wanted))
+    except ExpositionError:
+        # The skim parsed that part alone, so the line number is the part's: parse the whole text for the
+        # error numbered within it (and should the whole text parse after all, that is the answer).
+        return _parse_lines(text, wanted)
+
+
+def _parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
+    """The line parser: every line of `text` in order; the samples named in `keep` (all when None) parsed."""
     samples: dict[str, list[Sample]] = {}
     types: dict[str, str] = {}
     seen: set[str] = set()
@@ -54,15 +75,18 @@ def parse_exposition(text: str, keep: Collection[str] | None = None) -> Expositi
         if not line:
             continue
         first = line[0]
+        if first in " \t":
+            line = line.lstrip(" \t")  # the format ignores leading blanks, on comment lines too
+            if not line or line.isspace():
+                continue
+            first = line[0]
         if first == "#":
             _read_comment(line, line_number, types)
-            continue
-        if first in " \t" and line.isspace():
             continue
         name, rest_at = _read_name(line, line_number)
         seen.add(name)
         if not keep_all and name not in wanted:
-            # O(1) shape check of the rest: a value or timestamp ends in a digit, NaN or Inf.
+            # O(1) shape check of the rest: see _VALUE_END.
             if line[-1] not in _VALUE_END and line.rstrip()[-1:] not in _VALUE_END_SET:
                 raise ExpositionError(line_number, "a sample line must end with a value", line)
             continue
@@ -93,15 +117,20 @@ def _read_comment(line: str, line_number: int, types: dict[str, str]) -> None:
 
 
 def _read_name(line: str, line_number: int) -> tuple[str, int]:
-    """Return the metric name and the index of the first character after it (a '{' or whitespace)."""
+    """Return the metric name and the index of its label set's '{', else of the whitespace after the name."""
     match = _NAME_THEN_SEPARATOR.match(line)
     if match is None:
         raise ExpositionError(line_number, "a sample line needs a valid metric name, then labels or a value", line)
-    return match.group(1), match.end(1)
+    brace = match.start(2)
+    return match.group(1), brace if brace != -1 else match.end(1)
 
 
 def _read_labels(line: str, at: int, line_number: int) -> tuple[Labels, int]:  # noqa: PLR0912 - one branch per grammar rule reads best as a flat scanner
     """Read `{name="value",...}` starting at the '{'; return the labels and the index after the '}'."""
+    plain = _PLAIN_LABELS.match(line, at)
+    if plain is not None:
+        # What the scanner below reads from such a set, label for label (vLLM's cache_config_info has 38).
+        return tuple(_PLAIN_LABEL.findall(plain.group(1))), plain.end()
     labels: list[tuple[str, str]] = []
     pos = at + 1
     length = len(line)

@@ -70,8 +70,9 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
             "(an unsupported vLLM version, or a server that is not vLLM)"
         )
     cache_configs = _read_cache_configs(exposition.get(CACHE_CONFIG), problems)
+    values = _ValuesByEngine(exposition)
     engines = tuple(
-        _read_engine(exposition, key, cache_configs) for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
+        _read_engine(values, key, cache_configs) for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
     )
     if not exposition.get(CACHE_CONFIG) and engines:
         problems.append(f"vLLM /metrics has no {CACHE_CONFIG}: KV-cache capacity and block size unknown")
@@ -79,7 +80,8 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
         config = engine.cache_config
         if config is not None and config.num_gpu_blocks_server is None:
             problems.append(
-                f"vLLM reports num_gpu_blocks=None for engine {engine.engine} (vLLM 0.8.x publishes it before "
+                # !r: the engine label is vLLM's text, and a problem is one line (a "\n" in it would forge a log line)
+                f"vLLM reports num_gpu_blocks=None for engine {engine.engine!r} (vLLM 0.8.x publishes it before "
                 "the engine has sized its cache): KV-cache capacity unknown"
             )
     return VllmReading(url=url, version=version, schema=schema, engines=engines, problems=tuple(problems))
@@ -116,16 +118,38 @@ def _key(sample: Sample) -> EngineKey:
 
 def _engine_sort_key(key: EngineKey) -> tuple[str, int, str]:
     model, engine = key
-    return (model, int(engine) if engine.isdigit() else -1, engine)
+    # isdecimal, not isdigit: "²" is a digit that int() refuses, and the label is whatever vLLM (or not) wrote.
+    return (model, int(engine) if engine.isdecimal() else -1, engine)
 
 
-def _read_engine(exposition: Exposition, key: EngineKey, cache_configs: dict[str | None, CacheConfig]) -> EngineMetrics:
+class _ValuesByEngine:
+    """Each sample name's values per engine, in exposition order: one pass over a name's samples, not one per
+    engine (with 8 engines, reading them one by one went over each sample 8 times)."""
+
+    def __init__(self, exposition: Exposition) -> None:
+        self._exposition = exposition
+        self._by_name: dict[str, dict[EngineKey, list[float]]] = {}
+
+    def of(self, name: str, key: EngineKey) -> list[float]:
+        table = self._by_name.get(name)
+        if table is None:
+            table = {}
+            for sample in self._exposition.get(name):
+                table.setdefault(_key(sample), []).append(sample.value)
+            self._by_name[name] = table
+        return table.get(key, [])
+
+
+def _read_engine(
+    values_of: _ValuesByEngine, key: EngineKey, cache_configs: dict[str | None, CacheConfig]
+) -> EngineMetrics:
     def first_found(names: tuple[str, ...]) -> list[float]:
-        """This engine's values under the first candidate name that has any; NaN means vLLM does not know."""
+        """This engine's values under the first candidate name that has any; NaN means vLLM does not know, and
+        an infinity is no measurement either (it would pause on "usage +Inf" and break JSON on /status)."""
         for name in names:
-            values = [sample.value for sample in exposition.get(name) if _key(sample) == key]
+            values = values_of.of(name, key)
             if values:
-                return [value for value in values if not math.isnan(value)]
+                return [value for value in values if math.isfinite(value)]
         return []
 
     def gauge(*names: str) -> float | None:
@@ -186,10 +210,14 @@ def _float_label(sample: Sample, key: str, problems: list[str]) -> float | None:
     if raw is None or raw == "None":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    # "inf" and "nan" parse as floats but are no sizes: int() of them raised out of the source, every tick.
+    if not math.isfinite(value):
         problems.append(f"{CACHE_CONFIG} label {key}={raw!r} is not a number; ignored")
         return None
+    return value
 
 
 def _bool_label(sample: Sample, key: str) -> bool | None:

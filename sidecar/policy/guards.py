@@ -2,8 +2,10 @@
 
 `RecordClock` is the policy's defence against wall-clock jumps: it reads each ledger record's age from the
 wall clock once, the first time it sees the record (clamped at 0: a record in the future "just happened"),
-and from then on ages it by the monotonic clock. `aged` rewrites the ledger against the current wall clock
-with those ages, so `RestartLedger`'s own arithmetic works on times that cannot jump.
+and from then on ages it by the monotonic clock. A record that carries its monotonic time from this boot
+(written by an earlier sidecar process since the host booted) is aged by that from the start instead. `aged`
+rewrites the ledger against the current wall clock with those ages, so `RestartLedger`'s own arithmetic works
+on times that cannot jump.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class RecordClock:
         known: dict[RestartRecord, float] = {}
         for record in ledger.records:
             first_seen = self._monotonic_s.get(record)
+            if first_seen is None and record.monotonic_s is not None and record.monotonic_s <= now_s:
+                first_seen = record.monotonic_s
             if first_seen is None:
                 first_seen = now_s - max(0.0, wall_s - record.wall_time_s)
             known[record] = first_seen

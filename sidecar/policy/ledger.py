@@ -9,6 +9,11 @@ counts (it did happen, we just cannot say how long ago): `count_since` counts it
 it. The policy goes one step further (see `Policy`): it reads a record's age from the wall clock once, when it
 first sees it, clamped at 0, and ages it by the monotonic clock from then on, so a jump in either direction
 after that changes nothing, and a record in the future counts as "just happened".
+
+Across the sidecar's own restart the wall clock is all a new process has, unless the record also carries the
+monotonic time it was made at (`monotonic_s`): that clock runs from the host's boot, the same for every
+process, so on the same boot it ages a record exactly even when the wall clock jumped while no sidecar ran.
+The shell knows which boot wrote the file and asks `from_dict` to keep `monotonic_s` only for this one.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class RestartRecord:
     wall_time_s: float  # Unix seconds when the restart adapter accepted the restart
     reason: RestartReason
     detail: str = ""  # one line: the rule's numbers, or the adapter's answer
+    monotonic_s: float | None = None  # the monotonic clock then, on this boot; None when unknown or another boot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,14 +84,13 @@ class RestartLedger:
         """A JSON-ready document, the shape `from_dict` reads."""
         return {
             "version": LEDGER_FORMAT_VERSION,
-            "restarts": [
-                {"wall_time_s": r.wall_time_s, "reason": r.reason.value, "detail": r.detail} for r in self.records
-            ],
+            "restarts": [_record_dict(r) for r in self.records],
         }
 
     @classmethod
-    def from_dict(cls, document: object) -> RestartLedger:
-        """Read what `to_dict` wrote; `RestartLedgerError` naming the problem on anything else."""
+    def from_dict(cls, document: object, *, same_boot: bool = False) -> RestartLedger:
+        """Read what `to_dict` wrote; `RestartLedgerError` naming the problem on anything else. `monotonic_s` is
+        kept only with `same_boot` (the caller knows the file was written since this host booted)."""
         if not isinstance(document, dict):
             raise RestartLedgerError(f"expected a JSON object, got {type(document).__name__}")
         if document.get("version") != LEDGER_FORMAT_VERSION:
@@ -93,10 +98,22 @@ class RestartLedger:
         restarts = document.get("restarts")
         if not isinstance(restarts, list):
             raise RestartLedgerError("'restarts' must be a list")
-        return cls(records=tuple(_read_record(item, index) for index, item in enumerate(restarts))[-MAX_RECORDS:])
+        records = tuple(_read_record(item, index, same_boot=same_boot) for index, item in enumerate(restarts))
+        return cls(records=records[-MAX_RECORDS:])
 
 
-def _read_record(item: object, index: int) -> RestartRecord:
+def _record_dict(record: RestartRecord) -> dict[str, object]:
+    found: dict[str, object] = {
+        "wall_time_s": record.wall_time_s,
+        "reason": record.reason.value,
+        "detail": record.detail,
+    }
+    if record.monotonic_s is not None:
+        found["monotonic_s"] = record.monotonic_s
+    return found
+
+
+def _read_record(item: object, index: int, *, same_boot: bool) -> RestartRecord:
     if not isinstance(item, dict):
         raise RestartLedgerError(f"restarts[{index}] must be an object")
     wall = item.get("wall_time_s")
@@ -109,4 +126,14 @@ def _read_record(item: object, index: int) -> RestartRecord:
     detail = item.get("detail", "")
     if not isinstance(detail, str):
         raise RestartLedgerError(f"restarts[{index}].detail must be a string")
-    return RestartRecord(wall_time_s=float(wall), reason=RestartReason(reason), detail=detail)
+    monotonic = item.get("monotonic_s")
+    kept: float | None = None
+    # Anything but a finite number is dropped, not refused: the wall time alone still makes a usable record.
+    if (
+        same_boot
+        and isinstance(monotonic, int | float)
+        and not isinstance(monotonic, bool)
+        and math.isfinite(monotonic)
+    ):
+        kept = float(monotonic)
+    return RestartRecord(wall_time_s=float(wall), reason=RestartReason(reason), detail=detail, monotonic_s=kept)

@@ -145,7 +145,7 @@ class Procedure:
             return self._drain_timed_out(now_s)
         # `reason` is set by begin(), which every stage but IDLE follows; the test only narrows the type.
         if self.stage is Stage.AWAITING_ADAPTER and event is ProcedureEvent.RESTART_ACCEPTED and self.reason:
-            record = RestartRecord(wall_time_s=wall_s, reason=self.reason, detail=self.text)
+            record = RestartRecord(wall_time_s=wall_s, reason=self.reason, detail=self.text, monotonic_s=now_s)
             self.stage, self._since_s = Stage.AWAITING_HEALTH, now_s
             self._refusals, self._retry_after_s = 0, None
             return Step(

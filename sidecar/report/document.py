@@ -5,6 +5,7 @@ The shapes are part of the public contract: a value that cannot be known is `nul
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 from sidecar.model.acting import ActingView
@@ -13,6 +14,17 @@ from sidecar.model.gpu import GpuDevice
 from sidecar.model.snapshot import Snapshot
 
 JsonObject = dict[str, object]
+
+
+def finite(document: object) -> object:
+    """JSON has no NaN or infinity: an unknowable number is null."""
+    if isinstance(document, float) and not math.isfinite(document):
+        return None
+    if isinstance(document, dict):
+        return {key: finite(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [finite(value) for value in document]
+    return document
 
 
 def count(value: float | None) -> int | float | None:

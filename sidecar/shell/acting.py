@@ -31,9 +31,9 @@ from sidecar.policy.decision import (
     ProcedureEvent,
     RestartReason,
 )
-from sidecar.policy.ledger import RestartLedger, RestartLedgerError, RestartRecord
 from sidecar.policy.machine import Policy
 from sidecar.policy.observation import Observation
+from sidecar.shell.ledger_store import LedgerStore
 from sidecar.shell.state_file import StateFile
 
 _EMPTY = Derived(engines=(), gpus=(), problems=())
@@ -67,16 +67,25 @@ class Acting:
         dry_run: bool,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        boot_id: str | None = None,  # None: trust only wall times in the persisted ledger
     ) -> None:
         self.policy = policy
         self.actuator = actuator
-        self._ledger_file = ledger_file
         self._notify = notify
         self._log = logger
         self.dry_run = dry_run
         self._clock = clock
         self._wall_clock = wall_clock
-        self.ledger = self._load_ledger()
+        self._store = LedgerStore(
+            ledger_file,
+            logger=logger,
+            dry_run=dry_run,
+            max_restarts_per_hour=policy.settings.max_restarts_per_hour,
+            clock=clock,
+            wall_clock=wall_clock,
+            boot_id=boot_id,
+        )
+        self.ledger = self._store.load()
         self.decision: Decision | None = None
         self.recent: deque[dict[str, object]] = deque(maxlen=50)  # decisions that did something, for /status
         self.actions: Counter[str] = Counter()
@@ -85,38 +94,6 @@ class Acting:
         self._last_good: Derived | None = None
         self._last_good_s: float | None = None
         self._restart_task: asyncio.Task[None] | None = None
-
-    # --- the ledger -----------------------------------------------------------------------------------
-    def _load_ledger(self) -> RestartLedger:
-        loaded = self._ledger_file.load()
-        problem = loaded.problem
-        if loaded.document is not None:
-            try:
-                return RestartLedger.from_dict(loaded.document)
-            except RestartLedgerError as error:
-                problem = f"{self._ledger_file.path}: {error}"
-        if problem is None:
-            return RestartLedger()
-        # Fail safe: without the ledger we cannot know how many restarts the last hour saw, so assume the
-        # budget is spent (automatic restarts resume within the hour; a manual restart still works).
-        now = self._wall_clock()
-        assumed = RestartLedger(
-            records=tuple(
-                RestartRecord(wall_time_s=now, reason=RestartReason.MANUAL, detail="assumed: ledger unreadable")
-                for _ in range(max(1, self.policy.settings.max_restarts_per_hour))
-            )
-        )
-        self._log.error("restart_ledger_unreadable", problem=problem, assumed="restart budget spent for an hour")
-        self._save(assumed)
-        return assumed
-
-    def _save(self, ledger: RestartLedger) -> None:
-        if self.dry_run:
-            return
-        try:
-            self._ledger_file.save(ledger.to_dict())
-        except OSError as error:
-            self._log.error("restart_ledger_not_saved", path=str(self._ledger_file.path), error=str(error))
 
     # --- ticks ----------------------------------------------------------------------------------------
     def observe(self, view: View) -> Decision:
@@ -196,6 +173,7 @@ class Acting:
             )
         if action.kind is ActionKind.RESTART:
             reason = decision.restart_reason or RestartReason.MANUAL
+            self._store.note_in_flight(reason, action.reason)  # before the adapter acts: a kill from here on counts
             self._restart_task = asyncio.get_running_loop().create_task(self._restart(reason, action.reason))
 
     async def _restart(self, reason: RestartReason, why: str) -> None:
@@ -213,7 +191,8 @@ class Acting:
         )
         if ledger is not self.ledger:
             self.ledger = ledger
-            self._save(ledger)
+            self._store.save(ledger)
+        self._store.clear_in_flight()  # the outcome is known (and in the ledger when accepted)
         self._apply(decision)
 
     def _account(self, outcome: ActuatorOutcome, reason: RestartReason) -> None:

@@ -15,6 +15,7 @@ import httpx
 from sidecar.actuators.base import Actuator, EventSink
 from sidecar.actuators.exec import ExecActuator
 from sidecar.actuators.none import NoActuator
+from sidecar.file_cap import FileTooLargeError, read_capped_file
 from sidecar.notify.event import EventNotificationSink
 from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
@@ -125,7 +126,9 @@ def _read_key(settings: Settings) -> bytes:
     path = settings.webhook_hmac_key_file
     assert path is not None  # noqa: S101 - checked by the caller
     try:
-        key = path.read_bytes()[: MAX_KEY_BYTES + 1].strip()
+        key = read_capped_file(path, 2 * MAX_KEY_BYTES).strip()  # room for a trailing newline or indentation
+    except FileTooLargeError:
+        key = b""  # reported below with the limits, never with any of its content
     except OSError as error:
         raise SettingsError(f"cannot read --webhook-hmac-key-file {path}: {error.strerror or error}") from None
     if not key or len(key) > MAX_KEY_BYTES:

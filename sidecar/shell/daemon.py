@@ -11,7 +11,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -26,19 +26,24 @@ from sidecar.derive.window import Window
 from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.collector import SidecarCollector
 from sidecar.exporter.endpoints import Endpoints, Liveness
-from sidecar.exporter.http import HttpServer
+from sidecar.exporter.http import DAEMON_MAX_CONNECTIONS, HttpServer
+from sidecar.exporter.rate_limit import AdminRateLimiter
+from sidecar.exporter.tls import ReloadingServerTls, TlsError
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
 from sidecar.notify.dispatcher import Notifier
 from sidecar.policy.machine import Policy
 from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings
+from sidecar.shell.ledger_store import read_boot_id
+from sidecar.shell.schedule import add_tick_job, keep_on_time
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
-from sidecar.shell.settings import Settings
+from sidecar.shell.settings import Settings, SettingsError
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.gpu import GpuSource
+from sidecar.sources.http_get import HttpGetClient
 from sidecar.sources.sim_gpu import SimGpuSource
 from sidecar.sources.vllm_http import VllmHttpSource
 
@@ -54,7 +59,7 @@ def derive_settings(settings: Settings) -> DeriveSettings:
     )
 
 
-def build_gpu_source(settings: Settings, client: httpx.AsyncClient) -> GpuSource | None:
+def build_gpu_source(settings: Settings, client: httpx.AsyncClient | HttpGetClient) -> GpuSource | None:
     if settings.gpu_source == "none":
         return None
     if settings.gpu_source == "sim":
@@ -67,12 +72,22 @@ def build_gpu_source(settings: Settings, client: httpx.AsyncClient) -> GpuSource
         )
     from sidecar.sources.nvml import NvmlSource  # noqa: PLC0415 - pynvml is only imported when NVML is chosen
 
-    return NvmlSource(gpu_indices=settings.gpu_indices, vllm_process_pattern=settings.vllm_process_pattern)
+    return NvmlSource(
+        gpu_indices=settings.gpu_indices,
+        vllm_process_pattern=settings.vllm_process_pattern,
+        timeout_s=settings.poll_timeout_s,  # a driver that stops answering must not stop the tick
+    )
 
 
 def build_http_client(settings: Settings) -> httpx.AsyncClient:
     # Pool timeouts etc. are a backstop; VllmHttpSource bounds each whole request with its own deadline.
     return httpx.AsyncClient(timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False)
+
+
+def build_vllm_client(settings: Settings, shared: httpx.AsyncClient) -> httpx.AsyncClient | HttpGetClient:
+    """The client that polls vLLM: the small keep-alive one for http:// (a fraction of httpx's CPU per poll,
+    see sidecar.sources.http_get), the shared httpx client for https://."""
+    return HttpGetClient() if urlsplit(settings.vllm_url).scheme == "http" else shared
 
 
 class Poller:
@@ -133,12 +148,24 @@ async def _none() -> None:
     return None
 
 
+def build_tls(settings: Settings, logger: FilteringBoundLogger) -> ReloadingServerTls | None:
+    """The listener's TLS from --tls-cert-file/--tls-key-file, loaded now so a bad pair stops the start (exit 2)."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    try:
+        return ReloadingServerTls(settings.tls_cert_file, settings.tls_key_file, logger=logger)
+    except TlsError as error:
+        raise SettingsError(str(error)) from None
+
+
 class Daemon:
     def __init__(self, settings: Settings, *, logger: FilteringBoundLogger | None = None) -> None:
         self._settings = settings
         self._log = logger if logger is not None else structlog.get_logger()
+        self.tls = build_tls(settings, self._log)  # first: a bad certificate stops the start before anything opens
         self._client = build_http_client(settings)
-        self._gpu = build_gpu_source(settings, self._client)
+        self._vllm_client = build_vllm_client(settings, self._client)
+        self._gpu = build_gpu_source(settings, self._vllm_client)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         self.acting = Acting(
@@ -148,10 +175,11 @@ class Daemon:
             notify=self.notifier.notify,
             logger=self._log,
             dry_run=settings.dry_run,
+            boot_id=read_boot_id(),  # a ledger written since this boot is aged by the monotonic clock
         )
         self.poller = Poller(
             vllm=VllmHttpSource(
-                client=self._client,
+                client=self._vllm_client,
                 base_url=settings.vllm_url,
                 timeout_s=settings.poll_timeout_s,
                 max_body_bytes=settings.max_response_bytes,
@@ -176,8 +204,16 @@ class Daemon:
             acting_view=self.acting.view,
             admin=AdminBridge(self.acting),
             admin_auth=AdminAuth(settings.admin_token_file),
+            admin_rate_limiter=AdminRateLimiter(settings.admin_rate),
+            logger=self._log,
         )
-        self.server = HttpServer(host=host, port=port, handler=endpoints.handle)
+        self.server = HttpServer(
+            host=host,
+            port=port,
+            handler=endpoints.handle,
+            max_connections=DAEMON_MAX_CONNECTIONS,
+            tls=self.tls.listener if self.tls is not None else None,
+        )
         self._started_s = time.monotonic()
         self._stop = asyncio.Event()
         self._current_tick: asyncio.Task[None] | None = None
@@ -217,17 +253,9 @@ class Daemon:
             await self._close()
             return 1
         scheduler = AsyncIOScheduler(event_loop=loop)
-        scheduler.add_job(
-            self._tick_job,
-            "interval",
-            seconds=self._settings.interval,
-            max_instances=1,
-            coalesce=True,
-            next_run_time=datetime.now(UTC),
-            misfire_grace_time=None,
-            id="tick",
-        )
+        add_tick_job(scheduler, self._tick_job, self._settings.interval)
         scheduler.start()
+        on_time = asyncio.create_task(keep_on_time(scheduler, self._settings.interval, self._log))
         self.notifier.start()
         systemd = SdNotifier.from_environment()
         watchdog = asyncio.create_task(self._watchdog(systemd))
@@ -237,6 +265,8 @@ class Daemon:
             version=__version__,
             vllm_url=self._settings.vllm_url,
             listen=f"{self._settings.listen_address[0]}:{self.server.port}",
+            scheme=self.server.scheme,
+            admin_rate_limit=self._settings.admin_rate_limit,
             interval_s=self._settings.interval,
             gpu_source=self._settings.gpu_source,
             actuator=self.acting.actuator.name,
@@ -246,6 +276,7 @@ class Daemon:
         self._log.info("stopping")
         self._sd_send(systemd.stopping())
         watchdog.cancel()
+        on_time.cancel()
         scheduler.shutdown(wait=False)
         await self._finish_tick()
         await self.server.stop()
@@ -280,5 +311,7 @@ class Daemon:
         await self.acting.close()
         await self.notifier.stop(timeout_s=2.0)
         await self._client.aclose()
+        if self._vllm_client is not self._client:
+            await self._vllm_client.aclose()
         if self._gpu is not None:
             await asyncio.to_thread(self._gpu.close)

@@ -21,8 +21,12 @@ def configure_logging(*, level: str, log_format: str, stream: TextIO | None = No
     """Route structlog and the standard library (APScheduler, asyncio) through one renderer on stderr."""
     out = stream if stream is not None else sys.stderr
     console = log_format == "console" or (log_format == "auto" and out.isatty())
+    # Plain tracebacks: with `rich` installed the console renderer's default prints every frame's local
+    # variables, and a local can be a webhook URL, a token or a key.
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer(colors=out.isatty()) if console else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer(colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback)
+        if console
+        else structlog.processors.JSONRenderer()
     )
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -39,7 +43,13 @@ def configure_logging(*, level: str, log_format: str, stream: TextIO | None = No
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            # format_exc_info turns a library's exc_info into traceback text before rendering (JSON would
+            # otherwise print the reprs of the exception tuple and lose the traceback).
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
         )
     )
     root = logging.getLogger()

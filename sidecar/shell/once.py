@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 
 import structlog
 
 from sidecar.model.view import View
-from sidecar.report.document import JsonObject, once_document
-from sidecar.shell.daemon import Poller, build_gpu_source, build_http_client, derive_settings
+from sidecar.report.document import JsonObject, finite, once_document
+from sidecar.shell.daemon import Poller, build_gpu_source, build_http_client, build_vllm_client, derive_settings
 from sidecar.shell.settings import Settings
 from sidecar.sources.vllm_http import VllmHttpSource
 
 
 async def poll_once(settings: Settings) -> View:
     client = build_http_client(settings)
-    gpu = build_gpu_source(settings, client)
+    vllm_client = build_vllm_client(settings, client)  # the daemon's, so `once` reads exactly what it reads
+    gpu = build_gpu_source(settings, vllm_client)
     try:
         poller = Poller(
             vllm=VllmHttpSource(
-                client=client,
+                client=vllm_client,
                 base_url=settings.vllm_url,
                 timeout_s=settings.poll_timeout_s,
                 max_body_bytes=settings.max_response_bytes,
@@ -33,19 +33,10 @@ async def poll_once(settings: Settings) -> View:
         return await poller.tick()
     finally:
         await client.aclose()
+        if vllm_client is not client:
+            await vllm_client.aclose()
         if gpu is not None:
             await asyncio.to_thread(gpu.close)
-
-
-def finite(document: object) -> object:
-    """JSON has no NaN or infinity: an unknowable number is null."""
-    if isinstance(document, float) and not math.isfinite(document):
-        return None
-    if isinstance(document, dict):
-        return {key: finite(value) for key, value in document.items()}
-    if isinstance(document, list):
-        return [finite(value) for value in document]
-    return document
 
 
 def render_json(document: JsonObject) -> str:

@@ -18,7 +18,11 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
+from sidecar.file_cap import read_capped_file
+
 ENV_PREFIX = "VLLM_SIDECAR_"
+MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
 SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status
 
 
@@ -245,7 +249,10 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("a command line, e.g. 'docker restart vllm'"),
     )
     webhook_url: str | None = Field(
-        None, description="where notifications are POSTed (never logged)", json_schema_extra=_allowed("an http(s) URL")
+        None,
+        description="where notifications are POSTed (never logged)",
+        json_schema_extra=_allowed("an http(s) URL"),
+        repr=False,  # so a settings object printed in a traceback or a debugger does not show it either
     )
     webhook_format: Literal["json", "slack"] = Field(
         "json", description="notification body", json_schema_extra=_allowed("json or slack")
@@ -260,13 +267,35 @@ class Settings(BaseSettings):
         description="file with the bearer token of POST /admin/* (no file: the admin API is off)",
         json_schema_extra=_allowed("a path"),
     )
+    admin_rate_limit: str = Field(
+        "10/min",
+        description=(
+            "requests to /admin/* allowed per client address, refused or not (all clients together: 4 times this)"
+        ),
+        json_schema_extra=_allowed("REQUESTS/PERIOD such as 10/min, 5/s, 100/h or 20/30s; 1 to 10000 per 1 s to 24 h"),
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate chain of the sidecar's own listener (HTTPS); re-read when it changes",
+        json_schema_extra=_allowed("a path, together with --tls-key-file"),
+    )
+    tls_key_file: Path | None = Field(
+        None,
+        description="unencrypted PEM private key of --tls-cert-file",
+        json_schema_extra=_allowed("a path, together with --tls-cert-file"),
+    )
 
     @field_validator("vllm_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
+        _check_url_characters(value)
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("not an http(s) URL with a host")
+        if parts.username is not None or parts.password is not None:
+            # vLLM asks no credentials for /metrics, /health or /version, and this URL is shown in /status,
+            # `once` and the logs: a password in it would be published.
+            raise ValueError("credentials in the URL are not accepted (the URL is shown in /status and logs)")
         try:
             _ = parts.port
         except ValueError:
@@ -308,9 +337,27 @@ class Settings(BaseSettings):
     @classmethod
     def _check_webhook(cls, value: str | None) -> str | None:
         if value is not None:
+            _check_url_characters(value)
             parts = urlsplit(value)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("not an http(s) URL with a host")  # the URL itself is not repeated: a secret
+        return value
+
+    @field_validator("admin_rate_limit")
+    @classmethod
+    def _check_rate_limit(cls, value: str) -> str:
+        parse_rate_limit(value)
+        return value.strip()
+
+    @field_validator("tls_key_file")
+    @classmethod
+    def _check_tls_pair(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("tls_cert_file")
+        if (value is None) != (cert is None):
+            given, missing = (
+                ("--tls-key-file", "--tls-cert-file") if cert is None else ("--tls-cert-file", "--tls-key-file")
+            )
+            raise ValueError(f"{given} is set but {missing} is not: TLS needs both (or neither, for plain HTTP)")
         return value
 
     @field_validator("exec_command")
@@ -345,6 +392,10 @@ class Settings(BaseSettings):
     def listen_address(self) -> tuple[str, int]:
         return split_listen(self.listen)
 
+    @property
+    def admin_rate(self) -> RateLimit:
+        return parse_rate_limit(self.admin_rate_limit)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -376,16 +427,20 @@ class ConfigFileSource(PydanticBaseSettingsSource):
 def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
     """The settings in a TOML or YAML file, keys normalised to `_`; unknown keys are an error."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except OSError as error:
         raise SettingsError(f"cannot read config file {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"config file {path} is not UTF-8 text (byte {error.start})") from None
     try:
         if path.suffix.lower() == ".toml":
             document: object = tomllib.loads(text)
         else:
             document = yaml.safe_load(text) if text.strip() else {}
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
-        first_line = str(error).strip().splitlines()[0]
+    # ValueError: an integer of over 4300 digits (Python's int() limit, hit inside both parsers; TOMLDecodeError
+    # is one too); RecursionError: brackets nested thousands deep. Both are a bad file, not a crash.
+    except (ValueError, yaml.YAMLError, RecursionError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise SettingsError(f"config file {path} is not valid {_format_name(path)}: {first_line}") from None
     if not isinstance(document, dict):
         raise SettingsError(f"config file {path} must hold a table of settings, not {type(document).__name__}")
@@ -401,6 +456,13 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
 
 def _format_name(path: Path) -> str:
     return "TOML" if path.suffix.lower() == ".toml" else "YAML"
+
+
+def _check_url_characters(url: str) -> None:
+    # urlsplit() drops tabs and line breaks without a word (so "http://vllm\n:8000" passes the checks) while
+    # httpx refuses them: such a URL would load, then fail every poll.
+    if any(char.isspace() or not char.isprintable() for char in url):
+        raise ValueError("contains whitespace or a control character")
 
 
 def split_listen(value: str) -> tuple[str, int]:
@@ -432,6 +494,19 @@ def load_settings(flags: dict[str, Any]) -> Settings:
         raise SettingsError(_describe(error)) from None
 
 
+def _without_userinfo(value: object) -> object:
+    """A URL-looking value with its `user:password@` replaced: an error must not repeat a password."""
+    if not isinstance(value, str) or "@" not in value:
+        return value
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "<not shown: it may hold a password>"
+    if parts.username is None and parts.password is None:
+        return value
+    return parts._replace(netloc="…@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
     name = str(first["loc"][0]) if first["loc"] else "settings"
@@ -439,7 +514,7 @@ def _describe(error: ValidationError) -> str:
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
     allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
     shown = name in Settings.model_fields and name not in SECRET_SETTINGS and not isinstance(first["input"], dict)
-    given = f"={first['input']!r}" if shown else ""
+    given = f"={_without_userinfo(first['input'])!r}" if shown else ""
     message = str(first["msg"]).removeprefix("Value error, ")
     flag = "--" + name.replace("_", "-")
     return f"invalid setting {name}{given}: {message}{allowed} (flag {flag}, environment {ENV_PREFIX}{name.upper()})"

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.file_cap import FileTooLargeError, read_capped_file
+
 MAX_BYTES = 1024 * 1024
 
 
@@ -29,17 +31,18 @@ class StateFile:
         self.path = path
 
     def load(self) -> Loaded:
+        raw = b""
+        problem = None
         try:
-            raw = self.path.read_bytes()
+            raw = read_capped_file(self.path, MAX_BYTES)
         except FileNotFoundError:
             return Loaded(document=None, problem=None)
+        except FileTooLargeError:
+            problem = f"{self.path} is over {MAX_BYTES} bytes"  # moved aside below, like any unusable document
         except OSError as error:
             return Loaded(document=None, problem=f"cannot read {self.path}: {error.strerror or error}")
-        problem = None
         document: object = None
-        if len(raw) > MAX_BYTES:
-            problem = f"{self.path} is over {MAX_BYTES} bytes"
-        else:
+        if problem is None:
             try:
                 document = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as error:

@@ -3,11 +3,16 @@
 Does I/O: every NVML call and every /proc read of a read runs in one worker thread, never on the event loop.
 ``read`` never raises: a missing library or driver, a lost GPU or a bad index becomes an error result. No GPU
 is a normal state, so ``nvmlInit`` is retried at most every ``retry_init_s`` and costs nothing in between.
+
+NVML calls can block for minutes (a wedged driver, a GPU falling off the bus), so a read waits at most
+``timeout_s``: the tick goes on with an error, and while that call is still stuck no other is made. The
+worker is a daemon thread, not the default executor's, so a call stuck for good cannot hold up the exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
 import threading
@@ -23,6 +28,8 @@ from sidecar.sources.proc import DEFAULT_VLLM_PATTERN, identify_process
 SOURCE_NAME = "nvml"
 # A storm of Xid events must not stall a tick; what is left is drained on the next one.
 MAX_XID_EVENTS_PER_READ = 1000
+# How long `close` waits for a read stuck in the driver before it gives up on shutting NVML down cleanly.
+CLOSE_WAIT_S = 2.0
 
 # After these the NVML session is no use (GPU fell off the bus, driver unloaded or upgraded under us): drop it
 # and initialise again later rather than repeating the same failure every tick.
@@ -72,6 +79,7 @@ class NvmlSource:
         nvml: Any = None,  # the pynvml module or a fake of it; Any because pynvml ships no type stubs
         clock: Callable[[], float] = time.monotonic,
         retry_init_s: float = 60.0,
+        timeout_s: float | None = None,  # None: wait for NVML however long it takes (one-shot commands)
     ) -> None:
         if gpu_indices is not None and any(index < 0 for index in gpu_indices):
             raise ValueError(f"gpu_indices must be >= 0, got {list(gpu_indices)}")
@@ -81,6 +89,8 @@ class NvmlSource:
         self._nvml: Any = nvml
         self._clock = clock
         self._retry_init_s = retry_init_s
+        self._timeout_s = timeout_s
+        self._stuck: concurrent.futures.Future[GpuReading] | None = None  # a read that outlived its timeout
         # Reads run in worker threads and would overlap if a caller did not await the last one: one at a time.
         self._lock = threading.Lock()
         self._closed = False
@@ -97,8 +107,21 @@ class NvmlSource:
 
     async def read(self) -> SourceResult[GpuReading]:
         started = self._clock()
+        if self._stuck is not None and not self._stuck.done():
+            # Another call would only queue behind the stuck one (reads take turns): report, do not ask.
+            return SourceResult(source=SOURCE_NAME, duration_s=self._clock() - started, error=self._stuck_error())
+        self._stuck = None
+        work: concurrent.futures.Future[GpuReading] = concurrent.futures.Future()
+        threading.Thread(target=self._work, args=(work,), name="nvml-read", daemon=True).start()
+        waiting = asyncio.wrap_future(work)
+        # Once we stop waiting nobody reads its outcome: retrieve it so asyncio logs no unretrieved exception.
+        waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
-            reading = await asyncio.to_thread(self._read_blocking)
+            async with asyncio.timeout(self._timeout_s):
+                reading = await asyncio.shield(waiting)
+        except TimeoutError:
+            self._stuck = work
+            return SourceResult(source=SOURCE_NAME, duration_s=self._clock() - started, error=self._stuck_error())
         except _ReadError as exc:
             return SourceResult(source=SOURCE_NAME, duration_s=self._clock() - started, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a source never raises into the loop, whatever the binding does
@@ -107,11 +130,33 @@ class NvmlSource:
         return SourceResult(source=SOURCE_NAME, duration_s=self._clock() - started, value=reading)
 
     def close(self) -> None:
-        """Free the event set and shut NVML down. Safe to call twice; later reads report the source closed."""
-        with self._lock:
+        """Free the event set and shut NVML down. Safe to call twice; later reads report the source closed.
+
+        A read stuck in the driver holds the lock: after CLOSE_WAIT_S the session is left as it is (the
+        process is stopping) rather than hanging the shutdown on it."""
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
+            self._closed = True
+            return
+        try:
             self._closed = True
             if self._nvml is not None:
                 self._end_session()
+        finally:
+            self._lock.release()
+
+    def _stuck_error(self) -> str:
+        # The same line on every tick while stuck: the log shows the change once, not a line per tick.
+        waited = f"{self._timeout_s:g} s"
+        return f"NVML read did not return within {waited} (driver not responding); not asked again until it does"
+
+    def _work(self, work: concurrent.futures.Future[GpuReading]) -> None:
+        """The worker thread's whole job: one blocking read, its outcome handed back through `work`."""
+        if not work.set_running_or_notify_cancel():
+            return
+        try:
+            work.set_result(self._read_blocking())
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to `read`, which turns it into a result
+            work.set_exception(exc)
 
     # --- session --------------------------------------------------------------------------------------------
     def _bind_module(self) -> Any:

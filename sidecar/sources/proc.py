@@ -15,6 +15,9 @@ from sidecar.model.gpu import ProcessOwner
 # vLLM names its engine processes with setproctitle ("VLLM::EngineCore"); /proc truncates comm to 15 bytes, so
 # the pattern is matched against the full cmdline too.
 DEFAULT_VLLM_PATTERN = r"vllm|VLLM::"
+# A command line can be megabytes (ARG_MAX); the interpreter and the first arguments, where vLLM's name
+# appears, fit in far less, and nothing more is worth holding per GPU process per poll.
+MAX_PROC_FILE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +28,8 @@ class ProcessIdentity:
 
 def _read_text(path: Path) -> str | None:
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_PROC_FILE_BYTES)
     except OSError:  # gone, permission denied, or not in our PID namespace: all mean "cannot tell"
         return None
     return raw.decode("utf-8", errors="replace")

@@ -7,17 +7,21 @@ document is validated field by field; anything malformed is a one-line error, ne
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable, Sequence
 
 import httpx
 
+from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
+from sidecar.sources.http_get import AnswerTooLargeError, ConnectFailedError, GetError, HttpGetClient
 
 SOURCE = "sim-gpu"
 _MAX_BYTES = 1024 * 1024
+_HTTPX_NAMES: dict[type[GetError], str] = {ConnectFailedError: "ConnectError"}
 
 
 class SimGpuDocumentError(ValueError):
@@ -28,7 +32,7 @@ class SimGpuSource:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient,
+        client: httpx.AsyncClient | HttpGetClient,
         url: str,
         timeout_s: float,
         gpu_indices: Sequence[int] | None = None,
@@ -46,12 +50,19 @@ class SimGpuSource:
         started = self._clock()
         try:
             async with asyncio.timeout(self._timeout_s):
-                response = await self._client.get(self.url)
-            reading = self._reading(_document(response))
+                if isinstance(self._client, HttpGetClient):
+                    document = await _document_from(self._client, self.url)
+                else:
+                    # Streamed and counted: `get` would hold a runaway answer whole before any size check.
+                    async with self._client.stream("GET", self.url) as response:
+                        document = await _document(response)
+            reading = self._reading(document)
         except TimeoutError:
             return self._error(started, f"did not answer within {self._timeout_s:g} s")
         except httpx.HTTPError as error:
             return self._error(started, f"unreachable: {type(error).__name__}")
+        except GetError as error:  # the small client's failures, named as httpx names the same ones
+            return self._error(started, f"unreachable: {_HTTPX_NAMES.get(type(error), 'ReadError')}")
         except (SimGpuDocumentError, ValueError) as error:
             return self._error(started, str(error))
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
@@ -104,12 +115,25 @@ class SimGpuSource:
         )
 
 
-def _document(response: httpx.Response) -> object:
+async def _document_from(client: HttpGetClient, url: str) -> object:
+    """What `_document` gives for the same answer, through the small client (a 1 MB cap, then JSON)."""
+    try:
+        answer = await client.get(url, max_bytes=_MAX_BYTES)
+    except AnswerTooLargeError:
+        raise SimGpuDocumentError(f"answer over {_MAX_BYTES} bytes") from None
+    if answer.status != httpx.codes.OK:
+        raise SimGpuDocumentError(f"answered HTTP {answer.status}")
+    return json.loads(answer.body)
+
+
+async def _document(response: httpx.Response) -> object:
     if response.status_code != httpx.codes.OK:
         raise SimGpuDocumentError(f"answered HTTP {response.status_code}")
-    if len(response.content) > _MAX_BYTES:
-        raise SimGpuDocumentError(f"answer over {_MAX_BYTES} bytes")
-    return response.json()
+    try:
+        body = await read_capped(response, _MAX_BYTES)
+    except BodyTooLargeError:
+        raise SimGpuDocumentError(f"answer over {_MAX_BYTES} bytes") from None
+    return json.loads(body)
 
 
 def _value(document: object, key: str) -> object:

@@ -128,6 +128,18 @@ def test_record_clock_ages_by_the_monotonic_clock_after_first_sight() -> None:
         assert [wall - r.wall_time_s for r in aged.records] == pytest.approx([150, 50])
 
 
+def test_a_record_of_this_boot_is_aged_by_the_monotonic_time_it_carries() -> None:
+    # Written by an earlier sidecar process 30 s ago on this boot's monotonic clock; the wall clock jumped 4 h
+    # forward since, so by wall time alone it would look 4 h old and no longer count against the budget.
+    record = RestartRecord(wall_time_s=WALL0 - 4 * 3600, reason=RestartReason.ENGINE_HUNG, monotonic_s=970.0)
+    aged = RecordClock().aged(RestartLedger(records=(record,)), now_s=1000.0, wall_s=WALL0)
+    assert WALL0 - aged.records[0].wall_time_s == pytest.approx(30.0)
+    # A monotonic time ahead of now cannot be this boot's: the wall clock decides, as for any other record.
+    later = RestartRecord(wall_time_s=WALL0 - 100, reason=RestartReason.ENGINE_HUNG, monotonic_s=5000.0)
+    aged = RecordClock().aged(RestartLedger(records=(later,)), now_s=1000.0, wall_s=WALL0)
+    assert WALL0 - aged.records[0].wall_time_s == pytest.approx(100.0)
+
+
 def test_observations_with_broken_clocks_are_refused() -> None:
     with pytest.raises(ObservationError):
         obs(float("nan"))

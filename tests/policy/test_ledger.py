@@ -71,6 +71,15 @@ def test_round_trip_through_json() -> None:
     assert RestartLedger.from_dict(document) == book
 
 
+def test_monotonic_times_are_read_back_only_for_the_boot_that_wrote_them() -> None:
+    book = RestartLedger(records=(RestartRecord(wall_time_s=NOW, reason=RestartReason.MANUAL, monotonic_s=12.5),))
+    document = json.loads(json.dumps(book.to_dict()))
+    assert RestartLedger.from_dict(document, same_boot=True) == book
+    assert RestartLedger.from_dict(document).records[0].monotonic_s is None  # another boot: wall time only
+    document["restarts"][0]["monotonic_s"] = "soon"  # not a number: dropped, the record itself still counts
+    assert RestartLedger.from_dict(document, same_boot=True).records[0].monotonic_s is None
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [

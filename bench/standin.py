@@ -1,0 +1,95 @@
+"""A loopback stand-in for a vLLM API server that serves fixed documents. Does network I/O (a thread).
+
+It answers the way vLLM's uvicorn + prometheus_client stack does, since that decides what a poll costs the
+sidecar: HTTP/1.1 with keep-alive closed after 5 s idle (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and /metrics
+gzip-compressed whenever the request accepts gzip (prometheus_client's ASGI app compresses at level 9 then).
+The compressed body is made once up front: what vLLM spends on it is reported apart, not on this process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+KEEP_ALIVE_S = 5.0
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        return  # a daemon stopping resets its connections: nothing to report
+
+
+@dataclass(slots=True)
+class StandIn:
+    metrics: bytes
+    gpu_document: bytes | None = None  # served at /sim/gpu when set (the simulator's GPU endpoint)
+    hits: Counter[str] = field(default_factory=Counter)
+    gzip_served: int = 0
+    _server: http.server.ThreadingHTTPServer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, path: str) -> int:
+        with self._lock:
+            return self.hits[path]
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("stand-in not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> StandIn:
+        compressed = gzip.compress(self.metrics)
+        routes: dict[str, tuple[bytes, str]] = {
+            "/metrics": (self.metrics, METRICS_CONTENT_TYPE),
+            "/version": (b'{"version":"0.32.0"}', "application/json"),
+            "/health": (b"", "application/json"),
+        }
+        if self.gpu_document is not None:
+            routes["/sim/gpu"] = (self.gpu_document, "application/json")
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = KEEP_ALIVE_S  # an idle keep-alive connection is closed, as uvicorn does
+
+            def do_GET(self) -> None:
+                with stand_in._lock:  # several handler threads at once: one per keep-alive connection
+                    stand_in.hits[self.path] += 1
+                route = routes.get(self.path)
+                if route is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body, content_type = route
+                zipped = self.path == "/metrics" and "gzip" in self.headers.get("Accept-Encoding", "")
+                if zipped:
+                    body = compressed
+                    with stand_in._lock:
+                        stand_in.gzip_served += 1
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                if zipped:
+                    self.send_header("Content-Encoding", "gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        server = _QuietServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

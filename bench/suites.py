@@ -1,0 +1,333 @@
+"""The suites of `python -m bench`: each measures, prints, and adds its section and targets to the results.
+
+Does I/O through the modules it calls (subprocesses, loopback HTTP); the formatting is here.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from bench.daemon_cost import DaemonCase, measure_daemons
+from bench.efficacy import HEALTHY, SCENARIOS, EfficacyRun, run_scenario
+from bench.expositions import Exposition, simulated_server, standard_expositions
+from bench.growth import measure_growth
+from bench.process import baseline_rss_mb
+from bench.reaction import measure_reaction
+from bench.report import Results, table
+from bench.tick_cost import measure_parser
+
+TARGET_TICK_MS = 2.0
+TARGET_SHARE_AT_2S = 0.005
+TARGET_RSS_MB = 60.0
+TARGET_PARSER_RATIO = 10.0
+TARGET_GOODPUT_LOSS = 0.10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    repeats: int
+    tick_seconds: float
+    tick_serial: bool
+    reaction_trials: int
+    reaction_intervals: tuple[float, ...]
+    scenarios: tuple[str, ...]
+    efficacy_scale: float
+
+
+@functools.cache
+def _expositions() -> tuple[Exposition, ...]:
+    return tuple(standard_expositions())
+
+
+def _describe(exposition: Exposition) -> str:
+    lora = f" + {exposition.lora_series} LoRA series" if exposition.lora_series else ""
+    return f"{exposition.engines} engine{'s' if exposition.engines > 1 else ''}{lora}"
+
+
+def _median_ms(run: Callable[[], object], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def _parse_all(parse: Callable[[str], Iterable[object]], body: bytes) -> object:
+    return list(parse(body.decode()))
+
+
+def parser_suite(options: Options, results: Results) -> None:
+    rows = []
+    for exposition in _expositions():
+        speed = measure_parser(exposition.text, repeats=options.repeats)
+        if not speed.values_identical:
+            raise SystemExit(f"{exposition.label}: the sidecar's parser disagrees with prometheus_client: no speed")
+        mb = exposition.size_bytes / 1e6
+        rows.append(
+            (
+                f"{exposition.label}: {_describe(exposition)}",
+                f"{exposition.size_text}, {exposition.lines} lines",
+                f"{speed.reference_ms:.2f} ms ({mb / speed.reference_ms * 1000:.0f} MB/s)",
+                f"{speed.full_ms:.2f} ms ({speed.reference_ms / speed.full_ms:.1f}x)",
+                f"{speed.tick_ms:.2f} ms ({mb / speed.tick_ms * 1000:.0f} MB/s, "
+                f"**{speed.reference_ms / speed.tick_ms:.1f}x**)",
+                "yes",
+            )
+        )
+        if exposition.label == "300 KB":
+            ratio = speed.reference_ms / speed.tick_ms
+            results.target(
+                "parser, what the tick reads, 300 KB",
+                f">= {TARGET_PARSER_RATIO:g}x prometheus_client, identical values",
+                f"{ratio:.1f}x, identical",
+                met=ratio >= TARGET_PARSER_RATIO,
+            )
+    results.section(
+        "Parser throughput",
+        [
+            "Median of interleaved rounds in one process. *Full* keeps every sample; *tick* keeps the samples the "
+            "daemon reads (`KEPT_SAMPLES`) and checks every other line's shape. Values (every sample for full, "
+            "the kept ones for tick) are compared with prometheus_client's, bit for bit, before any time is shown.",
+            "",
+            *table(
+                ["exposition", "size", "prometheus_client.parser", "sidecar, full", "sidecar, tick", "identical"],
+                rows,
+            ),
+        ],
+    )
+
+
+def _daemon_cases() -> list[DaemonCase]:
+    cases = []
+    for exposition in _expositions():
+        intervals = (1.0, 2.0, 5.0) if exposition.label == "300 KB" else (1.0, 5.0)
+        for interval in intervals:
+            label = f"{exposition.label} ({_describe(exposition)}, {exposition.size_text})"
+            body = exposition.text.encode()
+            cases.append(DaemonCase(key=exposition.label, label=label, metrics=body, interval_s=interval))
+    server = simulated_server(8)
+    label = f"simulator, 8 engines on 8 GPUs ({len(server.metrics) / 1024:.0f} KiB + /sim/gpu)"
+    cases += [
+        DaemonCase(
+            key="sim-8", label=label, metrics=server.metrics, interval_s=interval, gpu_document=server.gpu_document
+        )
+        for interval in (1.0, 5.0)
+    ]
+    return cases
+
+
+def tick_suite(options: Options, results: Results) -> None:
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415 - the reference
+
+    cases = _daemon_cases()
+    costs = measure_daemons(cases, min_s=options.tick_seconds, serial=options.tick_serial)
+    reference: dict[bytes, float] = {}
+    rows = []
+    for cost in costs:
+        body = cost.case.metrics
+        if body not in reference:
+            reference[body] = _median_ms(functools.partial(_parse_all, text_string_to_metric_families, body), 5)
+        rows.append(
+            (
+                cost.case.label,
+                f"{cost.case.interval_s:g} s",
+                str(cost.ticks),
+                f"**{cost.cpu_ms_per_tick:.2f} ms**",
+                f"{cost.cpu_ms_per_tick / reference[body]:.2f}",
+                f"{cost.cpu_share_of_one_core:.3%}",
+                f"{cost.peak_rss_mb:.1f} MB",
+                f"{cost.requests_per_tick:.2f}",
+                f"{cost.gzip_share:.0%}",
+            )
+        )
+    baseline = baseline_rss_mb()
+    by_key = {(cost.case.key, cost.case.interval_s): cost for cost in costs}
+    medium_1s, medium_2s = by_key.get(("300 KB", 1.0)), by_key.get(("300 KB", 2.0))
+    if medium_1s is not None:
+        results.target(
+            "CPU per tick, 300 KB, 1 s interval",
+            f"< {TARGET_TICK_MS:g} ms",
+            f"{medium_1s.cpu_ms_per_tick:.2f} ms",
+            met=medium_1s.cpu_ms_per_tick < TARGET_TICK_MS,
+        )
+    if medium_2s is not None:
+        results.target(
+            "share of one core, 300 KB, 2 s interval",
+            f"< {TARGET_SHARE_AT_2S:.1%}",
+            f"{medium_2s.cpu_share_of_one_core:.3%}",
+            met=medium_2s.cpu_share_of_one_core < TARGET_SHARE_AT_2S,
+        )
+    peak = max(cost.peak_rss_mb for cost in costs)
+    results.target("peak RSS, every case", f"< {TARGET_RSS_MB:g} MB", f"{peak:.1f} MB", met=peak < TARGET_RSS_MB)
+    medium = next(e for e in _expositions() if e.label == "300 KB").text.encode()
+    gzip_ms = _median_ms(lambda: gzip.compress(medium), 5)
+    results.section(
+        "Daemon cost per tick",
+        [
+            "The real daemon (`vllm-sidecar run`, `--gpu-source none` except the simulator rows, which read its 8 "
+            "GPUs from `/sim/gpu`) against a loopback stand-in that answers like vLLM's uvicorn and "
+            "prometheus_client (HTTP/1.1 keep-alive closed after 5 s idle; /metrics gzip-compressed when the "
+            "request accepts gzip). CPU is every thread's time from `/proc/<pid>/task/*/schedstat` over whole "
+            "ticks after 3 warm-up ticks, a Prometheus scrape of the daemon's /metrics every 15 s included; "
+            "the cases ran side by side. *x ref* is CPU per tick over one prometheus_client parse of the same "
+            "bytes. Peak RSS is VmHWM; an interpreter that only imports the daemon's libraries peaks at "
+            f"{baseline:.1f} MB.",
+            "",
+            *table(
+                [
+                    "case",
+                    "interval",
+                    "ticks",
+                    "CPU per tick",
+                    "x ref",
+                    "share of one core",
+                    "peak RSS",
+                    "requests per tick",
+                    "gzip answers",
+                ],
+                rows,
+            ),
+            "",
+            f"For scale: gzip-compressing the 300 KB exposition, which vLLM does for every /metrics request that "
+            f"accepts gzip, costs {gzip_ms:.1f} ms of CPU in vLLM's API server process on this machine.",
+        ],
+    )
+
+
+def growth_suite(options: Options, results: Results) -> None:
+    rows = [
+        (
+            str(row.engines),
+            str(row.gpus) if row.gpus else "-",
+            f"{row.size_bytes / 1024:.0f} KiB",
+            str(row.window_snapshots),
+            f"{row.reference_ms:.2f} ms",
+            f"**{row.tick_ms:.2f} ms**",
+            f"{row.tick_ms / row.size_bytes * 1024 * 100:.2f} ms",
+        )
+        for row in measure_growth(repeats=options.repeats)
+    ]
+    results.section(
+        "Growth",
+        [
+            "One tick's pure work in-process (filtered parse + vLLM reading + derive; GPUs as the NVML source "
+            "reports them) with the window full at a 1 s interval, against one prometheus_client parse of the "
+            "same bytes. Generated vLLM 0.32 expositions with every histogram, no LoRA.",
+            "",
+            *table(
+                ["engines", "GPUs", "exposition", "window", "prometheus_client", "tick", "tick per 100 KiB"],
+                rows,
+            ),
+        ],
+    )
+
+
+def reaction_suite(options: Options, results: Results) -> None:
+    rows = []
+    for interval in options.reaction_intervals:
+        reaction = measure_reaction(interval, trials=options.reaction_trials)
+        p50, p99 = reaction.percentile_s(0.5), reaction.percentile_s(0.99)
+        worst = max(reaction.reactions_s, default=float("nan"))
+        rows.append(
+            (
+                f"{interval:g} s",
+                f"{len(reaction.reactions_s)} (+{reaction.failed_trials} failed)",
+                f"{p50 * 1000:.0f} ms",
+                f"{p99 * 1000:.0f} ms",
+                f"{worst * 1000:.0f} ms",
+                f"{reaction.target_s * 1000:.0f} ms",
+            )
+        )
+        results.target(
+            f"reaction, {interval:g} s interval, p99",
+            f"<= {reaction.target_s * 1000:.0f} ms",
+            f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms",
+            met=reaction.met,
+        )
+    results.section(
+        "Reaction time",
+        [
+            "From the simulated GPU's free memory crossing the 5 % pause threshold (`sim --scenario tenant`, the "
+            "tenant growing 4 GiB/s from a jittered start) to the daemon's /readyz answering 503. Fresh simulator "
+            "and daemon per trial; both watchers poll every 5 ms. Percentiles interpolate between trials.",
+            "",
+            *table(["interval", "trials", "p50", "p99", "max", "target (interval + 100 ms)"], rows),
+        ],
+    )
+
+
+def _efficacy_row(run: EfficacyRun, reference: EfficacyRun) -> tuple[str, ...]:
+    loss = 1 - run.goodput_tokens_per_s / reference.goodput_tokens_per_s
+    return (
+        run.scenario,
+        "on" if run.sidecar else "off",
+        f"{run.duration_s:.0f} s",
+        str(run.crashes),
+        str(run.planned_restarts),
+        f"{run.failed} / {run.sent + run.not_admitted}",
+        str(run.not_admitted),
+        f"{run.goodput_tokens_per_s:.0f} tok/s ({loss:+.0%})",
+        f"{run.downtime_s:.1f} s",
+    )
+
+
+def efficacy_suite(options: Options, results: Results) -> None:
+    reference = run_scenario(HEALTHY, sidecar=False, duration_s=HEALTHY.duration_s * options.efficacy_scale)
+    rows = [_efficacy_row(reference, reference)]
+    notes = []
+    for name in options.scenarios:
+        scenario = SCENARIOS[name]
+        duration = scenario.duration_s * options.efficacy_scale
+        off = run_scenario(scenario, sidecar=False, duration_s=duration)
+        on = run_scenario(scenario, sidecar=True, duration_s=duration)
+        rows += [_efficacy_row(off, reference), _efficacy_row(on, reference)]
+        loss = 1 - on.goodput_tokens_per_s / reference.goodput_tokens_per_s
+        results.target(f"efficacy {name}: crashes with the sidecar", "0", str(on.crashes), met=on.crashes == 0)
+        results.target(
+            f"efficacy {name}: goodput loss with the sidecar",
+            f"< {TARGET_GOODPUT_LOSS:.0%}",
+            f"{loss:.0%} (off: {1 - off.goodput_tokens_per_s / reference.goodput_tokens_per_s:.0%})",
+            met=loss < TARGET_GOODPUT_LOSS,
+        )
+        flags = " ".join((*scenario.sim_flags,))
+        sidecar_flags = " ".join(scenario.sidecar_flags)
+        notes.append(
+            f"- `{name}`: sim `{flags or '(preset)'}`; sidecar `{sidecar_flags or '(defaults)'}`"
+            + (f"; {scenario.note}" if scenario.note else "")
+        )
+    results.section(
+        "Efficacy",
+        [
+            "Each scenario under the same open-loop load (Poisson, 8 requests/s, 2,000 prompt + 256 output tokens, "
+            "15 s timeout, same seed) for a fixed time, with the sidecar off and on (`--interval 1`, exec adapter "
+            "restarting the simulator). A supervisor stands in for systemd: a crashed simulator is started again "
+            "10 s later (Restart=on-failure, RestartSec=10s), a planned restart at once. Goodput is output tokens "
+            "of successful requests per second; the percentage compares with the `healthy` run. *Failed* counts "
+            "errors, timeouts and arrivals while the server was down, out of every arrival; *held* are arrivals a "
+            "router would not have sent because /readyz said 503. Downtime is /health not 200 or requests running "
+            "with no token produced. The simulator restarts in about a second where a real vLLM takes minutes, "
+            "which makes every restart, crash or planned, cheaper here than in production.",
+            "",
+            *table(
+                ["scenario", "sidecar", "run", "crashes", "planned restarts", "failed", "held", "goodput", "downtime"],
+                rows,
+            ),
+            "",
+            *notes,
+        ],
+    )
+
+
+SUITES: dict[str, Callable[[Options, Results], None]] = {
+    "parser": parser_suite,
+    "tick": tick_suite,
+    "growth": growth_suite,
+    "reaction": reaction_suite,
+    "efficacy": efficacy_suite,
+}

@@ -1,0 +1,114 @@
+"""Skims the families a filtered parse would skip, a whole family per regular-expression match. Pure: no I/O.
+
+Most of a vLLM exposition is families the caller does not read (histogram buckets, HTTP and process metrics),
+and checking their lines one by one in Python is most of a tick. prometheus_client writes one family at a
+time: `# HELP`, `# TYPE name kind`, then its samples, histograms as buckets, `_count` and `_sum` per series.
+A family in exactly that shape, none of whose sample names is kept, is checked by one match in C: each of its
+sample lines has the family's name (or its histogram suffix) followed by '{' or a space and ends in a digit,
+NaN or Inf. Everything else (kept families, other shapes, anything unexpected) goes to the line parser, so
+the result is always the line parser's: skimmed lines are ones it accepts without keeping anything, and this
+module only records what it would have recorded for them (the family's type and sample names).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from sidecar.model.exposition import Exposition, Sample
+
+_HEAD = r"# HELP [^\n]*\n# TYPE (?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*) "
+_SAMPLE_TAIL = r"[{ ][^\n]*[0-9NnFf]\n"
+# Kinds whose samples carry the family's name itself (prometheus_client writes an info as a gauge).
+_PLAIN = re.compile(
+    _HEAD + r"(?P<kind>counter|gauge|untyped|unknown|info|stateset)\n(?P<body>(?:(?P=name)" + _SAMPLE_TAIL + ")*)"
+)
+_HISTOGRAM = re.compile(
+    _HEAD + r"(?P<kind>histogram)\n(?P<body>(?:"
+    r"(?:(?P=name)_bucket" + _SAMPLE_TAIL + r")+(?P=name)_count" + _SAMPLE_TAIL + r"(?P=name)_sum" + _SAMPLE_TAIL
+    + r")*)"
+)  # fmt: skip
+_HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+_NEXT_FAMILY = "\n# HELP "
+
+LineParser = Callable[[str], Exposition]
+
+
+def _lines_starting(text: str, prefixes: tuple[str, ...], match: re.Match[str]) -> str:
+    """The lines of the matched family's body that start with one of `prefixes` ("\\n" + name), in order."""
+    start, end = match.start("body") - 1, match.end("body")  # from the '\\n' before the body's first line
+    found: list[tuple[int, int]] = []
+    for prefix in prefixes:
+        at = text.find(prefix, start, end)
+        while at != -1:
+            line_end = text.find("\n", at + 1, end)
+            found.append((at + 1, line_end + 1))
+            at = text.find(prefix, line_end, end)
+    found.sort()
+    return "".join(text[line_start:line_end] for line_start, line_end in found)
+
+
+def skim_exposition(text: str, wanted: frozenset[str], parse_lines: LineParser) -> Exposition:
+    """What `parse_lines(text)` returns, with the families that keep nothing skimmed instead of parsed.
+
+    `parse_lines` is the line parser with the same filter. It gets, in text order, every part this module
+    does not recognise, whole, and the sample lines of the recognised families that keep something, gathered
+    into one text (their `# TYPE` is recorded here, in its place). Its errors propagate, numbered within the
+    text it was given: see the caller.
+    """
+    samples: dict[str, list[Sample]] = {}
+    types: dict[str, str] = {}
+    seen: set[str] = set()
+    pending = -1  # start of a part not recognised, waiting for the line parser; -1: none
+    kept_lines: list[str] = []  # sample lines of recognised families that keep something
+
+    def take(part: Exposition) -> None:
+        for name, found in part.samples.items():
+            samples.setdefault(name, []).extend(found)
+        types.update(part.types)  # in order: a family typed twice keeps its last type, as in one pass
+        seen.update(part.names_seen)
+
+    def flush_pending(end: int) -> None:
+        nonlocal pending
+        if pending >= 0:
+            take(parse_lines(text[pending:end]))
+            pending = -1
+
+    def flush_kept() -> None:
+        if kept_lines:
+            take(parse_lines("".join(kept_lines)))
+            kept_lines.clear()
+
+    position, length = 0, len(text)
+    while position < length:
+        match = _PLAIN.match(text, position) or _HISTOGRAM.match(text, position)
+        if match is None:
+            # Not a family this module knows: the line parser takes it whole, up to the next family.
+            following = text.find(_NEXT_FAMILY, position)
+            if pending < 0:
+                flush_kept()  # samples stay in text order
+                pending = position
+            position = length if following == -1 else following + 1
+            continue
+        flush_pending(position)
+        name, body_start, body_end = match["name"], match.start("body"), match.end("body")
+        names = (name,) if match["kind"] != "histogram" else tuple(name + suffix for suffix in _HISTOGRAM_SUFFIXES)
+        types[name] = match["kind"]
+        if body_end > body_start:
+            seen.update(names)
+            kept = [sample_name for sample_name in names if sample_name in wanted]
+            if names[0] in kept:  # its samples (a histogram's buckets) are read: every sample line
+                kept_lines.append(text[body_start:body_end])
+            elif kept:
+                # Only a histogram's _count or _sum is read (vLLM's iteration count): those lines alone, found
+                # by name, since in a family matched this strictly no other line starts so.
+                kept_lines.append(_lines_starting(text, tuple("\n" + sample_name for sample_name in kept), match))
+        position = match.end()
+    flush_kept()
+    flush_pending(length)
+    return Exposition(
+        samples={name: tuple(found) for name, found in samples.items()},
+        types=types,
+        names_seen=frozenset(seen),
+        line_count=text.count("\n") + 1,
+    )

@@ -1,0 +1,321 @@
+"""A small HTTP/1.1 GET client on asyncio streams, for polling vLLM over plain http://. Does network I/O.
+
+The sidecar asks vLLM for /metrics and /health every tick, over loopback. httpx spends more CPU per request
+than parsing a 300 KB exposition does (its request and response models, anyio, the connection pool's
+bookkeeping: about a millisecond a request on a small machine), so this client does only what those
+polls need: GET, connections kept alive between ticks, `Accept-Encoding: identity` (vLLM's
+prometheus_client would otherwise gzip every /metrics answer at level 9 in its API server, and the sidecar
+would spend CPU undoing it), bodies framed by Content-Length, chunked or the end of the connection, gzip or
+deflate still decoded should a server send them anyway, and every body counted against a cap as it arrives.
+
+Bounding time is the caller's: one `asyncio.timeout` around the whole request (a trickling server must not
+outlast it); cancelled or failed, a connection is dropped, never reused. Failures raise `GetError`
+subclasses with one-line reasons. https:// is not handled here: the daemon uses httpx for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import zlib
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from sidecar import __version__
+
+HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; what h11 (httpx) allows is 16 KiB
+_READ_CHUNK_BYTES = 256 * 1024
+_MAX_IDLE_PER_HOST = 4
+_CHUNK_LINE_LIMIT = 1024
+
+
+class GetError(Exception):
+    """The request failed; the message is one line without the URL (the caller names it)."""
+
+
+class ConnectFailedError(GetError):
+    def __init__(self, reason: str, *, refused: bool) -> None:
+        super().__init__(reason)
+        self.refused = refused  # nothing listens there (every address refused the connection)
+
+
+class ConnectionDroppedError(GetError):
+    """The server closed or reset the connection, or sent something that is not HTTP/1.x."""
+
+
+class AnswerTooLargeError(GetError):
+    def __init__(self, limit_bytes: int, declared_bytes: int | None = None) -> None:
+        if declared_bytes is not None:
+            super().__init__(f"answer of {declared_bytes} bytes exceeds the {limit_bytes} byte cap")
+        else:
+            super().__init__(f"answer exceeds the {limit_bytes} byte cap")
+        self.limit_bytes = limit_bytes
+        self.declared_bytes = declared_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes  # empty unless the status is 200: other answers are not read
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    host: str
+    port: int
+    request_head: bytes
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.reused = False
+
+    def usable(self) -> bool:
+        # A server that closed an idle keep-alive connection has sent its FIN; the loop has seen it by now.
+        return not self.reader.at_eof() and not self.writer.transport.is_closing()
+
+    def drop(self) -> None:
+        self.writer.transport.abort()
+
+
+class HttpGetClient:
+    """GETs over plain HTTP/1.1 with keep-alive; one per daemon, closed with `aclose`."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._targets: dict[str, _Target] = {}
+
+    async def get(self, url: str, *, max_bytes: int) -> Answer:
+        """GET `url`; the body (decoded, at most `max_bytes`) when the answer is 200, else just the status."""
+        target = self._target(url)
+        connection = self._take_idle(target)
+        if connection is not None:
+            try:
+                return await self._exchange(target, connection, max_bytes)
+            except _StaleConnectionError:
+                pass  # closed by the server as we reused it: a GET may be sent again, once, on a new connection
+        return await self._exchange(target, await _connect(target), max_bytes)
+
+    async def aclose(self) -> None:
+        for connections in self._idle.values():
+            for connection in connections:
+                connection.writer.close()
+        self._idle.clear()
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"not an http:// URL with a host: {url!r}")
+            port = parts.port or 80
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            host = parts.hostname
+            authority = f"[{host}]" if ":" in host else host
+            authority += "" if port == 80 else f":{port}"
+            head = (
+                f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: vllm-sidecar/{__version__}\r\n"
+                "Accept: */*\r\nAccept-Encoding: identity\r\n\r\n"
+            )
+            target = _Target(host=host, port=port, request_head=head.encode("ascii"))
+            self._targets[url] = target
+        return target
+
+    def _take_idle(self, target: _Target) -> _Connection | None:
+        idle = self._idle.get((target.host, target.port))
+        while idle:
+            connection = idle.pop()
+            if connection.usable():
+                connection.reused = True
+                return connection
+            connection.drop()
+        return None
+
+    def _give_back(self, target: _Target, connection: _Connection) -> None:
+        idle = self._idle.setdefault((target.host, target.port), [])
+        if len(idle) < _MAX_IDLE_PER_HOST:
+            idle.append(connection)
+        else:
+            connection.drop()
+
+    async def _exchange(self, target: _Target, connection: _Connection, max_bytes: int) -> Answer:
+        keep = False
+        try:
+            connection.writer.write(target.request_head)
+            status, headers, keep_alive = await _read_head(connection)
+            if status != 200:
+                return Answer(status=status, body=b"")
+            body, framed = await _read_body(connection.reader, headers, max_bytes)
+            keep = keep_alive and framed
+            return Answer(status=status, body=_decoded(body, headers.get("content-encoding"), max_bytes))
+        finally:
+            if keep:
+                connection.reused = False
+                self._give_back(target, connection)
+            else:
+                connection.drop()
+
+
+class _StaleConnectionError(GetError):
+    """A reused connection was closed before any byte of the answer: safe to send the GET again."""
+
+
+async def _connect(target: _Target) -> _Connection:
+    hosts = [target.host]
+    try:
+        ipaddress.ip_address(target.host)
+    except ValueError:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        except OSError as error:  # socket.gaierror: the name does not resolve
+            raise ConnectFailedError(_reason(error), refused=False) from None
+        hosts = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    errors: list[OSError] = []
+    for host in hosts:
+        try:
+            reader, writer = await asyncio.open_connection(host, target.port, limit=HEADER_LIMIT_BYTES)
+        except OSError as error:
+            errors.append(error)
+            continue
+        return _Connection(reader, writer)
+    refused = bool(errors) and all(isinstance(error, ConnectionRefusedError) for error in errors)
+    raise ConnectFailedError("connection refused" if refused else _reason(errors[-1]), refused=refused)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror.lower()
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+async def _read_head(connection: _Connection) -> tuple[int, dict[str, str], bool]:
+    """The status, the headers (names lower-cased, repeated ones joined with ','), and whether to keep alive."""
+    reader = connection.reader
+    try:
+        await connection.writer.drain()
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as error:
+        if connection.reused and not error.partial:
+            raise _StaleConnectionError("closed before answering") from None
+        raise ConnectionDroppedError("closed before a complete status line and headers") from None
+    except asyncio.LimitOverrunError:
+        raise ConnectionDroppedError(f"status line and headers longer than {HEADER_LIMIT_BYTES} bytes") from None
+    except ConnectionError as error:
+        if connection.reused:
+            raise _StaleConnectionError(_reason(error)) from None
+        raise ConnectionDroppedError(_reason(error)) from None
+    try:
+        lines = raw[:-4].decode("latin-1").split("\r\n")
+    except UnicodeDecodeError:  # latin-1 decodes every byte; kept for the type checker's sake
+        raise ConnectionDroppedError("undecodable headers") from None
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise ConnectionDroppedError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise ConnectionDroppedError(f"malformed header line: {line[:80]!r}")
+        key = name.lower()
+        headers[key] = f"{headers[key]},{value.strip()}" if key in headers else value.strip()
+    connection_tokens = {token.strip().lower() for token in headers.get("connection", "").split(",")}
+    keep_alive = "close" not in connection_tokens and (version == "HTTP/1.1" or "keep-alive" in connection_tokens)
+    return int(code), headers, keep_alive
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int) -> tuple[bytes, bool]:
+    """The raw body and whether its end was framed (so the connection can carry another request)."""
+    try:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return await _read_chunked(reader, max_bytes), True
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise ConnectionDroppedError(f"invalid Content-Length {declared[:40]!r}")
+            length = int(declared)
+            if length > max_bytes:
+                raise AnswerTooLargeError(max_bytes, declared_bytes=length)
+            return await reader.readexactly(length), True
+        return await _read_to_end(reader, max_bytes), False
+    except asyncio.IncompleteReadError as error:
+        received = len(error.partial)
+        expected = "" if error.expected is None else f" of {error.expected}"
+        raise ConnectionDroppedError(f"closed after {received}{expected} bytes of the body") from None
+    except asyncio.LimitOverrunError:
+        raise ConnectionDroppedError("chunk size line too long") from None
+    except ConnectionError as error:
+        raise ConnectionDroppedError(_reason(error)) from None
+
+
+async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        if len(line) > _CHUNK_LINE_LIMIT:
+            raise ConnectionDroppedError("chunk size line too long")
+        text = line[:-2].split(b";", 1)[0].strip()
+        try:
+            length = int(text, 16)
+        except ValueError:
+            raise ConnectionDroppedError(f"invalid chunk size {text[:20]!r}") from None
+        if length < 0:
+            raise ConnectionDroppedError(f"invalid chunk size {text[:20]!r}")
+        if length == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the empty line
+                pass
+            return b"".join(chunks)
+        size += length
+        if size > max_bytes:
+            raise AnswerTooLargeError(max_bytes)
+        data = await reader.readexactly(length + 2)
+        if data[-2:] != b"\r\n":
+            raise ConnectionDroppedError("chunk not followed by CRLF")
+        chunks.append(data[:-2])
+
+
+async def _read_to_end(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await reader.read(_READ_CHUNK_BYTES):
+        size += len(chunk)
+        if size > max_bytes:
+            raise AnswerTooLargeError(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decoded(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """The body with its Content-Encoding undone, still at most `max_bytes` (a small gzip can hold a lot)."""
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        return body
+    name = encoding.strip().lower()
+    if name in ("gzip", "x-gzip"):
+        wbits = 16 + zlib.MAX_WBITS
+    elif name == "deflate":
+        wbits = zlib.MAX_WBITS
+    else:
+        raise ConnectionDroppedError(f"unsupported Content-Encoding {encoding[:40]!r}")
+    decompressor = zlib.decompressobj(wbits)
+    try:
+        decoded = decompressor.decompress(body, max_bytes + 1)
+    except zlib.error as error:
+        if name != "deflate":
+            raise ConnectionDroppedError(f"undecodable {name} body: {error}") from None
+        # Some servers send raw deflate without the zlib wrapper; httpx accepts both, and so does this.
+        decompressor = zlib.decompressobj(-zlib.MAX_WBITS)
+        try:
+            decoded = decompressor.decompress(body, max_bytes + 1)
+        except zlib.error as raw_error:
+            raise ConnectionDroppedError(f"undecodable {name} body: {raw_error}") from None
+    if len(decoded) > max_bytes or decompressor.unconsumed_tail:
+        raise AnswerTooLargeError(max_bytes)
+    if not decompressor.eof:
+        raise ConnectionDroppedError(f"truncated {name} body")
+    return decoded

@@ -1,0 +1,221 @@
+"""vLLM's /metrics slow, trickling, truncated, enormous or garbage, while /health stays 200.
+
+One sidecar (with an exec restart adapter that only leaves a witness file, and aggressive restart thresholds)
+watches one loopback vLLM for the whole module; each test breaks /metrics, checks what the sidecar does while
+it is broken, heals it and checks that nothing was lost. Each fault must give: `up` 0 and the vLLM source
+failed with a one-line reason, engine series absent (never a made-up 0), the policy holding (no action on
+stale data: no pause, no drain, no restart), exactly one `source_failed` and one `source_ok` log line, then
+the same values as vLLM's own exposition read by prometheus_client, and counters that never went backwards.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.adapters.daemon_process import SidecarProcess
+from tests.loopback import Behaviour, drop_mid_body, endless, respond, slow
+
+from .chaos import (
+    CAPTURE,
+    ENGINE,
+    VllmStandIn,
+    assert_survived,
+    counter_watch,
+    engine_values_from_sidecar,
+    engine_values_from_vllm,
+    events_since,
+    named,
+    policy,
+    read_events,
+    rss_bytes,
+    scrape,
+    status,
+    value,
+    wait_until,
+)
+
+INTERVAL_S = 0.5
+TIMEOUT_S = 0.4  # the default for this interval: 80 %
+CAP_BYTES = 1024 * 1024
+FAULT_S = 2.5  # > 3 intervals: the data goes stale, so the policy's hold is exercised too
+
+
+@dataclass
+class Rig:
+    vllm: VllmStandIn
+    sidecar: SidecarProcess
+    witness: Path  # the exec adapter creates it: any restart at all shows here
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    folder = tmp_path_factory.mktemp("metrics-faults")
+    vllm = VllmStandIn(running=2.0)
+    witness = folder / "restarted"
+    sidecar = SidecarProcess(
+        [
+            *("--vllm-url", vllm.url, "--gpu-source", "none", "--interval", str(INTERVAL_S)),
+            *("--max-response-bytes", str(CAP_BYTES), "--state-dir", str(folder / "state")),
+            *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
+            # As eager to restart as the settings allow: a fault read as a dead or hung engine would show.
+            *("--dead-after", "1", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
+        ],
+        folder / "sidecar.log",
+    )
+    try:
+        sidecar.wait_ready()
+        wait_until(lambda: policy(sidecar)["state"] != "starting", 20, "the policy to leave startup grace")
+        yield Rig(vllm=vllm, sidecar=sidecar, witness=witness)
+        assert_survived(sidecar)
+    finally:
+        sidecar.kill()
+        vllm.close()
+
+
+GARBAGE_BINARY = bytes(range(256)) * 64  # not UTF-8
+GARBAGE_HTML = b"<html><body><h1>502 Bad Gateway</h1></body></html>\n"
+HALF = CAPTURE.encode()[: len(CAPTURE) // 2]
+
+FAULTS: dict[str, tuple[Behaviour, str]] = {
+    # Each: what /metrics does, and the words of the one-line error the sidecar must give.
+    "slow": (slow(3.0, respond(200, CAPTURE.encode())), f"did not answer within {TIMEOUT_S:g} s"),
+    "trickle": (endless(b"# still coming\n", pause_s=0.05, limit_bytes=64 * 1024), f"within {TIMEOUT_S:g} s"),
+    "truncated": (drop_mid_body(len(CAPTURE), HALF), "dropped the connection mid-answer"),
+    "enormous": (endless(b"#" * 65535 + b"\n", limit_bytes=64 * 2**20), f"exceeds the {CAP_BYTES} byte cap"),
+    "garbage-binary": (respond(200, GARBAGE_BINARY), "is not UTF-8 text"),
+    "garbage-html": (respond(200, GARBAGE_HTML), "is not a Prometheus text exposition"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_broken_metrics_endpoint_is_held_through_and_nothing_is_lost(rig: Rig, fault: str) -> None:
+    sidecar, vllm = rig.sidecar, rig.vllm
+    behaviour, words = FAULTS[fault]
+    wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "a healthy poll before the fault")
+    before = scrape(sidecar)
+    actions_before = {key: number for key, number in before.items() if key[0] == "vllm_sidecar_actions_total"}
+    offset = len(read_events(sidecar.log_path))
+    rss_before = rss_bytes(sidecar.process.pid)
+
+    with counter_watch(sidecar) as watch:
+        vllm.break_metrics(behaviour)
+        broken_at = time.monotonic()
+        detect_s = wait_until(
+            lambda: value(scrape(sidecar), "vllm_sidecar_up") == 0.0, 10, f"the sidecar to see /metrics {fault}"
+        )
+        time.sleep(max(0.0, FAULT_S - (time.monotonic() - broken_at)))
+        during = scrape(sidecar)
+        during_status = status(sidecar)
+        during_policy = policy(sidecar)
+        readyz = sidecar.get("/readyz").status_code
+        healthz = sidecar.get("/healthz").status_code
+        rss_during = rss_bytes(sidecar.process.pid)
+
+        vllm.heal()
+        healed_at = time.monotonic()
+        wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "the sidecar to read /metrics again")
+        recover_s = time.monotonic() - healed_at
+        # The next scrape of vLLM is the one to compare with: read both around one poll.
+        time.sleep(INTERVAL_S)
+        served = vllm.last_served
+        after = engine_values_from_sidecar(sidecar, **ENGINE)
+    watch.assert_monotonic()
+
+    # What the sidecar did while /metrics was broken.
+    sources = during_status["sources"]
+    assert isinstance(sources, dict)
+    error = str(sources["vllm"]["error"])
+    assert words in error, error
+    assert "\n" not in error, error
+    assert len(error) < 400, error
+    assert value(during, "vllm_sidecar_up") == 0.0
+    assert value(during, "vllm_sidecar_source_success", source="vllm") == 0.0
+    assert value(during, "vllm_sidecar_vllm_healthy") == 1.0  # /health kept answering 200
+    engine_series = [key for key in during if key[0].startswith("vllm_sidecar_kv_cache")]
+    assert engine_series == [], f"engine values made up while vLLM could not be read: {engine_series}"
+    assert during_status["engines"] == []
+    assert "holding, no fresh data" in str(during_policy["reason"]), during_policy
+    assert (readyz, healthz) == (200, 200)  # not paused on missing data; the loop itself is alive
+    assert rss_during - rss_before < 40 * 2**20, f"RSS grew by {(rss_during - rss_before) / 2**20:.0f} MiB"
+    events = events_since(sidecar.log_path, offset)
+    failed = [e for e in named(events, "source_failed") if e["source"] == "vllm"]
+    recovered = [e for e in named(events, "source_ok") if e["source"] == "vllm"]
+    assert len(failed) == 1, f"one line per change, not one per tick: {failed}"
+    assert len(recovered) == 1, recovered
+
+    # What was lost: nothing. No action at all, and the values are vLLM's own again.
+    after_metrics = scrape(sidecar)
+    actions_after = {key: number for key, number in after_metrics.items() if key[0] == "vllm_sidecar_actions_total"}
+    assert actions_after == actions_before, (actions_before, actions_after)
+    assert named(events, "action") == []
+    assert not rig.witness.exists(), "a metrics fault led to a restart"
+    expected = engine_values_from_vllm(served)
+    assert after == expected, f"after the fault the sidecar says {after}, vLLM says {expected}"
+    assert_survived(sidecar)
+    print(f"\n/metrics {fault}: detected in {detect_s:.2f} s, recovered {recover_s:.2f} s after the fault cleared")
+
+
+def hostile(exposition: str) -> str:
+    """The same exposition (still moving: the engine makes progress) with values that are no measurement."""
+    return (
+        exposition.replace('num_gpu_blocks="128"', 'num_gpu_blocks="inf"')
+        .replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="nan"')
+        .replace(
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.8188976377952756',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} +Inf',
+        )
+    )
+
+
+def test_well_formed_garbage_values_are_unknown_not_a_crash(rig: Rig) -> None:
+    # A valid exposition with values that are no measurement: "inf"/"nan" sizes in cache_config_info (int() of
+    # them used to raise out of the source on every tick: `tick_failed`, a frozen view) and a +Inf usage
+    # (which would pause admission and break /status's JSON).
+    sidecar, vllm = rig.sidecar, rig.vllm
+    assert 'num_gpu_blocks="inf"' in hostile(CAPTURE)
+    assert "} +Inf" in hostile(CAPTURE)
+    wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "a healthy poll before the fault")
+    offset = len(read_events(sidecar.log_path))
+
+    def serve_hostile(conn: socket.socket) -> None:
+        respond(200, hostile(vllm.body()).encode())(conn)  # a fresh body per scrape: the engine still moves
+
+    with counter_watch(sidecar) as watch:
+        vllm.break_metrics(serve_hostile)
+        wait_until(
+            lambda: "is not a number" in str(status(sidecar)["problems"]),
+            10,
+            "the sidecar to report the values it cannot use",
+        )
+        time.sleep(FAULT_S)
+        during = scrape(sidecar)
+        during_status = sidecar.get("/status")
+        readyz_answer = sidecar.get("/readyz")
+        readyz = readyz_answer.status_code
+        healthz = sidecar.get("/healthz").status_code
+        vllm.heal()
+        wait_until(
+            lambda: value(scrape(sidecar), "vllm_sidecar_kv_cache_usage_ratio", **ENGINE) is not None,
+            10,
+            "the values to come back",
+        )
+        time.sleep(2 * INTERVAL_S)
+        served = vllm.last_served
+        after = engine_values_from_sidecar(sidecar, **ENGINE)
+    watch.assert_monotonic()
+    assert_survived(sidecar)
+
+    assert during_status.status_code == 200
+    assert value(during, "vllm_sidecar_up") == 1.0  # the exposition itself was readable
+    assert value(during, "vllm_sidecar_kv_cache_usage_ratio", **ENGINE) is None  # unknown, not +Inf
+    assert value(during, "vllm_sidecar_kv_cache_capacity_blocks", **ENGINE) is None
+    assert (readyz, healthz) == (200, 200), readyz_answer.text
+    assert named(events_since(sidecar.log_path, offset), "action") == []
+    assert after == engine_values_from_vllm(served)

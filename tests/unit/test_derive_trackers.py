@@ -1,0 +1,148 @@
+"""The Deriver's incremental histories equal the functions they stand in for, and fit_line its old formula.
+
+The Deriver keeps engine readings, GPU memory points and restart signs up to date one snapshot at a time
+(sidecar.derive.engine.EngineHistory, gpu.MemoryHistory, restart.RestartTracker) instead of rescanning the
+window every tick. Oracle: the functions over `window.since(start_s)` (engine_history, memory_history,
+last_restart_s), on generated sequences with failed polls, counter resets, memory drops, GPU errors, equal
+timestamps, windows that forget by age and by count, ticks that skip a derive, and a window swapped for another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.derive.engine import EngineHistory, engine_history
+from sidecar.derive.gpu import MemoryHistory, memory_history
+from sidecar.derive.restart import RestartTracker, last_restart_s
+from sidecar.derive.trend import LineFit, fit_line
+from sidecar.derive.window import Follower, Window
+from sidecar.model.gpu import GpuReading
+from sidecar.model.snapshot import Snapshot
+from sidecar.model.source import SourceResult
+from tests.property.profile import budget
+from tests.unit.builders import GIB, device, engine, snapshot
+
+ENGINES = (("m", "0"), ("m", "1"), ("n", "0"))
+
+
+def _gpu_error() -> SourceResult[GpuReading]:
+    return SourceResult(source="nvml", duration_s=0.0, error="NVML gone")
+
+
+@st.composite
+def sequences(draw: st.DrawFn) -> list[Snapshot]:
+    t = 1000.0
+    counters = dict.fromkeys(ENGINES, 100.0)
+    used = {0: 40 * GIB, 1: 50 * GIB}
+    out: list[Snapshot] = []
+    for _ in range(draw(st.integers(1, 40))):
+        t += draw(st.sampled_from([0.0, 0.5, 1.0, 3.0, 7.0]))
+        for key in ENGINES:
+            counters[key] = draw(st.sampled_from([counters[key], counters[key] + 5, counters[key] + 50, 2.0]))
+        for index, before in list(used.items()):
+            used[index] = draw(st.sampled_from([before, before + GIB, before - 10 * GIB, 60 * GIB]))
+        keys = draw(st.lists(st.sampled_from(ENGINES), min_size=1, max_size=3, unique=True))
+        engines = tuple(
+            engine(
+                model_name=model,
+                engine=number,
+                prompt_tokens_total=counters[(model, number)],
+                generation_tokens_total=draw(st.sampled_from([None, counters[(model, number)]])),
+            )
+            for model, number in keys
+        )
+        gpu_kind = draw(st.sampled_from(["none", "error", "both", "first"]))
+        devices = None if gpu_kind in ("none", "error") else tuple(device(i, used=max(0, used[i])) for i in used)
+        if gpu_kind == "first" and devices is not None:
+            devices = devices[:1]
+        shot = snapshot(
+            t, engines, devices=devices, vllm_error="down" if draw(st.booleans()) and draw(st.booleans()) else None
+        )
+        if gpu_kind == "error":
+            shot = Snapshot(
+                monotonic_s=shot.monotonic_s,
+                wall_time_s=shot.wall_time_s,
+                vllm=shot.vllm,
+                vllm_healthy=shot.vllm_healthy,
+                gpu=_gpu_error(),
+            )
+        out.append(shot)
+    return out
+
+
+@given(
+    shots=sequences(),
+    span_s=st.sampled_from([5.0, 20.0, 1000.0]),
+    max_snapshots=st.sampled_from([3, 8, 10_000]),
+    steps=st.lists(st.sampled_from(["derive", "derive", "derive", "skip", "swap"]), min_size=40, max_size=40),
+    backs=st.lists(st.sampled_from([0.0, 1.0, 3.0, 10.0, 1e9]), min_size=1, max_size=4),
+)
+@budget(2.0)
+def test_trackers_equal_the_functions_over_the_window(
+    shots: list[Snapshot], span_s: float, max_snapshots: int, steps: list[str], backs: list[float]
+) -> None:
+    window = Window(span_s=span_s, max_snapshots=max_snapshots)
+    follower, engines, memory, restarts = Follower(), EngineHistory(), MemoryHistory(), RestartTracker()
+    for shot, step in zip(shots, steps, strict=False):
+        window.push(shot)
+        if step == "skip":
+            continue  # two pushes before the next derive
+        if step == "swap":  # another window with the same snapshots: the trackers must start over
+            swapped = Window(span_s=span_s, max_snapshots=max_snapshots)
+            for kept in window.since(float("-inf")):
+                swapped.push(kept)
+            window = swapped
+        newer, start_over = follower.advance(window)
+        if start_over:
+            engines.reset()
+            memory.reset()
+            restarts.reset()
+        for number, kept in enumerate(newer, start=follower.count - len(newer)):
+            engines.add(kept, number)
+            memory.add(kept, number)
+            restarts.add(kept, number)
+        now = shot.monotonic_s
+        for back in backs:
+            start = now - back
+            assert engines.since(start, follower.oldest) == engine_history(window.since(start))
+            assert memory.since(start, follower.oldest) == memory_history(window.since(start))
+            assert restarts.last_restart_s(start, follower.oldest) == last_restart_s(window.since(start))
+
+
+def _old_fit_line(points: Sequence[tuple[float, float]]) -> LineFit | None:
+    """fit_line as it was written before its loops went to C: the oracle for bit-for-bit equality."""
+    count = len(points)
+    if count < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / count
+    mean_v = sum(v for _, v in points) / count
+    s_tt = sum((t - mean_t) ** 2 for t, _ in points)
+    s_tv = sum((t - mean_t) * (v - mean_v) for t, v in points)
+    s_vv = sum((v - mean_v) ** 2 for _, v in points)
+    if s_tt == 0:
+        return None
+    slope = s_tv / s_tt
+    r2 = (s_tv * s_tv) / (s_tt * s_vv) if s_vv > 0 else 0.0
+    return LineFit(slope_per_s=slope, r2=r2, points=count, span_s=points[-1][0] - points[0][0])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1e7, allow_nan=False) | st.integers(0, 10**7),
+            st.floats(0, 1e12, allow_nan=False) | st.integers(0, 10**12),
+        ),
+        max_size=60,
+    )
+)
+@budget(2.0)
+def test_fit_line_is_bit_for_bit_the_old_formula(points: list[tuple[float, float]]) -> None:
+    ordered = sorted(points)
+    new, old = fit_line(ordered), _old_fit_line(ordered)
+    assert repr(new) == repr(old)
+    if new is not None and old is not None:
+        assert math.copysign(1.0, new.slope_per_s) == math.copysign(1.0, old.slope_per_s)
