@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15, help="in-process timings: rounds per median")
     parser.add_argument("--tick-seconds", type=float, default=20.0, help="daemon suite: least steady-state seconds")
     parser.add_argument("--tick-serial", action="store_true", help="daemon suite: one daemon at a time")
-    parser.add_argument("--reaction-trials", type=int, default=10)
+    parser.add_argument("--reaction-trials", type=int, default=8)
     parser.add_argument("--reaction-intervals", default="1", help="comma-separated poll intervals, seconds")
     parser.add_argument("--scenarios", default="burst,leak,tenant,hang", help="efficacy: which, comma-separated")
     parser.add_argument("--efficacy-scale", type=float, default=1.0, help="efficacy: multiply each run's length")

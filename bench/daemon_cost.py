@@ -44,7 +44,6 @@ class DaemonCost:
     cpu_share_of_one_core: float
     peak_rss_mb: float
     requests_per_tick: float  # every request the daemon sent to the stand-in, per tick
-    gzip_share: float  # of /metrics answers that were gzip-compressed because the daemon accepted gzip
 
 
 class _Running:
@@ -65,7 +64,6 @@ class _Running:
         self.cpu_start = 0.0
         self.ticks_start = 0
         self.requests_start = 0
-        self.gzip_start = 0
         self.started_s = 0.0
 
     def ticks(self) -> int:
@@ -78,7 +76,6 @@ class _Running:
         self.cpu_start = cpu_seconds(self.child.pid)
         self.ticks_start = self.ticks()
         self.requests_start = self.requests()
-        self.gzip_start = self.stand_in.gzip_served
         self.started_s = time.monotonic()
 
     def scrape(self) -> None:
@@ -96,7 +93,6 @@ class _Running:
             cpu_share_of_one_core=cpu / elapsed,
             peak_rss_mb=peak_rss_mb(self.child.pid),
             requests_per_tick=(self.requests() - self.requests_start) / ticks,
-            gzip_share=(self.stand_in.gzip_served - self.gzip_start) / ticks,
         )
 
     def stop(self) -> None:

@@ -32,7 +32,7 @@ from sidecar.parse.exposition import ExpositionError, parse_exposition
 
 RESTART_SEC_S = 10.0  # RestartSec= of deploy/systemd/vllm.service.example
 RATE_PER_S = 8.0
-LOAD = ("--prompt-tokens", "2000", "--output-tokens", "256", "--timeout", "15")
+LOAD = ("--prompt-tokens", "2000", "--output-tokens", "256", "--timeout", "10")
 WATCH_S = 0.2
 
 
@@ -48,27 +48,28 @@ class Scenario:
 # Each failure is compressed from hours into about a minute, so the sidecar's clocks are compressed with it: a
 # forecast may act after 5 s of uptime (not 10 min), a hang is one after 10 s without progress (not 2 min).
 SCENARIOS: dict[str, Scenario] = {
-    "burst": Scenario(name="burst", duration_s=30.0),
+    "burst": Scenario(name="burst", duration_s=25.0),
     "leak": Scenario(
         name="leak",
-        duration_s=75.0,
+        duration_s=65.0,
+        # 16 MiB per finished request (the preset: 12) so that it dies within the run at this load, ~55 s in.
+        sim_flags=("--leak-bytes-per-request", str(16 * 2**20)),
         sidecar_flags=("--forecast-min-uptime", "5", "--drain-timeout", "10"),
     ),
     "tenant": Scenario(
         name="tenant",
-        duration_s=30.0,
-        sim_flags=("--tenant-max-bytes", str(10 * 2**30)),  # it takes all the GPU has left: vLLM's next step fails
-        note="a restarted simulator starts on an empty GPU, so the tenant comes back with it",
+        duration_s=20.0,
+        note="the preset's tenant takes 6 GiB after 5 s: free memory under 5 %, but vLLM's own reserve intact",
     ),
     "hang": Scenario(
         name="hang",
-        duration_s=40.0,
-        sim_flags=("--hang-after-s", "10"),
+        duration_s=45.0,
+        sim_flags=("--hang-after-s", "15"),
         sidecar_flags=("--hung-after", "10", "--drain-timeout", "5"),
-        note="every simulator process hangs 10 s after its first request, the restarted one too",
+        note="every simulator process hangs 15 s after its first request, the restarted one too",
     ),
 }
-HEALTHY = Scenario(name="healthy", duration_s=30.0)
+HEALTHY = Scenario(name="healthy", duration_s=20.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,11 +77,12 @@ class EfficacyRun:
     scenario: str
     sidecar: bool
     duration_s: float
+    elapsed_s: float  # the load's duration plus the requests still running at its end
     crashes: int
     planned_restarts: int
-    sent: int
+    arrivals: int
     succeeded: int
-    failed: int  # errors, timeouts, refused connections (arrivals while the load could not run count here)
+    failed: int  # errors, timeouts, refused connections, and arrivals while no load could be sent
     not_admitted: int  # held back by /readyz 503, as a router would
     output_tokens: int
     downtime_s: float
@@ -98,30 +100,30 @@ class _Supervisor(threading.Thread):
         self._args = args
         self._workdir = workdir
         self._pidfile = pidfile
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._child: Child | None = None
         self.crashes = 0
         self.planned = 0
 
     def run(self) -> None:
         starts = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             starts += 1
             child = Child(self._args, self._workdir / f"sim-{starts}.log")
             self._child = child
             self._pidfile.write_text(str(child.pid))
-            while child.process.poll() is None and not self._stop.is_set():
+            while child.process.poll() is None and not self._halt.is_set():
                 time.sleep(0.02)
-            if self._stop.is_set():
+            if self._halt.is_set():
                 return
             if child.process.returncode == 0:
                 self.planned += 1
                 continue
             self.crashes += 1
-            self._stop.wait(RESTART_SEC_S)
+            self._halt.wait(RESTART_SEC_S)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         if self._child is not None:
             self._child.stop()
         self.join(timeout=15)
@@ -133,8 +135,9 @@ class _Watch(threading.Thread):
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self._url = url
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.downtime_s = 0.0
+        self.until_s: float | None = None
 
     def _progress(self, client: httpx.Client) -> tuple[float, float] | None:
         try:
@@ -150,8 +153,10 @@ class _Watch(threading.Thread):
         previous_tokens: float | None = None
         last = time.monotonic()
         with httpx.Client(timeout=1.0) as client:
-            while not self._stop.wait(WATCH_S):
+            while not self._halt.wait(WATCH_S):
                 now = time.monotonic()
+                if self.until_s is not None and now > self.until_s:
+                    break  # the load's window is over: what follows is its tail, not the run
                 healthy = http_status(self._url + "/health") == httpx.codes.OK
                 progress = self._progress(client) if healthy else None
                 stalled = False
@@ -166,29 +171,33 @@ class _Watch(threading.Thread):
                 last = now
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 
 @dataclass(slots=True)
 class _LoadTotals:
-    sent: int = 0
+    arrivals: int = 0
     succeeded: int = 0
     failed: int = 0
     not_admitted: int = 0
     output_tokens: int = 0
+    sending_s: float = 0.0
     reports: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _drive_load(sim_url: str, readiness_url: str | None, duration_s: float, totals: _LoadTotals) -> None:
-    """The loadtest for `duration_s`, re-launched for the time left whenever it stops early (a dead server)."""
+    """The loadtest for `duration_s`, re-launched for the time left whenever it stops early (a dead server).
+
+    Arrivals that fell while no load tester was sending (the server down, or coming back) are counted as
+    failed: a client would have sent them to a server that refused them.
+    """
     started = time.monotonic()
     segment = 0
     while (left := duration_s - (time.monotonic() - started)) > 0.5:
         if http_status(sim_url + "/health") != httpx.codes.OK:
             time.sleep(0.2)
             continue
-        gap_started = time.monotonic()
         argv = [sys.executable, "-m", "sidecar", "loadtest", "--url", sim_url, "--json", "--quiet"]
         argv += ["--rate", str(RATE_PER_S), "--duration", f"{left:.2f}", "--seed", str(segment), *LOAD]
         if readiness_url is not None:
@@ -201,17 +210,16 @@ def _drive_load(sim_url: str, readiness_url: str | None, duration_s: float, tota
             continue  # it could not start (the server went away between the check and its probe)
         totals.reports.append(report)
         requests = report["requests"]
-        failures = requests["failures"]
-        totals.sent += requests["sent"]
+        held = requests["failures"].get("not_ready", 0)
+        totals.arrivals += requests["total"]
         totals.succeeded += requests["succeeded"]
-        totals.not_admitted += failures.get("not_ready", 0)
-        totals.failed += requests["failed"] - failures.get("not_ready", 0)
+        totals.not_admitted += held
+        totals.failed += requests["failed"] - held
         totals.output_tokens += report["throughput"]["output_tokens"] or 0
-        if requests.get("stopped_early"):
-            # Arrivals between the refused connection and the next launch would have been refused too.
-            sent_for_s = report.get("sending_s") or (time.monotonic() - gap_started)
-            missed_s = max(0.0, min(left, time.monotonic() - gap_started) - sent_for_s)
-            totals.failed += round(missed_s * RATE_PER_S)
+        totals.sending_s += report.get("sending_s") or 0.0
+    missed = round(max(0.0, duration_s - totals.sending_s) * RATE_PER_S)
+    totals.arrivals += missed
+    totals.failed += missed
 
 
 def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None = None) -> EfficacyRun:
@@ -242,11 +250,12 @@ def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None 
                 )
                 readiness_url = f"http://127.0.0.1:{port}/readyz"
                 wait_for(lambda: http_status(readiness_url) == httpx.codes.OK, 30, "the daemon to admit traffic")
-            watch.start()
             totals = _LoadTotals()
             started = time.monotonic()
+            watch.until_s = started + duration
+            watch.start()
             _drive_load(sim_url, readiness_url, duration, totals)
-            elapsed = max(duration, time.monotonic() - started)
+            elapsed = time.monotonic() - started
         finally:
             watch.stop() if watch.is_alive() else None
             if daemon is not None:
@@ -255,10 +264,11 @@ def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None 
         return EfficacyRun(
             scenario=scenario.name,
             sidecar=sidecar,
-            duration_s=elapsed,
+            duration_s=duration,
+            elapsed_s=elapsed,
             crashes=supervisor.crashes,
             planned_restarts=supervisor.planned,
-            sent=totals.sent,
+            arrivals=totals.arrivals,
             succeeded=totals.succeeded,
             failed=totals.failed,
             not_admitted=totals.not_admitted,

@@ -29,7 +29,8 @@ class GrowthRow:
 def measure_growth(*, repeats: int = 10) -> list[GrowthRow]:
     rows = []
     texts = {engines: generate_exposition(engines=engines) for engines in ENGINES}
-    for engines, gpus in [(engines, 0) for engines in ENGINES] + [(1, gpus) for gpus in GPUS]:
+    # Engines alone (no GPU source), then one engine per GPU as data parallelism runs them.
+    for engines, gpus in [(engines, 0) for engines in ENGINES] + [(gpus, gpus) for gpus in GPUS]:
         text = texts[engines]
         work = measure_tick(text, interval_s=INTERVAL_S, gpus=gpus, repeats=repeats)
         rows.append(

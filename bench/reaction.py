@@ -60,13 +60,13 @@ class _GpuWatch(threading.Thread):
     def __init__(self, url: str, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self._url = url
-        self._stop = stop
+        self._halt = stop
         self.crossed_s: float | None = None
 
     def run(self) -> None:
         previous_s: float | None = None
         with httpx.Client(timeout=1.0) as client:
-            while not self._stop.is_set() and self.crossed_s is None:
+            while not self._halt.is_set() and self.crossed_s is None:
                 try:
                     gpu = json.loads(client.get(self._url).content)["gpus"][0]
                 except (httpx.HTTPError, ValueError, KeyError, IndexError):
@@ -86,11 +86,11 @@ class _ReadyWatch(threading.Thread):
     def __init__(self, url: str, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self._url = url
-        self._stop = stop
+        self._halt = stop
         self.paused_s: float | None = None
 
     def run(self) -> None:
-        while not self._stop.is_set() and self.paused_s is None:
+        while not self._halt.is_set() and self.paused_s is None:
             if http_status(self._url, timeout_s=1.0) == httpx.codes.SERVICE_UNAVAILABLE:
                 self.paused_s = time.monotonic()
             time.sleep(POLL_S)

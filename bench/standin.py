@@ -1,21 +1,20 @@
 """A loopback stand-in for a vLLM API server that serves fixed documents. Does network I/O (a thread).
 
-It answers the way vLLM's uvicorn + prometheus_client stack does, since that decides what a poll costs the
-sidecar: HTTP/1.1 with keep-alive closed after 5 s idle (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and /metrics
-gzip-compressed whenever the request accepts gzip (prometheus_client's ASGI app compresses at level 9 then).
-The compressed body is made once up front: what vLLM spends on it is reported apart, not on this process.
+It answers the way a real vLLM 0.32 does (checked against one in tests/e2e), since that decides what a poll
+costs the sidecar: HTTP/1.1 with keep-alive closed after 5 s idle (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and
+/metrics uncompressed with a Content-Length whatever the request accepts (vLLM's /metrics route is
+prometheus-fastapi-instrumentator's, which does not gzip by default).
 """
 
 from __future__ import annotations
 
-import gzip
 import http.server
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
 KEEP_ALIVE_S = 5.0
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 sends
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
@@ -28,7 +27,6 @@ class StandIn:
     metrics: bytes
     gpu_document: bytes | None = None  # served at /sim/gpu when set (the simulator's GPU endpoint)
     hits: Counter[str] = field(default_factory=Counter)
-    gzip_served: int = 0
     _server: http.server.ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -43,7 +41,6 @@ class StandIn:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> StandIn:
-        compressed = gzip.compress(self.metrics)
         routes: dict[str, tuple[bytes, str]] = {
             "/metrics": (self.metrics, METRICS_CONTENT_TYPE),
             "/version": (b'{"version":"0.32.0"}', "application/json"),
@@ -67,15 +64,8 @@ class StandIn:
                     self.end_headers()
                     return
                 body, content_type = route
-                zipped = self.path == "/metrics" and "gzip" in self.headers.get("Accept-Encoding", "")
-                if zipped:
-                    body = compressed
-                    with stand_in._lock:
-                        stand_in.gzip_served += 1
                 self.send_response(200)
                 self.send_header("Content-Type", content_type)
-                if zipped:
-                    self.send_header("Content-Encoding", "gzip")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

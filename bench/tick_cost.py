@@ -138,17 +138,24 @@ def measure_tick(text: str, *, interval_s: float, gpus: int = 0, repeats: int = 
     window = Window(span_s=settings.span_s)
     deriver = Deriver(settings)
     clock = [0.0]
-    used = [60 * 2**30]
+    ticks = [0]
 
     first = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="http://vllm", version="0.32.0")
+    fill = int(settings.span_s / interval_s) + 1
+    # What the GPU source would hand over each tick, made beforehand: building them is not the tick's work.
+    readings = [
+        SourceResult(source="gpu", duration_s=0.0, value=gpu_reading(gpus, 60 * 2**30 + 1_000_000 * tick))
+        for tick in range(fill + 4 * repeats)
+    ]
 
     def one_tick(parse: bool = True, derive: bool = True) -> None:
         reading = first
         if parse:
             reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="http://vllm", version="0.32.0")
         clock[0] += interval_s
-        used[0] += 1_000_000  # a slow, steady growth: the trend fit has a line to find
-        gpu = SourceResult(source="gpu", duration_s=0.0, value=gpu_reading(gpus, used[0])) if gpus else None
+        # A slow, steady growth of GPU memory: the trend fit has a line to find.
+        gpu = readings[ticks[0] % len(readings)] if gpus else None
+        ticks[0] += 1
         window.push(
             Snapshot(
                 monotonic_s=clock[0],
@@ -161,7 +168,7 @@ def measure_tick(text: str, *, interval_s: float, gpus: int = 0, repeats: int = 
         if derive:
             deriver.derive(window)
 
-    for _ in range(int(settings.span_s / interval_s) + 1):
+    for _ in range(fill):
         one_tick(parse=False, derive=False)  # filling the window needs neither parsing nor deriving
     reference_ms, tick_ms = _timed_rounds([lambda: list(text_string_to_metric_families(text)), one_tick], repeats)
     return TickWork(window_snapshots=len(window), reference_ms=reference_ms, tick_ms=tick_ms)

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from sidecar.derive.counter import increase
 from sidecar.derive.kv import derive_kv
+from sidecar.derive.running import CounterSteps
 from sidecar.model.derived import EngineDerived
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import EngineMetrics
@@ -18,9 +19,11 @@ EngineKey = tuple[str, str]
 
 
 def derive_engine(
-    engine: EngineMetrics, history: list[tuple[float, EngineMetrics]], stalled_s: float | None
+    engine: EngineMetrics, windowed: tuple[float | None, float | None], stalled_s: float | None
 ) -> EngineDerived:
-    """`history` holds this engine's readings in the window, oldest first, ending with `engine` itself."""
+    """`windowed` is (`windowed_hit_ratio`, `preemption_rate`) of this engine's readings in the window, oldest
+    first, ending with `engine` itself (EngineHistory.windowed keeps them)."""
+    hit_ratio, preemptions_per_s = windowed
     kv = derive_kv(engine)
     return EngineDerived(
         model_name=engine.model_name,
@@ -34,9 +37,9 @@ def derive_engine(
         kv_cache_blocks_per_request=kv.blocks_per_request,
         kv_cache_request_headroom=kv.request_headroom,
         kv_cache_fragmentation_ratio=kv.fragmentation_ratio,
-        prefix_cache_hit_ratio=windowed_hit_ratio(history),
+        prefix_cache_hit_ratio=hit_ratio,
         prefix_cache_hit_ratio_lifetime=lifetime_hit_ratio(engine),
-        preemptions_per_second=preemption_rate(history),
+        preemptions_per_second=preemptions_per_s,
         engine_stalled_seconds=stalled_s,
     )
 
@@ -53,16 +56,47 @@ def engine_history(snapshots: Iterable[Snapshot]) -> dict[EngineKey, list[tuple[
     return history
 
 
-class EngineHistory:
-    """What `engine_history(window.since(start_s))` returns, kept up to date one snapshot at a time.
+class _Track:
+    """One engine's readings in push order, and its counters as running increases (sidecar.derive.running)."""
 
-    Rebuilding it scanned the whole window every tick (300 snapshots x every engine at a 1 s interval); this
-    appends each new snapshot's engines once and cuts each engine's list at `start_s` with a bisection.
+    def __init__(self) -> None:
+        self.numbers: list[int] = []
+        self.times: list[float] = []
+        self.entries: list[tuple[float, EngineMetrics]] = []
+        self.queries = CounterSteps()  # readings with both prefix-cache counters, as windowed_hit_ratio takes
+        self.hits = CounterSteps()
+        self.preemptions = CounterSteps()
+
+    def add(self, number: int, time_s: float, engine: EngineMetrics) -> None:
+        self.numbers.append(number)
+        self.times.append(time_s)
+        self.entries.append((time_s, engine))
+        queries, hits = engine.prefix_cache_queries_total, engine.prefix_cache_hits_total
+        if queries is not None and hits is not None:
+            self.queries.add(number, time_s, queries)
+            self.hits.add(number, time_s, hits)
+        if engine.preemptions_total is not None:
+            self.preemptions.add(number, time_s, engine.preemptions_total)
+
+    def drop_before(self, oldest: int) -> None:
+        gone = bisect_left(self.numbers, oldest)
+        if gone:
+            del self.numbers[:gone], self.times[:gone], self.entries[:gone]
+            for counter in (self.queries, self.hits, self.preemptions):
+                counter.drop_before(oldest)
+
+
+class EngineHistory:
+    """What `engine_history(window.since(start_s))` holds, kept up to date one snapshot at a time, and the two
+    windowed values derived from it (`windowed_hit_ratio`, `preemption_rate`) without walking it.
+
+    Rebuilding the history scanned the whole window every tick (300 snapshots x every engine at a 1 s
+    interval), and the windowed values walked it again; this appends each new snapshot's engines once, cuts
+    at `start_s` with a bisection, and keeps the counters' increases as running sums where that is exact.
     """
 
     def __init__(self) -> None:
-        # Per engine: the snapshot numbers, their times, and the (time, metrics) entries, all in push order.
-        self._engines: dict[EngineKey, tuple[list[int], list[float], list[tuple[float, EngineMetrics]]]] = {}
+        self._engines: dict[EngineKey, _Track] = {}
 
     def reset(self) -> None:
         self._engines.clear()
@@ -72,25 +106,57 @@ class EngineHistory:
         if reading is None or snapshot.vllm.error is not None:
             return
         for engine in reading.engines:
-            numbers, times, entries = self._engines.setdefault((engine.model_name, engine.engine), ([], [], []))
-            numbers.append(number)
-            times.append(snapshot.monotonic_s)
-            entries.append((snapshot.monotonic_s, engine))
+            key = (engine.model_name, engine.engine)
+            track = self._engines.get(key)
+            if track is None:
+                track = self._engines[key] = _Track()
+            track.add(number, snapshot.monotonic_s, engine)
+
+    def _in_window(self, oldest: int) -> list[tuple[EngineKey, _Track]]:
+        for key, track in list(self._engines.items()):
+            track.drop_before(oldest)  # no longer in the window
+            if not track.numbers:
+                del self._engines[key]
+        return list(self._engines.items())
 
     def since(self, start_s: float, oldest: int) -> dict[EngineKey, list[tuple[float, EngineMetrics]]]:
         """Every engine's entries at or after `start_s` among the snapshots numbered `oldest` and later."""
         history: dict[EngineKey, list[tuple[float, EngineMetrics]]] = {}
-        for key, (numbers, times, entries) in list(self._engines.items()):
-            gone = bisect_left(numbers, oldest)  # no longer in the window
-            if gone:
-                del numbers[:gone], times[:gone], entries[:gone]
-            if not numbers:
-                del self._engines[key]
-                continue
-            first = bisect_left(times, start_s)
-            if first < len(entries):
-                history[key] = entries[first:]
+        for key, track in self._in_window(oldest):
+            first = bisect_left(track.times, start_s)
+            if first < len(track.entries):
+                history[key] = track.entries[first:]
         return history
+
+    def windowed(self, start_s: float, oldest: int) -> dict[EngineKey, tuple[float | None, float | None]]:
+        """Per engine with entries in the window, `windowed_hit_ratio` and `preemption_rate` of them."""
+        values: dict[EngineKey, tuple[float | None, float | None]] = {}
+        for key, track in self._in_window(oldest):
+            first = bisect_left(track.times, start_s)
+            if first == len(track.entries):
+                continue
+            position = track.numbers[first]
+            values[key] = (_hit_ratio(track, position), _preemption_rate(track.preemptions, position))
+        return values
+
+
+def _hit_ratio(track: _Track, position: int) -> float | None:
+    """`windowed_hit_ratio` of the track's entries from `position` on."""
+    first = track.queries.first_at(position)
+    if first < len(track.queries):
+        queries = track.queries.increase_from(first)
+        hits = track.hits.increase_from(first)
+        return _clamp_ratio(hits / queries) if queries > 0 else None
+    gauge = track.entries[-1][1].prefix_cache_hit_rate_gauge
+    return _clamp_ratio(gauge) if gauge is not None and gauge >= 0 else None
+
+
+def _preemption_rate(preemptions: CounterSteps, position: int) -> float | None:
+    """`preemption_rate` of the readings from `position` on."""
+    first = preemptions.first_at(position)
+    if len(preemptions) - first < 2 or preemptions.times[-1] <= preemptions.times[first]:
+        return None
+    return preemptions.increase_from(first) / (preemptions.times[-1] - preemptions.times[first])
 
 
 def windowed_hit_ratio(history: list[tuple[float, EngineMetrics]]) -> float | None:

@@ -52,7 +52,7 @@ class Deriver:
         reading = latest.vllm.value if latest.vllm.error is None else None
         if reading is not None:
             stalled = self._progress.observe(reading.engines, now_s)
-            history = self._engines.since(now_s - self.settings.window_s, oldest)
+            history = self._engines.windowed(now_s - self.settings.window_s, oldest)
             engines = tuple(
                 derive_engine(
                     engine,

@@ -2,7 +2,8 @@
 
 Most of a vLLM exposition is families the caller does not read (histogram buckets, HTTP and process metrics),
 and checking their lines one by one in Python is most of a tick. prometheus_client writes one family at a
-time: `# HELP`, `# TYPE name kind`, then its samples, histograms as buckets, `_count` and `_sum` per series.
+time: `# HELP`, `# TYPE name kind`, then its samples, histograms as buckets, `_count` and `_sum` per series,
+summaries (without quantiles) as `_count` and `_sum`.
 A family in exactly that shape, none of whose sample names is kept, is checked by one match in C: each of its
 sample lines has the family's name (or its histogram suffix) followed by '{' or a space and ends in a digit,
 NaN or Inf. Everything else (kept families, other shapes, anything unexpected) goes to the line parser, so
@@ -17,21 +18,46 @@ from collections.abc import Callable
 
 from sidecar.model.exposition import Exposition, Sample
 
-_HEAD = r"# HELP [^\n]*\n# TYPE (?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*) "
 _SAMPLE_TAIL = r"[{ ][^\n]*[0-9NnFf]\n"
-# Kinds whose samples carry the family's name itself (prometheus_client writes an info as a gauge).
-_PLAIN = re.compile(
-    _HEAD + r"(?P<kind>counter|gauge|untyped|unknown|info|stateset)\n(?P<body>(?:(?P=name)" + _SAMPLE_TAIL + ")*)"
-)
-_HISTOGRAM = re.compile(
-    _HEAD + r"(?P<kind>histogram)\n(?P<body>(?:"
-    r"(?:(?P=name)_bucket" + _SAMPLE_TAIL + r")+(?P=name)_count" + _SAMPLE_TAIL + r"(?P=name)_sum" + _SAMPLE_TAIL
-    + r")*)"
+# One match per family: the header, then a body whose shape the type decides (conditional groups), so the
+# regex engine walks each family once. Plain kinds' samples carry the family's name itself (prometheus_client
+# writes an info as a gauge); a histogram's series are buckets, _count, _sum; a summary without quantiles
+# (all prometheus_client writes) is _count, _sum.
+_FAMILY = re.compile(
+    r"# HELP [^\n]*\n# TYPE (?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*) "
+    r"(?:(?P<histogram>histogram)|(?P<summary>summary)|(?P<plain>counter|gauge|untyped|unknown|info|stateset))\n"
+    r"(?P<body>(?(histogram)"
+    r"(?:(?:(?P=name)_bucket" + _SAMPLE_TAIL + r")+"
+    r"(?P=name)_count" + _SAMPLE_TAIL + r"(?P=name)_sum" + _SAMPLE_TAIL + r")*"
+    r"|(?(summary)"
+    r"(?:(?P=name)_count" + _SAMPLE_TAIL + r"(?P=name)_sum" + _SAMPLE_TAIL + r")*"
+    r"|(?:(?P=name)" + _SAMPLE_TAIL + r")*)))"
 )  # fmt: skip
 _HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+_SUMMARY_SUFFIXES = ("_count", "_sum")
 _NEXT_FAMILY = "\n# HELP "
 
 LineParser = Callable[[str], Exposition]
+
+
+def _family(text: str, match: re.Match[str], wanted: frozenset[str]) -> tuple[str, str, list[str], str]:
+    """A recognised family's name and type, the sample names it holds, and its sample lines that are kept."""
+    name, plain, histogram = match.group("name", "plain", "histogram")
+    body_start, body_end = match.span("body")
+    kind = plain if plain is not None else "histogram" if histogram is not None else "summary"
+    if body_end == body_start:
+        return name, kind, [], ""
+    if plain is not None:
+        return name, kind, [name], text[body_start:body_end] if name in wanted else ""
+    names = [name + suffix for suffix in (_HISTOGRAM_SUFFIXES if histogram is not None else _SUMMARY_SUFFIXES)]
+    kept = [sample_name for sample_name in names if sample_name in wanted]
+    if not kept:
+        return name, kind, names, ""
+    if len(kept) == len(names) or kept[0] == names[0]:  # every line, or all the buckets: the whole body
+        return name, kind, names, text[body_start:body_end]
+    # Some of each series' lines are read (vLLM's iteration count is a histogram's _count): those lines alone,
+    # found by name, since in a family matched this strictly no other line starts so.
+    return name, kind, names, _lines_starting(text, tuple("\n" + sample_name for sample_name in kept), match)
 
 
 def _lines_starting(text: str, prefixes: tuple[str, ...], match: re.Match[str]) -> str:
@@ -81,7 +107,7 @@ def skim_exposition(text: str, wanted: frozenset[str], parse_lines: LineParser) 
 
     position, length = 0, len(text)
     while position < length:
-        match = _PLAIN.match(text, position) or _HISTOGRAM.match(text, position)
+        match = _FAMILY.match(text, position)
         if match is None:
             # Not a family this module knows: the line parser takes it whole, up to the next family.
             following = text.find(_NEXT_FAMILY, position)
@@ -91,18 +117,11 @@ def skim_exposition(text: str, wanted: frozenset[str], parse_lines: LineParser) 
             position = length if following == -1 else following + 1
             continue
         flush_pending(position)
-        name, body_start, body_end = match["name"], match.start("body"), match.end("body")
-        names = (name,) if match["kind"] != "histogram" else tuple(name + suffix for suffix in _HISTOGRAM_SUFFIXES)
-        types[name] = match["kind"]
-        if body_end > body_start:
-            seen.update(names)
-            kept = [sample_name for sample_name in names if sample_name in wanted]
-            if names[0] in kept:  # its samples (a histogram's buckets) are read: every sample line
-                kept_lines.append(text[body_start:body_end])
-            elif kept:
-                # Only a histogram's _count or _sum is read (vLLM's iteration count): those lines alone, found
-                # by name, since in a family matched this strictly no other line starts so.
-                kept_lines.append(_lines_starting(text, tuple("\n" + sample_name for sample_name in kept), match))
+        name, kind, names, lines = _family(text, match, wanted)
+        types[name] = kind
+        seen.update(names)
+        if lines:
+            kept_lines.append(lines)
         position = match.end()
     flush_kept()
     flush_pending(length)

@@ -3,9 +3,9 @@
 The sidecar asks vLLM for /metrics and /health every tick, over loopback. httpx spends more CPU per request
 than parsing a 300 KB exposition does (its request and response models, anyio, the connection pool's
 bookkeeping: about a millisecond a request on a small machine), so this client does only what those
-polls need: GET, connections kept alive between ticks, `Accept-Encoding: identity` (vLLM's
-prometheus_client would otherwise gzip every /metrics answer at level 9 in its API server, and the sidecar
-would spend CPU undoing it), bodies framed by Content-Length, chunked or the end of the connection, gzip or
+polls need: GET, connections kept alive between ticks, `Accept-Encoding: identity` (a server that offers
+gzip, as prometheus_client's own exposition apps do, would spend CPU compressing what the sidecar then spends
+CPU undoing, over loopback), bodies framed by Content-Length, chunked or the end of the connection, gzip or
 deflate still decoded should a server send them anyway, and every body counted against a cap as it arrives.
 
 Bounding time is the caller's: one `asyncio.timeout` around the whole request (a trickling server must not
@@ -20,7 +20,7 @@ import ipaddress
 import socket
 import zlib
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from sidecar import __version__
 
@@ -28,6 +28,8 @@ HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; what h11 (ht
 _READ_CHUNK_BYTES = 256 * 1024
 _MAX_IDLE_PER_HOST = 4
 _CHUNK_LINE_LIMIT = 1024
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986 pchar and '/', '%' kept so an encoded path stays as it is
+_QUERY_SAFE = _PATH_SAFE + "?"
 
 
 class GetError(Exception):
@@ -112,9 +114,12 @@ class HttpGetClient:
             if parts.scheme != "http" or not parts.hostname:
                 raise ValueError(f"not an http:// URL with a host: {url!r}")
             port = parts.port or 80
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            # As httpx sends them: a path percent-encoded, a name in IDNA; the request line must be ASCII.
+            path = quote(parts.path or "/", safe=_PATH_SAFE) + (
+                f"?{quote(parts.query, safe=_QUERY_SAFE)}" if parts.query else ""
+            )
             host = parts.hostname
-            authority = f"[{host}]" if ":" in host else host
+            authority = f"[{host}]" if ":" in host else host.encode("idna").decode("ascii")
             authority += "" if port == 80 else f":{port}"
             head = (
                 f"GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: vllm-sidecar/{__version__}\r\n"

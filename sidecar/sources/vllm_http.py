@@ -128,6 +128,8 @@ class VllmHttpSource:
             raise FetchError(f"vLLM {url} {error}") from None
         except GetError as error:
             raise FetchError(f"vLLM {url} dropped the connection mid-answer: {error}") from None
+        except ValueError as error:  # a URL no request line can carry (a host name IDNA refuses)
+            raise FetchError(f"vLLM {url} cannot be asked: {error}") from None
         if answer.status != httpx.codes.OK:
             raise FetchError(f"vLLM {url} answered HTTP {answer.status}")
         return answer.body

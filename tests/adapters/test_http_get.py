@@ -337,3 +337,15 @@ async def test_sim_gpu_document_over_its_cap(client: HttpGetClient, server: Loop
     result = await SimGpuSource(client=client, url=server.url + "/sim/gpu", timeout_s=2).read()
     assert result.error is not None
     assert result.error.endswith("answer over 1048576 bytes")
+
+
+async def test_the_request_line_is_ascii_as_httpx_sends_it(
+    client: HttpGetClient, keep_alive: Callable[..., KeepAliveServer]
+) -> None:
+    server = keep_alive()
+    answer = await client.get(server.url + "/prefix/métrics?q=a b", max_bytes=2**20)
+    assert answer.status == 200
+    assert server.requests == ["/prefix/m%C3%A9trics?q=a%20b"]
+    result = await VllmHttpSource(client=client, base_url="http://xn--.invalid", timeout_s=2, max_body_bytes=100).read()
+    assert result.error is not None
+    assert "\n" not in result.error

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.derive.engine import EngineHistory, engine_history
+from sidecar.derive.engine import EngineHistory, engine_history, preemption_rate, windowed_hit_ratio
 from sidecar.derive.gpu import MemoryHistory, memory_history
 from sidecar.derive.restart import RestartTracker, last_restart_s
 from sidecar.derive.trend import LineFit, fit_line
@@ -31,6 +31,13 @@ ENGINES = (("m", "0"), ("m", "1"), ("n", "0"))
 
 def _gpu_error() -> SourceResult[GpuReading]:
     return SourceResult(source="nvml", duration_s=0.0, error="NVML gone")
+
+
+# Counter readings as the windowed ratios meet them: whole numbers (the running sums' case), resets, None,
+# and what sends them back to adding step by step (fractions, negatives, values past 2**53).
+COUNTER_VALUES = st.sampled_from(
+    [None, 0.0, 3.0, 100.0, 150.0, 1e6, 1e6 + 7, 0.5, -4.0, 2.0**53, 2.0**60]
+) | st.integers(0, 10**6).map(float)
 
 
 @st.composite
@@ -52,6 +59,10 @@ def sequences(draw: st.DrawFn) -> list[Snapshot]:
                 engine=number,
                 prompt_tokens_total=counters[(model, number)],
                 generation_tokens_total=draw(st.sampled_from([None, counters[(model, number)]])),
+                prefix_cache_queries_total=draw(COUNTER_VALUES),
+                prefix_cache_hits_total=draw(COUNTER_VALUES),
+                preemptions_total=draw(COUNTER_VALUES),
+                prefix_cache_hit_rate_gauge=draw(st.sampled_from([None, -1.0, 0.25])),
             )
             for model, number in keys
         )
@@ -108,7 +119,11 @@ def test_trackers_equal_the_functions_over_the_window(
         now = shot.monotonic_s
         for back in backs:
             start = now - back
-            assert engines.since(start, follower.oldest) == engine_history(window.since(start))
+            history = engine_history(window.since(start))
+            assert engines.since(start, follower.oldest) == history
+            windowed = {key: (windowed_hit_ratio(h), preemption_rate(h)) for key, h in history.items()}
+            # repr: bit for bit, None and NaN included; sorted: the Deriver looks engines up by key.
+            assert repr(sorted(engines.windowed(start, follower.oldest).items())) == repr(sorted(windowed.items()))
             assert memory.since(start, follower.oldest) == memory_history(window.since(start))
             assert restarts.last_restart_s(start, follower.oldest) == last_restart_s(window.since(start))
 

@@ -45,9 +45,35 @@ def _simulated(version: str, engines: int) -> str:
     return MetricsWriter(version, model_name="m", cache=cache, engines=engines).render(()).decode()
 
 
-TEXTS = [path.read_text() for path in exposition_files()] + [
-    _simulated(version, engines) for version, engines in (("0.6", 1), ("0.10", 1), ("0.32", 1), ("0.32", 3))
-]
+# Shapes the skim must leave to the line parser, or take only partly: a summary with quantiles, a histogram
+# with a series missing its _sum, families without HELP, a kept name inside a foreign family.
+ODD_FAMILIES = """# HELP s a summary with quantiles
+# TYPE s summary
+s{quantile="0.5"} 1
+s_count 2
+s_sum 3
+# HELP t a summary without
+# TYPE t summary
+t_count{a="1"} 2
+t_sum{a="1"} 3.5
+# HELP h a histogram cut short
+# TYPE h histogram
+h_bucket{le="1"} 1
+h_bucket{le="+Inf"} 2
+h_count 2
+h_bucket{le="1"} 1
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+# HELP g a gauge
+# TYPE g gauge
+g 1
+vllm:num_requests_waiting{engine="0",model_name="m"} 4
+"""
+TEXTS = (
+    [path.read_text() for path in exposition_files()]
+    + [ODD_FAMILIES]
+    + [_simulated(version, engines) for version, engines in (("0.6", 1), ("0.10", 1), ("0.32", 1), ("0.32", 3))]
+)
 KEEPS: list[frozenset[str]] = [KEPT_SAMPLES, KEPT_SAMPLES | SAMPLE_NAMES, frozenset()]
 TRICKY_LINES = [
     "",
@@ -62,6 +88,10 @@ TRICKY_LINES = [
     "x 1",
     "x 1.2.3",
     'x{a="1"} oops',
+    "# TYPE x summary",
+    "x_count 1",
+    "x_sum 2",
+    'x{quantile="0.5"} 1',
     'x_bucket{le="1"} 1',
     'vllm:num_requests_running{engine="0",model_name="m"} 3',
     'vllm:num_requests_running{engine="0",model_name="m"} x',
