@@ -311,14 +311,16 @@ def drive_standard_load(
     timeout: float = REQUEST_TIMEOUT_S,
     min_phase_b_seconds: float = MIN_PHASE_B_SECONDS,
     max_phase_b_rounds: int = MAX_PHASE_B_ROUNDS,
+    until: Callable[[], bool] | None = None,
 ) -> LoadReport:
     """Run phases A and B against ``base_url`` while polling its ``/metrics``; see the module docstring.
 
     ``on_poll`` is called (in the poller thread) with the parsed watched metrics after every scrape; it can
     check e.g. ``values[RUNNING] >= 8`` to act while vLLM is fully loaded. Its exception, if any, is
     re-raised here after the load has finished. Phase B runs at least once and then repeats until it has
-    lasted ``min_phase_b_seconds`` (at most ``max_phase_b_rounds`` rounds); pass a longer time to keep
-    vLLM loaded while a sidecar scrapes it.
+    lasted ``min_phase_b_seconds`` and ``until()`` (checked between rounds) is true, at most
+    ``max_phase_b_rounds`` rounds: a sidecar scraping on its own clock may need more than one round to
+    catch the peak, and ``until`` lets its test say when it has (and fail, not hang, when it never does).
     """
     base_url = check_local(base_url)
     before = parse_metrics(fetch_metrics(base_url))
@@ -335,7 +337,9 @@ def drive_standard_load(
         started = time.monotonic()
         phase_b: list[Completion] = []
         rounds = 0
-        while rounds < max(1, max_phase_b_rounds) and (rounds == 0 or time.monotonic() - started < min_phase_b_seconds):
+        while rounds < max(1, max_phase_b_rounds) and (
+            rounds == 0 or time.monotonic() - started < min_phase_b_seconds or (until is not None and not until())
+        ):
             prompts_b = phase_b_prompts(rounds)
             phase_b += run_concurrently(base_url, prompts_b, PHASE_B_MAX_TOKENS, timeout=timeout)
             rounds += 1
