@@ -28,7 +28,6 @@ class Exposition:
     samples: dict[str, tuple[Sample, ...]]
     types: dict[str, str] = field(default_factory=dict)
     names_seen: frozenset[str] = frozenset()  # every sample name in the text, kept or not
-    line_count: int = 0
 
     def get(self, name: str) -> tuple[Sample, ...]:
         return self.samples.get(name, ())

@@ -69,7 +69,6 @@ def _parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
     seen: set[str] = set()
     keep_all = keep is None
     wanted = frozenset(keep) if keep is not None else frozenset()
-    line_number = 0
     for line_number, raw in enumerate(text.split("\n"), start=1):
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line:
@@ -101,7 +100,6 @@ def _parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
         samples={name: tuple(found) for name, found in samples.items()},
         types=types,
         names_seen=frozenset(seen),
-        line_count=line_number,
     )
 
 

@@ -129,5 +129,4 @@ def skim_exposition(text: str, wanted: frozenset[str], parse_lines: LineParser) 
         samples={name: tuple(found) for name, found in samples.items()},
         types=types,
         names_seen=frozenset(seen),
-        line_count=text.count("\n") + 1,
     )

@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 import httpx
 import structlog
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 from structlog.typing import FilteringBoundLogger
 
@@ -36,7 +35,7 @@ from sidecar.policy.machine import Policy
 from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings
 from sidecar.shell.ledger_store import read_boot_id
-from sidecar.shell.schedule import add_tick_job, keep_on_time
+from sidecar.shell.schedule import LoopScheduler, OnTime, add_tick_job
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings, SettingsError
@@ -121,11 +120,11 @@ class Poller:
         return self._view
 
     async def tick(self) -> View:
-        reading, healthy, gpu = await asyncio.gather(
-            self._vllm.read(),
-            self._vllm.healthy(),
-            self._gpu.read() if self._gpu is not None else _none(),
-        )
+        if self._gpu is None:
+            reading, healthy = await asyncio.gather(self._vllm.read(), self._vllm.healthy())
+            gpu = None
+        else:
+            reading, healthy, gpu = await asyncio.gather(self._vllm.read(), self._vllm.healthy(), self._gpu.read())
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),
@@ -142,10 +141,6 @@ class Poller:
         if self._on_view is not None:
             self._on_view(view)  # the policy decides on the view just published
         return view
-
-
-async def _none() -> None:
-    return None
 
 
 def build_tls(settings: Settings, logger: FilteringBoundLogger) -> ReloadingServerTls | None:
@@ -217,6 +212,7 @@ class Daemon:
         self._started_s = time.monotonic()
         self._stop = asyncio.Event()
         self._current_tick: asyncio.Task[None] | None = None
+        self._on_time: OnTime | None = None
 
     def liveness(self) -> Liveness:
         """Alive while ticks keep completing; a wedged loop or scheduler turns /healthz to 503."""
@@ -230,6 +226,8 @@ class Daemon:
 
     async def _tick_job(self) -> None:
         self._current_tick = asyncio.current_task()
+        if self._on_time is not None:
+            self._on_time.tick_started()
         try:
             await self.poller.tick()
         except asyncio.CancelledError:
@@ -252,10 +250,11 @@ class Daemon:
             self._log.error("listen_failed", listen=self._settings.listen, error=str(error))
             await self._close()
             return 1
-        scheduler = AsyncIOScheduler(event_loop=loop)
+        scheduler = LoopScheduler(event_loop=loop)
         add_tick_job(scheduler, self._tick_job, self._settings.interval)
         scheduler.start()
-        on_time = asyncio.create_task(keep_on_time(scheduler, self._settings.interval, self._log))
+        self._on_time = OnTime(scheduler, self._settings.interval, self._log, loop=loop)
+        self._on_time.start()
         self.notifier.start()
         systemd = SdNotifier.from_environment()
         watchdog = asyncio.create_task(self._watchdog(systemd))
@@ -276,7 +275,7 @@ class Daemon:
         self._log.info("stopping")
         self._sd_send(systemd.stopping())
         watchdog.cancel()
-        on_time.cancel()
+        self._on_time.stop()
         scheduler.shutdown(wait=False)
         await self._finish_tick()
         await self.server.stop()

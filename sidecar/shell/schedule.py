@@ -8,6 +8,10 @@ booted with a dead RTC move by minutes to decades. Left alone:
 - a jump forward makes the interval trigger walk through every missed run one at a time to find the next one
   (20 years at 2 s: 3 x 10^8 steps, minutes of a frozen event loop and gigabytes of datetimes).
   `SteadyInterval` skips them in one step.
+
+Both run without waking the process between ticks: the watch over the schedule is a monotonic deadline that
+every tick pushes back (it fires only when a tick is overdue), and `LoopScheduler` runs APScheduler's timer on
+the loop directly. On an idle node a daemon that wakes once a tick instead of three times costs visibly less.
 """
 
 from __future__ import annotations
@@ -51,26 +55,84 @@ def add_tick_job(scheduler: AsyncIOScheduler, job: Callable[[], Awaitable[None]]
     )
 
 
-async def keep_on_time(
-    scheduler: AsyncIOScheduler,
-    interval_s: float,
-    logger: FilteringBoundLogger,
-    *,
-    wall_clock: Callable[[], float] = time.time,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Every interval (by the monotonic clock): log a wall-clock jump, and after a jump back run the tick now."""
-    offset_s = wall_clock() - clock()
-    while True:
-        await asyncio.sleep(interval_s)
-        now_offset_s = wall_clock() - clock()
-        if abs(now_offset_s - offset_s) > WALL_JUMP_S:
-            logger.warning("wall_clock_jumped", jump_s=round(now_offset_s - offset_s, 1))
-        offset_s = now_offset_s
-        job = scheduler.get_job(TICK_JOB)
-        if job is None or job.next_run_time is None:
-            continue
-        now = datetime.fromtimestamp(wall_clock(), UTC)
-        ahead_s = (job.next_run_time - now).total_seconds()
-        if ahead_s > interval_s + WALL_JUMP_S:  # never more than one interval ahead unless the clock went back
-            scheduler.modify_job(TICK_JOB, next_run_time=now)
+class LoopScheduler(AsyncIOScheduler):  # type: ignore[misc] # apscheduler has no type hints: its classes are Any
+    """APScheduler's asyncio scheduler, its timer handled on the loop it already runs on.
+
+    `AsyncIOScheduler.wakeup` is written for calls from any thread: it always goes through
+    `call_soon_threadsafe`, which for its own timer (a `call_later` callback, on the loop already) costs a write
+    to the loop's self-pipe, a wake-up and two reads every tick. Calls from elsewhere (`add_job`, `modify_job`)
+    still use it; the timer runs the same three steps directly. Relies on APScheduler 3.x's `_stop_timer`,
+    `_process_jobs` and `_start_timer`, which pyproject pins (`<4`); tests/unit/test_schedule.py checks them.
+    """
+
+    def _start_timer(self, wait_seconds: float | None) -> None:
+        self._stop_timer()
+        if wait_seconds is not None:
+            self._timeout = self._eventloop.call_later(wait_seconds, self._wake_on_loop)
+
+    def _wake_on_loop(self) -> None:
+        self._stop_timer()
+        self._start_timer(self._process_jobs())
+
+
+class OnTime:
+    """Keeps the tick on time across wall-clock jumps, by the monotonic clock, without a timer of its own.
+
+    `tick_started` (first thing in every tick) logs a jump of the wall clock since the previous tick and moves
+    a monotonic deadline to one interval plus `WALL_JUMP_S` ahead; ticks on time keep pushing it back, so it
+    never fires. When it does, the tick is overdue: after a jump back APScheduler's next run lies in the
+    future, and it is pulled in to now (then the deadline is set again, in case the jump was not the cause).
+    """
+
+    def __init__(
+        self,
+        scheduler: AsyncIOScheduler,
+        interval_s: float,
+        logger: FilteringBoundLogger,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._scheduler = scheduler
+        self._interval_s = interval_s
+        self._log = logger
+        self._loop = loop
+        self._wall_clock = wall_clock
+        self._clock = clock
+        self._offset_s = wall_clock() - clock()
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._arm()
+
+    def stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def tick_started(self) -> None:
+        self._note_jump()
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()  # a cancelled timer is dropped by the loop, never woken for
+        self._deadline = self._loop.call_later(self._interval_s + WALL_JUMP_S, self._overdue)
+
+    def _note_jump(self) -> None:
+        offset_s = self._wall_clock() - self._clock()
+        if abs(offset_s - self._offset_s) > WALL_JUMP_S:
+            self._log.warning("wall_clock_jumped", jump_s=round(offset_s - self._offset_s, 1))
+        self._offset_s = offset_s
+
+    def _overdue(self) -> None:
+        self._deadline = None
+        self._note_jump()
+        job = self._scheduler.get_job(TICK_JOB)
+        if job is not None and job.next_run_time is not None:
+            now = datetime.fromtimestamp(self._wall_clock(), UTC)
+            ahead_s = (job.next_run_time - now).total_seconds()
+            if ahead_s > self._interval_s + WALL_JUMP_S:  # never more than one interval ahead unless it went back
+                self._scheduler.modify_job(TICK_JOB, next_run_time=now)
+        self._arm()

@@ -26,6 +26,11 @@ from sidecar.sources.http_get import AnswerTooLargeError, ConnectFailedError, Ge
 SOURCE = "vllm"
 # vLLM's version changes only with a restart, which shows as a failed poll; asking every minute covers the rest.
 VERSION_MAX_AGE_S = 60.0
+# vLLM's /health turns 503 only on EngineDeadError, and its API server exits within seconds of that (both
+# endpoints then refuse connections); a hung engine keeps it 200. So while /health answers 200 and /metrics
+# reads, asking it every tick tells nothing new: a 200 stands for this long. After any other answer, or a
+# /metrics read that failed, it is asked every tick again, so a dead engine is followed at full resolution.
+HEALTH_MAX_AGE_S = 5.0
 _SMALL_BODY_BYTES = 64 * 1024  # /version and /health answers are tiny; anything bigger is not them
 
 
@@ -54,14 +59,16 @@ class VllmHttpSource:
         self._clock = clock
         self._version: str | None = None
         self._version_asked_at: float | None = None  # None: ask on the next read
+        self._healthy_at: float | None = None  # when /health last answered 200; None: ask on the next tick
+        self._last_read_ok = False
 
     async def read(self) -> SourceResult[VllmReading]:
         """Fetch /metrics and /version concurrently and interpret them."""
         started = self._clock()
-        metrics_task = asyncio.create_task(self._fetch("/metrics", self._max_body_bytes))
+        # /version rides along (concurrently) once a minute; every other tick awaits /metrics alone, no task.
         version_task = asyncio.create_task(self._version_now()) if self._version_due(started) else None
         try:
-            body = await metrics_task
+            body = await self._fetch("/metrics", self._max_body_bytes)
             text = _decode(body)
             exposition = parse_exposition(text, KEPT_SAMPLES)
         except (FetchError, ExpositionError) as error:
@@ -72,19 +79,27 @@ class VllmHttpSource:
             if isinstance(error, ExpositionError):
                 message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
             refused = isinstance(error, FetchError) and error.refused
+            self._last_read_ok = False
             return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message, unreachable=refused)
         if version_task is not None:
             self._version = await version_task
             self._version_asked_at = started
         reading = read_vllm(exposition, url=self.base_url, version=self._version)
+        self._last_read_ok = True
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
 
     async def healthy(self) -> bool:
-        """True when /health answers 200 within the timeout."""
+        """True when /health answers 200 within the timeout, or did less than HEALTH_MAX_AGE_S ago while
+        /metrics kept reading (see HEALTH_MAX_AGE_S)."""
+        now = self._clock()
+        if self._last_read_ok and self._healthy_at is not None and now - self._healthy_at < HEALTH_MAX_AGE_S:
+            return True
         try:
             await self._fetch("/health", _SMALL_BODY_BYTES)
         except FetchError:
+            self._healthy_at = None
             return False
+        self._healthy_at = now
         return True
 
     def _version_due(self, now_s: float) -> bool:

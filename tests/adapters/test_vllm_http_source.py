@@ -7,7 +7,7 @@ import time
 import httpx
 
 from sidecar.model.vllm import MetricSchema
-from sidecar.sources.vllm_http import VllmHttpSource
+from sidecar.sources.vllm_http import HEALTH_MAX_AGE_S, VllmHttpSource
 from tests.conftest import EXPOSITIONS
 from tests.loopback import LoopbackServer, closed_port, drop_mid_body, endless, respond, slow
 
@@ -123,6 +123,43 @@ async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, c
 async def test_unhealthy(server: LoopbackServer, client: httpx.AsyncClient) -> None:
     server.routes["/health"] = respond(503)
     assert not await source(client, server.url).healthy()
+
+
+async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_anything_else_is_asked_again(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
+    now = [1000.0]
+    reader = VllmHttpSource(
+        client=client, base_url=server.url, timeout_s=1.0, max_body_bytes=4 * 2**20, clock=lambda: now[0]
+    )
+
+    async def tick(seconds: float) -> bool:
+        now[0] += seconds
+        assert (await reader.read()).ok
+        return await reader.healthy()
+
+    assert await tick(0) and await tick(1) and await tick(1)
+    asked = server.hits.count("/health")
+    assert asked == 1  # asked on the first tick, while nothing had been read yet; then the 200 stood
+    assert await tick(HEALTH_MAX_AGE_S)
+    assert server.hits.count("/health") == 2
+    # The engine dies: seen within HEALTH_MAX_AGE_S, then asked on every tick until it answers 200 again.
+    server.routes["/health"] = respond(503)
+    answers = [await tick(1) for _ in range(int(HEALTH_MAX_AGE_S) + 3)]
+    first_failure = answers.index(False)
+    assert first_failure < HEALTH_MAX_AGE_S
+    assert not any(answers[first_failure:])
+    assert server.hits.count("/health") == 2 + len(answers) - first_failure
+    server.routes["/health"] = respond()
+    assert await tick(1)
+    # A failed /metrics read means /health is asked on the next tick, whatever its last answer.
+    asked = server.hits.count("/health")
+    server.routes["/metrics"] = respond(500)
+    now[0] += 1
+    assert not (await reader.read()).ok
+    assert await reader.healthy()
+    assert server.hits.count("/health") == asked + 1
 
 
 async def test_version_is_asked_once_then_again_after_a_failed_poll(

@@ -33,7 +33,7 @@ def _outcome(text: str, keep: Collection[str] | None, *, skim: bool) -> Outcome:
     except ExpositionError as error:
         return f"{error} (line {error.line_number}, {error.reason})"
     # repr: NaN values compare equal to themselves, and dict order is part of the answer.
-    return (repr(parsed.samples), list(parsed.types.items()), parsed.names_seen, parsed.line_count)
+    return (repr(parsed.samples), list(parsed.types.items()), parsed.names_seen)
 
 
 def _check(text: str, keep: Collection[str] | None) -> None:
