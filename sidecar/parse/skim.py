@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from sidecar.model.exposition import Exposition, Sample
 
-_SAMPLE_TAIL = r"[{ ][^\n]*[0-9NnFf]\n"
+# Possessive, then a look back at the last character: the line is scanned once, with no backtracking state.
+_SAMPLE_TAIL = r"[{ ][^\n]*+(?<=[0-9NnFf])\n"
 # One match per family: the header, then a body whose shape the type decides (conditional groups), so the
 # regex engine walks each family once. Plain kinds' samples carry the family's name itself (prometheus_client
 # writes an info as a gauge); a histogram's series are buckets, _count, _sum; a summary without quantiles
