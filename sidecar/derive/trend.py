@@ -36,5 +36,7 @@ def fit_line(points: Sequence[tuple[float, float]]) -> LineFit | None:
     if s_tt == 0:
         return None
     slope = s_tv / s_tt
-    r2 = (s_tv * s_tv) / (s_tt * s_vv) if s_vv > 0 else 0.0
+    # Both sums may be positive and their product still underflow to 0 (spreads of 1e-92): no fit, not a crash.
+    spread = s_tt * s_vv
+    r2 = (s_tv * s_tv) / spread if spread > 0 else 0.0
     return LineFit(slope_per_s=slope, r2=r2, points=count, span_s=points[-1][0] - points[0][0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
@@ -17,7 +18,7 @@ from sidecar.policy.rules import (
     pressure_findings,
     resume_blockers,
 )
-from tests.policy.builders import engine, gpu
+from tests.policy.builders import GIB, engine, gpu
 
 S = PolicySettings()
 
@@ -65,6 +66,37 @@ def test_preemptions_and_gpu_free_memory() -> None:
     ]
     assert [f.rule for f in found] == [PauseRule.PREEMPTIONS, PauseRule.GPU_FREE_MEMORY]
     assert pause_findings(derived(engine(preemptions_per_s=1.0), gpus=(gpu(free_ratio=0.05),)), S, {}) == []
+
+
+def _tenant_gpu(*, vllm_gib: float, other_gib: float, unknown_gib: float = 0.0) -> GpuDerived:
+    """80 GiB, vLLM's budget 72 GiB (0.9), 2 GiB free (2.5 %): what is held, and by whom, varies."""
+    base = gpu(0, free_ratio=2 / 80)
+    return dataclasses.replace(
+        base,
+        vllm_process_memory_bytes=int(vllm_gib * GIB),
+        other_process_memory_bytes=int(other_gib * GIB),
+        unknown_process_memory_bytes=int(unknown_gib * GIB),
+    )
+
+
+def test_gpu_memory_held_by_another_process_with_vllm_inside_its_budget_is_pressure_not_a_pause() -> None:
+    tenant = derived(engine(), gpus=(_tenant_gpu(vllm_gib=71.5, other_gib=6.5),))
+    assert pause_findings(tenant, S, {}) == []
+    assert resume_blockers(tenant, S) == []
+    assert texts(pressure_findings(tenant, S, {}, {})) == [
+        "GPU free memory 2.5 % < 5.0 % of total on GPU 0, held by other processes (6.5 GiB) with vLLM inside its "
+        "budget: not paused"
+    ]
+    # vLLM over its own budget: its growth is what a pause can stop.
+    grown = derived(engine(), gpus=(_tenant_gpu(vllm_gib=74.0, other_gib=4.0),))
+    assert texts(pause_findings(grown, S, {})) == ["GPU free memory 2.5 % < 5.0 % of total on GPU 0"]
+    assert pressure_findings(grown, S, {}, {}) == []
+    # Memory nobody could be named for may be vLLM's: not known, so the rule pauses as without attribution.
+    unknown = derived(engine(), gpus=(_tenant_gpu(vllm_gib=40.0, other_gib=6.5, unknown_gib=31.5),))
+    assert [f.rule for f in pause_findings(unknown, S, {})] == [PauseRule.GPU_FREE_MEMORY]
+    # No other process: the shortfall is vLLM's own (and NVML's rounding), whatever the budget says.
+    alone = derived(engine(), gpus=(_tenant_gpu(vllm_gib=78.0, other_gib=0.0),))
+    assert [f.rule for f in pause_findings(alone, S, {})] == [PauseRule.GPU_FREE_MEMORY]
 
 
 def test_engines_of_several_models_are_named_with_the_model() -> None:

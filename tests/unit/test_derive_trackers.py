@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sidecar.derive.engine import EngineHistory, engine_history, preemption_rate, windowed_hit_ratio
@@ -141,10 +141,20 @@ def _old_fit_line(points: Sequence[tuple[float, float]]) -> LineFit | None:
     if s_tt == 0:
         return None
     slope = s_tv / s_tt
-    r2 = (s_tv * s_tv) / (s_tt * s_vv) if s_vv > 0 else 0.0
+    spread = s_tt * s_vv  # the one change since: this product underflowed to 0 for spreads of 1e-92 and divided
+    r2 = (s_tv * s_tv) / spread if spread > 0 else 0.0
     return LineFit(slope_per_s=slope, r2=r2, points=count, span_s=points[-1][0] - points[0][0])
 
 
+def test_a_spread_too_small_for_its_product_is_no_fit_not_a_division_by_zero() -> None:
+    tiny = 5.1730367075945074e-92
+    fit = fit_line([(0.0, 0.0), (tiny, tiny)])
+    assert fit is not None
+    assert fit.slope_per_s == 1.0
+    assert fit.r2 == 0.0
+
+
+@example([(0.0, 0.0), (5.1730367075945074e-92, 5.1730367075945074e-92)])  # found by hypothesis: the underflow
 @given(
     st.lists(
         st.tuples(
