@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass
 
 from bench.generate_exposition import generate_exposition
 from sidecar.sim.config import SimConfig
-from sidecar.sim.exposition import MetricsWriter
-from sidecar.sim.exposition_cache import CacheSettings
+from sidecar.sim.server import metrics_writer
 from sidecar.sim.simulation import Simulation
 
 
@@ -83,18 +82,7 @@ class SimulatedServer:
 def simulated_server(gpus: int, now_s: float = 30.0) -> SimulatedServer:
     config = SimConfig(data_parallel=gpus)
     # The same wiring as sidecar.sim.server.SimServer, without its HTTP server and engine loop.
-    writer = MetricsWriter(
-        str(config.vllm_version),
-        model_name=config.model_name,
-        engines=config.data_parallel,
-        cache=CacheSettings(
-            max_model_len=config.max_model_len,
-            num_gpu_blocks_per_engine=max(1, config.derived_num_gpu_blocks),
-            block_size=config.block_size,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            enable_prefix_caching=config.enable_prefix_caching,
-        ),
-    )
+    writer = metrics_writer(config)
     simulation = Simulation(config, writer)
     simulation.step(0.0)
     document = json.dumps({"gpus": [asdict(state) for state in simulation.gpu_states(now_s)]}).encode()

@@ -49,6 +49,22 @@ EXIT_AFTER_DEATH_S = 2.0  # vLLM's watchdog notices a dead engine and stops the 
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
+def metrics_writer(config: SimConfig) -> MetricsWriter:
+    """The /metrics writer a simulator with `config` serves: its vLLM version, engines and cache."""
+    return MetricsWriter(
+        str(config.vllm_version),
+        model_name=config.model_name,
+        engines=config.data_parallel,
+        cache=CacheSettings(
+            max_model_len=config.max_model_len,
+            num_gpu_blocks_per_engine=max(1, config.derived_num_gpu_blocks),
+            block_size=config.block_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            enable_prefix_caching=config.enable_prefix_caching,
+        ),
+    )
+
+
 class _Stream:
     """Token events of one request, handed from the engine loop to its HTTP response."""
 
@@ -75,18 +91,7 @@ class SimServer:
         self.config = config = dataclasses.replace(
             config, wall_offset_s=time.time() - clock(), api_server_pid=os.getpid()
         )
-        self._writer = MetricsWriter(
-            str(config.vllm_version),
-            model_name=config.model_name,
-            engines=config.data_parallel,
-            cache=CacheSettings(
-                max_model_len=config.max_model_len,
-                num_gpu_blocks_per_engine=max(1, config.derived_num_gpu_blocks),
-                block_size=config.block_size,
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                enable_prefix_caching=config.enable_prefix_caching,
-            ),
-        )
+        self._writer = metrics_writer(config)
         self._simulation = Simulation(config, self._writer)
         self._streams: dict[str, _Stream] = {}
         self._http = HttpServer(host=host, port=port, handler=self._handle, max_body_bytes=8 * 2**20)
