@@ -92,6 +92,15 @@ def _gib(value: int) -> str:
     return f"{value / 2**30:.1f} GiB"
 
 
+def _free_memory_short(gpu: GpuDerived, settings: PolicySettings) -> str | None:
+    """The reason line when `gpu`'s free memory is under min_gpu_free_ratio of its total, else None."""
+    free = _free_ratio(gpu)
+    if free is None or free >= settings.min_gpu_free_ratio:
+        return None
+    shown, limit = compare(100 * free, 100 * settings.min_gpu_free_ratio, digits=1)
+    return f"GPU free memory {shown} % < {limit} % of total on GPU {gpu.gpu}"
+
+
 def next_waiting_streaks(previous: Mapping[str, int], derived: Derived, settings: PolicySettings) -> dict[str, int]:
     """Consecutive polls on which each engine had waiting > waiting_ratio x running."""
     return {
@@ -134,11 +143,9 @@ def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: 
             text = f"preemptions {shown}/s > {limit}/s on {engine_label(e, derived)}"
             found.append(Finding(rule=PauseRule.PREEMPTIONS, text=text))
     for g in derived.gpus:
-        free = _free_ratio(g)
-        if free is not None and free < settings.min_gpu_free_ratio and not _held_by_others(g):
-            shown, limit = compare(100 * free, 100 * settings.min_gpu_free_ratio, digits=1)
-            text = f"GPU free memory {shown} % < {limit} % of total on GPU {g.gpu}"
-            found.append(Finding(rule=PauseRule.GPU_FREE_MEMORY, text=text))
+        short = _free_memory_short(g, settings)
+        if short is not None and not _held_by_others(g):
+            found.append(Finding(rule=PauseRule.GPU_FREE_MEMORY, text=short))
     return found
 
 
@@ -186,13 +193,10 @@ def pressure_findings(
             text = f"{engine_label(e, derived)} made no progress for {stalled:.0f} s with requests running"
             found.append(Finding(rule=None, text=text))
     for g in derived.gpus:
-        free = _free_ratio(g)
-        if free is not None and free < settings.min_gpu_free_ratio and _held_by_others(g):
-            shown, limit = compare(100 * free, 100 * settings.min_gpu_free_ratio, digits=1)
-            text = (
-                f"GPU free memory {shown} % < {limit} % of total on GPU {g.gpu}, held by other processes "
-                f"({_gib(g.other_process_memory_bytes or 0)}) with vLLM inside its budget: not paused"
-            )
+        short = _free_memory_short(g, settings)
+        if short is not None and _held_by_others(g):
+            held = _gib(g.other_process_memory_bytes or 0)
+            text = f"{short}, held by other processes ({held}) with vLLM inside its budget: not paused"
             found.append(Finding(rule=None, text=text))
         ticks = oom_streaks.get(g.gpu, 0)
         if 0 < ticks < settings.oom_forecast_ticks and g.time_to_oom_seconds is not None:
