@@ -212,15 +212,7 @@ def test_a_settings_error_next_to_a_secret_does_not_repeat_it(case: str, setting
 
 def test_console_logs_never_print_local_variables_of_a_traceback() -> None:
     """With `rich` installed, structlog's console renderer would print every frame's locals by default."""
-    stream = io.StringIO()
-    configure_logging(level="info", log_format="console", stream=stream)
-    try:
-        _raise_with_a_secret_in_a_local()
-    except ValueError:
-        logging.getLogger("apscheduler.executors.default").exception("Job raised an exception")
-    finally:
-        configure_logging(level="info", log_format="json", stream=sys.stderr)
-    output = stream.getvalue()
+    output = _library_traceback_logged_as("console")
     assert "ValueError: the job failed" in output  # the traceback itself is kept
     assert _leaks(output) == [], output
 
@@ -230,16 +222,21 @@ def _raise_with_a_secret_in_a_local() -> None:
     raise ValueError("the job failed" if webhook_url else "")
 
 
-def test_json_logs_keep_a_library_traceback_as_text_and_no_locals() -> None:
+def _library_traceback_logged_as(log_format: str) -> str:
+    """What the daemon's logging prints when a library (APScheduler) logs a traceback whose frame holds a secret."""
     stream = io.StringIO()
-    configure_logging(level="info", log_format="json", stream=stream)
+    configure_logging(level="info", log_format=log_format, stream=stream)
     try:
         _raise_with_a_secret_in_a_local()
     except ValueError:
         logging.getLogger("apscheduler.executors.default").exception("Job raised an exception")
     finally:
         configure_logging(level="info", log_format="json", stream=sys.stderr)
-    [line] = stream.getvalue().splitlines()
+    return stream.getvalue()
+
+
+def test_json_logs_keep_a_library_traceback_as_text_and_no_locals() -> None:
+    [line] = _library_traceback_logged_as("json").splitlines()
     event = json.loads(line)
     assert event["exception"].startswith("Traceback (most recent call last):")
     assert event["exception"].endswith("ValueError: the job failed")
