@@ -43,6 +43,7 @@ class PauseRule(StrEnum):
     WAITING_QUEUE = "waiting_queue"
     PREEMPTIONS = "preemptions"
     GPU_FREE_MEMORY = "gpu_free_memory"
+    ENGINE_STALLED = "engine_stalled"
     MANUAL = "manual"
 
 

@@ -9,7 +9,8 @@ Pressure, exactly: admission is open and at least one of
 - an engine has waiting > waiting_ratio x running on fewer than waiting_ticks consecutive polls so far;
 - a GPU's forecast time to OOM is under oom_forecast_s (fewer than oom_forecast_ticks polls so far, or a guard
   blocks the restart);
-- an engine made no progress with requests running for some time, still under hung_after_s;
+- an engine made no progress with requests running for some time, still under stall_pause_after_s (and
+  hung_after_s);
 - a GPU's free memory is under min_gpu_free_ratio, but held by other processes with vLLM inside its budget (see
   `_held_by_others`: not a pause, which could not free it);
 - a restart condition holds but a guard blocks it.
@@ -146,6 +147,14 @@ def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: 
         short = _free_memory_short(g, settings)
         if short is not None and not _held_by_others(g):
             found.append(Finding(rule=PauseRule.GPU_FREE_MEMORY, text=short))
+    for e in derived.engines:
+        stalled = e.engine_stalled_seconds
+        if stalled is not None and stalled >= settings.stall_pause_after_s and e.requests_running:
+            text = (
+                f"{engine_label(e, derived)} made no progress for {stalled:.0f} s >= "
+                f"{settings.stall_pause_after_s:.0f} s with {_count(e.requests_running)} requests running"
+            )
+            found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=text))
     return found
 
 
@@ -189,7 +198,8 @@ def pressure_findings(
             )
             found.append(Finding(rule=None, text=text))
         stalled = e.engine_stalled_seconds
-        if stalled is not None and 0 < stalled < settings.hung_after_s and e.requests_running:
+        under = min(settings.stall_pause_after_s, settings.hung_after_s)
+        if stalled is not None and 0 < stalled < under and e.requests_running:
             text = f"{engine_label(e, derived)} made no progress for {stalled:.0f} s with requests running"
             found.append(Finding(rule=None, text=text))
     for g in derived.gpus:

@@ -32,6 +32,9 @@ class PolicySettings:
     waiting_ticks: int = 3  # ... on this many consecutive polls
     preemptions_per_s: float = 1.0  # pause when an engine preempts more than this per second
     min_gpu_free_ratio: float = 0.05  # pause when a GPU's free memory is below this share of its total
+    # Pause when an engine made no progress this long with requests running: new requests would only queue
+    # behind it, while other replicas serve them. Short: a wrong pause costs a few seconds out of rotation.
+    stall_pause_after_s: float = 10.0
     min_paused_s: float = 10.0  # an automatic pause lasts at least this long (dwell time)
     # Restarting vLLM (drain first).
     dead_after_s: float = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
@@ -92,6 +95,7 @@ class PolicySettings:
             "dead_after_s",
             "down_after_s",
             "hung_after_s",
+            "stall_pause_after_s",
             "oom_forecast_s",
             "pressure_window_s",
             "restart_budget_window_s",

@@ -42,6 +42,7 @@ def policy_settings(settings: Settings) -> PolicySettings:
             dead_after_s=settings.dead_after,
             down_after_s=settings.down_after,
             hung_after_s=settings.hung_after,
+            stall_pause_after_s=settings.stall_pause_after,
             oom_forecast_s=settings.oom_forecast,
             min_uptime_for_forecast_restart_s=settings.forecast_min_uptime,
             max_restarts_per_hour=settings.max_restarts_per_hour,

@@ -174,6 +174,12 @@ class Settings(BaseSettings):
         description="seconds without engine progress, with requests running, before a restart",
         json_schema_extra=_allowed("seconds > 0"),
     )
+    stall_pause_after: float = Field(
+        10.0,
+        gt=0,
+        description="seconds without engine progress, with requests running, before admission pauses",
+        json_schema_extra=_allowed("seconds > 0; a pause this early costs little, the restart waits for --hung-after"),
+    )
     oom_forecast: float = Field(
         900.0,
         gt=0,

@@ -195,6 +195,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["run", "--exec-command", "'unterminated"], {}, "cannot be split into arguments"),
         (["run", "--webhook-url", "hooks.example/T0KEN"], {}, "invalid setting webhook_url: not an http(s) URL"),
         (["run", "--max-restarts-per-hour", "-1"], {}, "invalid setting max_restarts_per_hour='-1'"),
+        (["run", "--stall-pause-after", "0"], {}, "invalid setting stall_pause_after='0'"),
     ],
 )
 def test_bad_settings_stop_at_start_with_one_line_and_exit_2(args: list[str], env: dict[str, str], needle: str) -> None:

@@ -72,23 +72,24 @@ def test_budget_exhaustion_notifies_once_however_long_the_restart_stays_due() ->
     decisions = [replay.step(obs(t, engine(stalled_s=300))) for t in ticks(0, 100)]
     notified = [d.now_s for d in decisions if any(a.kind is ActionKind.NOTIFY_BUDGET_EXHAUSTED for a in d.actions)]
     assert notified == [0.0]
-    assert decisions[0].actions[0].reason == (
+    budget = next(a for a in decisions[0].actions if a.kind is ActionKind.NOTIFY_BUDGET_EXHAUSTED)
+    assert budget.reason == (
         "restart budget exhausted: 3 restarts in the last hour, next allowed in 1800 s; restart due: "
         "engine 0 made no progress for 300 s >= 120 s with 4 requests running (hung)"
     )
-    assert decisions[-1].state is PolicyState.PRESSURE
+    assert decisions[-1].state is PolicyState.PAUSED  # a hung engine the budget cannot restart gets no traffic
     # The condition clears and comes back while the budget is still spent: still no second notification.
     later = [replay.step(obs(t)) for t in ticks(102, 110)] + [
         replay.step(obs(t, engine(stalled_s=300))) for t in ticks(112, 120)
     ]
-    assert all(not d.actions for d in later)
+    assert not [a for d in later for a in d.actions if a.kind is ActionKind.NOTIFY_BUDGET_EXHAUSTED]
 
 
 def test_zero_restarts_per_hour_disables_automatic_restarts() -> None:
     replay = Replay(PolicySettings(max_restarts_per_hour=0))
     decision = replay.step(obs(0, engine(stalled_s=300)))
     assert decision.would_restart_but == "automatic restarts are disabled (max_restarts_per_hour = 0)"
-    assert [a.kind for a in decision.actions] == [ActionKind.NOTIFY_BUDGET_EXHAUSTED]
+    assert [a.kind for a in decision.actions] == [ActionKind.PAUSE_ADMISSION, ActionKind.NOTIFY_BUDGET_EXHAUSTED]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +104,7 @@ def test_zero_restarts_per_hour_disables_automatic_restarts() -> None:
 def test_exponential_cooldown(ages_s: tuple[float, ...], max_per_hour: int, restart_at_s: float) -> None:
     replay = Replay(PolicySettings(max_restarts_per_hour=max_per_hour), ledger=ledger(*ages_s))
     rows = replay.run(obs(t, engine(stalled_s=300)) for t in ticks(0, restart_at_s + 100))
-    assert rows == [(0.0, "pressure", ()), (restart_at_s, "draining", ("pause_admission", DRAIN))]
+    assert rows == [(0.0, "paused", ("pause_admission",)), (restart_at_s, "draining", (DRAIN,))]
     assert replay.at(0).would_restart_but == (
         f"cooldown after restart {len(ages_s) if ages_s[0] < 3600 else 1} of a series: "
         f"next restart allowed in {restart_at_s:.0f} s"

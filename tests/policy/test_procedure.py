@@ -56,13 +56,11 @@ def test_not_now_backs_off_and_retries_with_a_doubling_wait() -> None:
     assert replay.run(series) == [
         (0.0, "draining", (PAUSE, DRAIN)),
         (120.0, "restarting", (RESTART,)),
-        (121.0, "paused", (FAILED,)),  # back to paused: vLLM still answers, so ...
-        (122.0, "pressure", (RESUME,)),  # ... admission resumes on the next healthy poll
-        (182.0, "draining", (PAUSE, DRAIN)),  # 60 s later, the next attempt
+        (121.0, "paused", (FAILED,)),  # back to paused: vLLM still answers but is still hung, so it ...
+        (182.0, "draining", (DRAIN,)),  # ... stays out of rotation until the next attempt, 60 s later
         (302.0, "restarting", (RESTART,)),
         (303.0, "paused", (FAILED,)),
-        (304.0, "pressure", (RESUME,)),
-        (424.0, "draining", (PAUSE, DRAIN)),  # 120 s later
+        (424.0, "draining", (DRAIN,)),  # 120 s later
     ]
     assert replay.at(121).reason == (
         "restart (engine_hung) refused for now by the platform: HTTP 429: PodDisruptionBudget; next attempt in 60 s"
@@ -80,9 +78,8 @@ def test_restart_failed_latches_until_a_manual_action() -> None:
     assert replay.run(series) == [
         (0.0, "draining", (PAUSE, DRAIN)),
         (120.0, "restarting", (RESTART,)),
-        (121.0, "failed", (FAILED,)),
-        (122.0, "failed", (RESUME,)),  # vLLM answers: admission back, automatic restarts stay off
-        (199.0, "pressure", ()),  # the manual resume clears the latch
+        (121.0, "failed", (FAILED,)),  # automatic restarts stay off; the stalled engine keeps admission paused
+        (199.0, "pressure", (RESUME,)),  # the manual resume clears the latch and the pause
         (200.0, "draining", (PAUSE, DRAIN)),
     ]
     assert replay.at(121).actions[0].reason == (

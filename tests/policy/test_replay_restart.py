@@ -63,7 +63,8 @@ def test_hung_engine_drains_until_the_timeout_then_restarts_anyway() -> None:
     assert replay.run(series) == [
         (0.0, "normal", ()),
         (12.0, "pressure", ()),  # no progress for 2 s with requests running
-        (130.0, "draining", (PAUSE, DRAIN)),  # 120 s without progress
+        (20.0, "paused", (PAUSE,)),  # 10 s: new requests would only queue behind it
+        (130.0, "draining", (DRAIN,)),  # 120 s without progress
         (250.0, "restarting", (RESTART,)),  # drain timed out: a hung engine never drains
         (252.0, "cooldown", (RESUME, DONE)),
         (312.0, "normal", ()),
@@ -143,13 +144,13 @@ def test_a_sidecar_restart_mid_budget_keeps_the_budget() -> None:
             rows.append((decision.now_s, decision.state.value, tuple(a.kind.value for a in decision.actions)))
     assert rows == [
         (0.0, "normal", ()),  # the last restart was 497 s ago: its 120 s cooldown is over
-        (2.0, "pressure", ()),
-        (22.0, "draining", (PAUSE, DRAIN)),  # restart 3 of the hour
+        (2.0, "paused", (PAUSE,)),  # stalled for 100 s already: no traffic for it
+        (22.0, "draining", (DRAIN,)),  # restart 3 of the hour
         (142.0, "restarting", (RESTART,)),
         (144.0, "cooldown", (RESUME, DONE)),  # third in a series: 240 s
         (384.0, "normal", ()),
-        (402.0, "pressure", ()),  # hung again, 100 s without progress
-        (422.0, "pressure", (BUDGET,)),  # restart 4 refused, notified once
+        (402.0, "paused", (PAUSE,)),  # hung again, 100 s without progress
+        (422.0, "paused", (BUDGET,)),  # restart 4 refused, notified once; the hung engine stays out of rotation
     ]
     refused = second.policy.decide(_hung_from(402, 430, 1500), second.ledger)
     assert refused.actions == ()
@@ -171,8 +172,8 @@ def _hung_with_wall(wall: Callable[[float], float]) -> list[Observation]:
 def test_budget_without_clock_trouble() -> None:
     replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
     assert replay.run(_hung_with_wall(lambda t: WALL0 + t)) == [
-        (0.0, "pressure", (BUDGET,)),
-        (3000.0, "draining", (PAUSE, DRAIN)),  # the oldest restart left the hour
+        (0.0, "paused", (PAUSE, BUDGET)),  # no restart allowed, but no traffic for a hung engine either
+        (3000.0, "draining", (DRAIN,)),  # the oldest restart left the hour
         (3120.0, "restarting", (RESTART,)),  # a hung engine does not drain
     ]
 
@@ -180,8 +181,8 @@ def test_budget_without_clock_trouble() -> None:
 def test_wall_clock_a_day_behind_at_start_counts_the_future_restarts_for_an_hour() -> None:
     replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
     assert replay.run(_hung_with_wall(lambda t: WALL0 - 86_400 + t)) == [
-        (0.0, "pressure", (BUDGET,)),  # restarts "in the future": they just happened
-        (3600.0, "draining", (PAUSE, DRAIN)),  # an hour on the monotonic clock, not a day
+        (0.0, "paused", (PAUSE, BUDGET)),  # restarts "in the future": they just happened
+        (3600.0, "draining", (DRAIN,)),  # an hour on the monotonic clock, not a day
     ]
     assert replay.at(0).would_restart_but == (
         "restart budget exhausted: 3 restarts in the last hour, next allowed in 3600 s"
@@ -198,7 +199,7 @@ def test_wall_clock_jumps_after_first_sight_change_nothing() -> None:
     for wall in (back, forward):
         replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
         assert replay.run(_hung_with_wall(wall)) == [
-            (0.0, "pressure", (BUDGET,)),
-            (3000.0, "draining", (PAUSE, DRAIN)),
+            (0.0, "paused", (PAUSE, BUDGET)),
+            (3000.0, "draining", (DRAIN,)),
             (3120.0, "restarting", (RESTART,)),
         ]

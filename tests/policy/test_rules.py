@@ -129,17 +129,37 @@ def test_resume_blockers_include_every_other_condition() -> None:
 
 
 def test_pressure_is_a_condition_partly_met() -> None:
-    d = derived(engine(usage=0.85, waiting=9, running=4, stalled_s=40), gpus=(gpu(time_to_oom_s=412),))
+    d = derived(engine(usage=0.85, waiting=9, running=4, stalled_s=6), gpus=(gpu(time_to_oom_s=412),))
     found = pressure_findings(d, S, {"m/0": 1}, {0: 2})
     assert texts(found) == [
         "KV cache usage 0.85 above 0.80 on engine 0",
         "waiting > 2 x running for 1 of 3 ticks on engine 0",
-        "engine 0 made no progress for 40 s with requests running",
+        "engine 0 made no progress for 6 s with requests running",
         "forecast time to OOM 412 s < 900 s on GPU 0",
     ]
     assert pressure_findings(derived(engine(usage=0.80)), S, {}, {}) == []
     # At the pause threshold it is no longer pressure but a pause (the caller pauses).
     assert pressure_findings(derived(engine(usage=0.90)), S, {}, {}) == []
+
+
+def test_a_stalled_engine_pauses_admission_long_before_it_counts_as_hung() -> None:
+    stalled = derived(engine(stalled_s=10, running=4))
+    line = "engine 0 made no progress for 10 s >= 10 s with 4 requests running"
+    assert texts(pause_findings(stalled, S, {})) == [line]
+    assert pause_findings(stalled, S, {})[0].rule is PauseRule.ENGINE_STALLED
+    assert pressure_findings(stalled, S, {}, {}) == []  # a pause now, no longer pressure
+    assert texts(pressure_findings(derived(engine(stalled_s=9, running=4)), S, {}, {})) == [
+        "engine 0 made no progress for 9 s with requests running"
+    ]
+    assert pause_findings(derived(engine(stalled_s=9, running=4)), S, {}) == []
+    assert pause_findings(derived(engine(stalled_s=500, running=0)), S, {}) == []  # idle is not stalled
+    # Progress again: nothing holds the pause (the dwell time aside).
+    assert resume_blockers(derived(engine(stalled_s=0, running=4)), S) == []
+    assert texts(resume_blockers(stalled, S)) == [line]
+    # Set at or past --hung-after, the restart comes first and there is no pressure stage of its own.
+    late = PolicySettings(stall_pause_after_s=200.0)
+    assert pause_findings(derived(engine(stalled_s=150, running=4)), late, {}) == []
+    assert pressure_findings(derived(engine(stalled_s=150, running=4)), late, {}, {}) == []
 
 
 def test_hung_needs_running_requests() -> None:
