@@ -5,7 +5,8 @@ Suites (all by default, in this order):
   tick      the real daemon polling vLLM stand-ins: CPU per tick, share of a core, peak RSS, at 1, 2 and 5 s
   growth    one tick's pure work as the exposition grows (engines) and as GPUs are added
   reaction  simulated GPU crossing the pause threshold -> /readyz 503, over repeated trials
-  efficacy  burst, leak, tenant and hang under a fixed load with the sidecar off and on
+  efficacy  burst, leak, tenant and hang under a fixed load with the sidecar off and on, one replica
+  fleet     the same behind a router that honours readiness, two replicas, one failing (the goodput targets)
 
 Each suite prints as it goes; the results, with the machine, go to bench/RESULTS.md (see --results).
 """
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 from bench.machine import describe_machine, load_average
+from bench.options import Options
 from bench.report import Results
-from bench.suites import SUITES, Options
+from bench.suites import SUITES
 
 DEFAULT_RESULTS = Path(__file__).with_name("RESULTS.md")
 

@@ -92,7 +92,7 @@ class EfficacyRun:
         return self.output_tokens / self.duration_s
 
 
-class _Supervisor(threading.Thread):
+class Supervisor(threading.Thread):
     """Keeps one simulator running: Restart=on-failure after RESTART_SEC_S; at once after a clean exit."""
 
     def __init__(self, args: list[str], workdir: Path, pidfile: Path) -> None:
@@ -129,7 +129,7 @@ class _Supervisor(threading.Thread):
         self.join(timeout=15)
 
 
-class _Watch(threading.Thread):
+class Watch(threading.Thread):
     """Adds up the seconds vLLM could not serve: /health not 200, or requests running without progress."""
 
     def __init__(self, url: str) -> None:
@@ -176,7 +176,7 @@ class _Watch(threading.Thread):
 
 
 @dataclass(slots=True)
-class _LoadTotals:
+class LoadTotals:
     arrivals: int = 0
     succeeded: int = 0
     failed: int = 0
@@ -186,7 +186,7 @@ class _LoadTotals:
     reports: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _drive_load(sim_url: str, readiness_url: str | None, duration_s: float, totals: _LoadTotals) -> None:
+def drive_load(sim_url: str, readiness_url: str | None, duration_s: float, totals: LoadTotals) -> None:
     """The loadtest for `duration_s`, re-launched for the time left whenever it stops early (a dead server).
 
     Arrivals that fell while no load tester was sending (the server down, or coming back) are counted as
@@ -230,10 +230,10 @@ def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None 
         sim_url = f"http://127.0.0.1:{sim_port}"
         pidfile = workdir / "sim.pid"
         sim_args = ["sim", "--listen", f"127.0.0.1:{sim_port}", "--scenario", scenario.name, *scenario.sim_flags]
-        supervisor = _Supervisor(sim_args, workdir, pidfile)
+        supervisor = Supervisor(sim_args, workdir, pidfile)
         supervisor.start()
         daemon: Child | None = None
-        watch = _Watch(sim_url)
+        watch = Watch(sim_url)
         try:
             wait_for(lambda: http_status(sim_url + "/health") == httpx.codes.OK, 30, "the simulator")
             readiness_url = None
@@ -250,11 +250,11 @@ def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None 
                 )
                 readiness_url = f"http://127.0.0.1:{port}/readyz"
                 wait_for(lambda: http_status(readiness_url) == httpx.codes.OK, 30, "the daemon to admit traffic")
-            totals = _LoadTotals()
+            totals = LoadTotals()
             started = time.monotonic()
             watch.until_s = started + duration
             watch.start()
-            _drive_load(sim_url, readiness_url, duration, totals)
+            drive_load(sim_url, readiness_url, duration, totals)
             elapsed = time.monotonic() - started
         finally:
             watch.stop() if watch.is_alive() else None

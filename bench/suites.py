@@ -9,12 +9,12 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from bench.daemon_cost import DaemonCase, measure_daemons
-from bench.efficacy import HEALTHY, SCENARIOS, EfficacyRun, run_scenario
+from bench.efficacy_suites import efficacy_suite, fleet_suite
 from bench.expositions import Exposition, simulated_server, standard_expositions
 from bench.growth import measure_growth
+from bench.options import Options
 from bench.process import baseline_rss_mb
 from bench.reaction import measure_reaction
 from bench.report import Results, table
@@ -24,18 +24,6 @@ TARGET_TICK_MS = 2.0
 TARGET_SHARE_AT_2S = 0.005
 TARGET_RSS_MB = 60.0
 TARGET_PARSER_RATIO = 10.0
-TARGET_GOODPUT_LOSS = 0.10
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
-    repeats: int
-    tick_seconds: float
-    tick_serial: bool
-    reaction_trials: int
-    reaction_intervals: tuple[float, ...]
-    scenarios: tuple[str, ...]
-    efficacy_scale: float
 
 
 @functools.cache
@@ -263,72 +251,11 @@ def reaction_suite(options: Options, results: Results) -> None:
     )
 
 
-def _efficacy_row(run: EfficacyRun, reference: EfficacyRun) -> tuple[str, ...]:
-    change = run.goodput_tokens_per_s / reference.goodput_tokens_per_s - 1
-    return (
-        run.scenario,
-        "on" if run.sidecar else "off",
-        f"{run.duration_s:.0f} s",
-        str(run.crashes),
-        str(run.planned_restarts),
-        f"{run.failed} / {run.arrivals}",
-        str(run.not_admitted),
-        f"{run.goodput_tokens_per_s:.0f} tok/s ({change:+.0%})",
-        f"{run.downtime_s:.1f} s",
-    )
-
-
-def efficacy_suite(options: Options, results: Results) -> None:
-    reference = run_scenario(HEALTHY, sidecar=False, duration_s=HEALTHY.duration_s * options.efficacy_scale)
-    rows = [_efficacy_row(reference, reference)]
-    notes = []
-    for name in options.scenarios:
-        scenario = SCENARIOS[name]
-        duration = scenario.duration_s * options.efficacy_scale
-        off = run_scenario(scenario, sidecar=False, duration_s=duration)
-        on = run_scenario(scenario, sidecar=True, duration_s=duration)
-        rows += [_efficacy_row(off, reference), _efficacy_row(on, reference)]
-        loss = 1 - on.goodput_tokens_per_s / reference.goodput_tokens_per_s
-        results.target(f"efficacy {name}: crashes with the sidecar", "0", str(on.crashes), met=on.crashes == 0)
-        results.target(
-            f"efficacy {name}: goodput loss with the sidecar",
-            f"< {TARGET_GOODPUT_LOSS:.0%}",
-            f"{loss:.0%} (off: {1 - off.goodput_tokens_per_s / reference.goodput_tokens_per_s:.0%})",
-            met=loss < TARGET_GOODPUT_LOSS,
-        )
-        flags = " ".join((*scenario.sim_flags,))
-        sidecar_flags = " ".join(scenario.sidecar_flags)
-        notes.append(
-            f"- `{name}`: sim `{flags or '(preset)'}`; sidecar `{sidecar_flags or '(defaults)'}`"
-            + (f"; {scenario.note}" if scenario.note else "")
-        )
-    results.section(
-        "Efficacy",
-        [
-            "Each scenario under the same open-loop load (Poisson, 8 requests/s, 2,000 prompt + 256 output tokens, "
-            "10 s timeout, same seed) for a fixed time, with the sidecar off and on (`--interval 1`, exec adapter "
-            "restarting the simulator). A supervisor stands in for systemd: a crashed simulator is started again "
-            "10 s later (Restart=on-failure, RestartSec=10s), a planned restart at once. Goodput is output tokens "
-            "of successful requests per second; the percentage compares with the `healthy` run. *Failed* counts "
-            "errors, timeouts and arrivals while the server was down, out of every arrival; *held* are arrivals a "
-            "router would not have sent because /readyz said 503. Downtime is /health not 200 or requests running "
-            "with no token produced. The simulator restarts in about a second where a real vLLM takes minutes, "
-            "which makes every restart, crash or planned, cheaper here than in production.",
-            "",
-            *table(
-                ["scenario", "sidecar", "run", "crashes", "planned restarts", "failed", "held", "goodput", "downtime"],
-                rows,
-            ),
-            "",
-            *notes,
-        ],
-    )
-
-
 SUITES: dict[str, Callable[[Options, Results], None]] = {
     "parser": parser_suite,
     "tick": tick_suite,
     "growth": growth_suite,
     "reaction": reaction_suite,
     "efficacy": efficacy_suite,
+    "fleet": fleet_suite,
 }

@@ -1,0 +1,150 @@
+"""Efficacy in a fleet: two replicas behind a router that honours readiness, one of them failing. Does I/O.
+
+What the sidecar's pause is for: a Service (or any router that follows readiness) stops sending to the
+replica that paused, and the others serve its share. On one replica (bench.efficacy) every held request
+counts as lost; here it is served by the other replica, and only what actually failed is lost.
+
+Each replica is a simulator under its own supervisor (bench.efficacy.Supervisor: systemd's Restart=), with,
+when on, its own sidecar acting through the exec adapter (A's with the scenario's compressed clocks, B's with
+the defaults). Replica A runs the scenario, replica B the healthy preset; the router (bench.router) probes
+them as the shipped manifests do. The load is the single-replica bench's, 8 requests/s in all, so each
+replica normally gets 4: provisioned so that one replica alone can carry the whole load (N+1), which a single
+simulator does at 8 requests/s. Load-driven failures are scaled to A's share (three times the burst's memory
+per context token, twice the leak per request), so that they strike within the run as they do on one replica
+at 8 requests/s. The reference is the same fleet with both replicas healthy, for the same time.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.efficacy import EfficacyRun, LoadTotals, Scenario, Supervisor, Watch, drive_load
+from bench.process import Child, free_port, http_status, wait_for
+from bench.router import Replica, Router, replica
+
+# The sidecar's clocks are compressed with the failures, as in bench.efficacy; the stall pause with them
+# (10 s -> 2 s), since the hang is compressed from minutes to seconds.
+FLEET_SCENARIOS: dict[str, Scenario] = {
+    "burst": Scenario(
+        name="burst",
+        duration_s=25.0,
+        sim_flags=("--activation-bytes-per-context-token", str(216 * 1024)),
+        note="three times the preset's memory per context token: A's 4 requests/s fill it as 8 do on one replica",
+    ),
+    "leak": Scenario(
+        name="leak",
+        duration_s=65.0,
+        sim_flags=("--leak-bytes-per-request", str(32 * 2**20)),
+        sidecar_flags=("--forecast-min-uptime", "5", "--drain-timeout", "10"),
+        note="twice the single-replica bench's leak per request, for half the requests",
+    ),
+    "tenant": Scenario(name="tenant", duration_s=20.0),
+    "hang": Scenario(
+        name="hang",
+        duration_s=45.0,
+        sim_flags=("--hang-after-s", "15"),
+        sidecar_flags=("--hung-after", "10", "--stall-pause-after", "2", "--drain-timeout", "5"),
+        note="A hangs 15 s after its first request, every restarted process too",
+    ),
+}
+FLEET_HEALTHY = Scenario(name="healthy", duration_s=20.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetRun:
+    run: EfficacyRun  # crashes and restarts of both replicas; downtime of A, the failing one
+    unrouted: int  # requests the router answered 503: no replica was ready
+    sent_to_a: int
+    sent_to_b: int
+
+
+class _Member:
+    """One replica: a supervised simulator and, when on, its sidecar."""
+
+    def __init__(self, workdir: Path, scenario: str, sim_flags: tuple[str, ...]) -> None:
+        self.workdir = workdir
+        workdir.mkdir()
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.pidfile = workdir / "sim.pid"
+        args = ["sim", "--listen", f"127.0.0.1:{port}", "--scenario", scenario, *sim_flags]
+        self.supervisor = Supervisor(args, workdir, self.pidfile)
+        self.daemon: Child | None = None
+        self.readyz: str | None = None
+
+    def start(self) -> None:
+        self.supervisor.start()
+        wait_for(lambda: http_status(self.url + "/health") == httpx.codes.OK, 30, "a simulator")
+
+    def start_sidecar(self, flags: tuple[str, ...]) -> None:
+        port = free_port()
+        restart = f"{sys.executable} -m bench.restart_sim {self.pidfile}"
+        self.daemon = Child(
+            [
+                *("run", "--vllm-url", self.url, "--gpu-source", "sim", "--listen", f"127.0.0.1:{port}"),
+                *("--interval", "1", "--state-dir", str(self.workdir / "state"), "--log-format", "json"),
+                *("--actuator", "exec", "--exec-command", restart, *flags),
+            ],
+            self.workdir / "daemon.log",
+        )
+        readyz = f"http://127.0.0.1:{port}/readyz"
+        wait_for(lambda: http_status(readyz) == httpx.codes.OK, 30, "a sidecar to admit traffic")
+        self.readyz = readyz
+
+    def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+        self.supervisor.stop()
+
+
+def run_fleet(scenario: Scenario, *, sidecar: bool, duration_s: float | None = None) -> FleetRun:
+    duration = duration_s if duration_s is not None else scenario.duration_s
+    with tempfile.TemporaryDirectory(prefix=f"vllm-sidecar-fleet-{scenario.name}-") as tmp:
+        failing = _Member(Path(tmp) / "a", scenario.name, scenario.sim_flags)
+        healthy = _Member(Path(tmp) / "b", "healthy", ())
+        members = (failing, healthy)
+        router: Router | None = None
+        watch = Watch(failing.url)
+        try:
+            for member in members:
+                member.start()
+            if sidecar:
+                # The compressed clocks are for A's failure; on B, with --forecast-min-uptime 5, the memory
+                # its simulator adds as A's share arrives looked like a leak and drew a planned restart.
+                failing.start_sidecar(scenario.sidecar_flags)
+                healthy.start_sidecar(())
+            replicas: list[Replica] = [replica(member.url, member.readyz) for member in members]
+            router = Router(replicas).start()
+            totals = LoadTotals()
+            started = time.monotonic()
+            watch.until_s = started + duration
+            watch.start()
+            drive_load(router.url, None, duration, totals)
+            elapsed = time.monotonic() - started
+        finally:
+            watch.stop() if watch.is_alive() else None
+            if router is not None:
+                router.stop()
+            for member in members:
+                member.stop()
+    run = EfficacyRun(
+        scenario=scenario.name,
+        sidecar=sidecar,
+        duration_s=duration,
+        elapsed_s=elapsed,
+        crashes=sum(member.supervisor.crashes for member in members),
+        planned_restarts=sum(member.supervisor.planned for member in members),
+        arrivals=totals.arrivals,
+        succeeded=totals.succeeded,
+        failed=totals.failed,
+        not_admitted=totals.not_admitted,
+        output_tokens=totals.output_tokens,
+        downtime_s=watch.downtime_s,
+    )
+    return FleetRun(run=run, unrouted=router.unrouted, sent_to_a=replicas[0].sent, sent_to_b=replicas[1].sent)
