@@ -46,7 +46,8 @@ class Scenario:
 
 
 # Each failure is compressed from hours into about a minute, so the sidecar's clocks are compressed with it: a
-# forecast may act after 5 s of uptime (not 10 min), a hang is one after 10 s without progress (not 2 min).
+# forecast may act after 5 s of uptime (not 10 min), a hang is one after 10 s without progress (not 2 min),
+# and a stall pauses admission after 2 s (not 10 s).
 SCENARIOS: dict[str, Scenario] = {
     "burst": Scenario(name="burst", duration_s=25.0),
     "leak": Scenario(
@@ -65,7 +66,7 @@ SCENARIOS: dict[str, Scenario] = {
         name="hang",
         duration_s=45.0,
         sim_flags=("--hang-after-s", "15"),
-        sidecar_flags=("--hung-after", "10", "--drain-timeout", "5"),
+        sidecar_flags=("--hung-after", "10", "--stall-pause-after", "2", "--drain-timeout", "5"),
         note="every simulator process hangs 15 s after its first request, the restarted one too",
     ),
 }
