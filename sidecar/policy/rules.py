@@ -148,14 +148,21 @@ def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: 
         if short is not None and not _held_by_others(g):
             found.append(Finding(rule=PauseRule.GPU_FREE_MEMORY, text=short))
     for e in derived.engines:
-        stalled = e.engine_stalled_seconds
-        if stalled is not None and stalled >= settings.stall_pause_after_s and e.requests_running:
-            text = (
-                f"{engine_label(e, derived)} made no progress for {stalled:.0f} s >= "
-                f"{settings.stall_pause_after_s:.0f} s with {_count(e.requests_running)} requests running"
-            )
-            found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=text))
+        stalled = _stalled_for(e, derived, settings.stall_pause_after_s)
+        if stalled is not None:
+            found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=stalled))
     return found
+
+
+def _stalled_for(engine: EngineDerived, derived: Derived, limit_s: float) -> str | None:
+    """The line for an engine with requests running and no progress for at least `limit_s`; None otherwise."""
+    stalled = engine.engine_stalled_seconds
+    if stalled is None or stalled < limit_s or not engine.requests_running:
+        return None
+    return (
+        f"{engine_label(engine, derived)} made no progress for {stalled:.0f} s >= {limit_s:.0f} s "
+        f"with {_count(engine.requests_running)} requests running"
+    )
 
 
 def resume_blockers(derived: Derived, settings: PolicySettings) -> list[Finding]:
@@ -220,13 +227,9 @@ def pressure_findings(
 def hung_cause(derived: Derived, settings: PolicySettings) -> RestartCause | None:
     """An engine with requests running and no progress for hung_after_s (vLLM's /health cannot show it)."""
     for e in derived.engines:
-        stalled = e.engine_stalled_seconds
-        if stalled is not None and stalled >= settings.hung_after_s and e.requests_running:
-            text = (
-                f"{engine_label(e, derived)} made no progress for {stalled:.0f} s >= {settings.hung_after_s:.0f} s "
-                f"with {_count(e.requests_running)} requests running (hung)"
-            )
-            return RestartCause(reason=RestartReason.ENGINE_HUNG, text=text)
+        stalled = _stalled_for(e, derived, settings.hung_after_s)
+        if stalled is not None:
+            return RestartCause(reason=RestartReason.ENGINE_HUNG, text=stalled + " (hung)")
     return None
 
 
