@@ -186,6 +186,31 @@ class LoadTotals:
     sending_s: float = 0.0
     reports: list[dict[str, Any]] = field(default_factory=list)
 
+    def outcome(
+        self,
+        scenario: str,
+        *,
+        sidecar: bool,
+        duration_s: float,
+        elapsed_s: float,
+        supervisors: tuple[Supervisor, ...],
+        downtime_s: float,
+    ) -> EfficacyRun:
+        return EfficacyRun(
+            scenario=scenario,
+            sidecar=sidecar,
+            duration_s=duration_s,
+            elapsed_s=elapsed_s,
+            crashes=sum(each.crashes for each in supervisors),
+            planned_restarts=sum(each.planned for each in supervisors),
+            arrivals=self.arrivals,
+            succeeded=self.succeeded,
+            failed=self.failed,
+            not_admitted=self.not_admitted,
+            output_tokens=self.output_tokens,
+            downtime_s=downtime_s,
+        )
+
 
 def drive_load(sim_url: str, readiness_url: str | None, duration_s: float, totals: LoadTotals) -> None:
     """The loadtest for `duration_s`, re-launched for the time left whenever it stops early (a dead server).
@@ -262,17 +287,11 @@ def run_scenario(scenario: Scenario, *, sidecar: bool, duration_s: float | None 
             if daemon is not None:
                 daemon.stop()
             supervisor.stop()
-        return EfficacyRun(
-            scenario=scenario.name,
+        return totals.outcome(
+            scenario.name,
             sidecar=sidecar,
             duration_s=duration,
             elapsed_s=elapsed,
-            crashes=supervisor.crashes,
-            planned_restarts=supervisor.planned,
-            arrivals=totals.arrivals,
-            succeeded=totals.succeeded,
-            failed=totals.failed,
-            not_admitted=totals.not_admitted,
-            output_tokens=totals.output_tokens,
+            supervisors=(supervisor,),
             downtime_s=watch.downtime_s,
         )

@@ -19,41 +19,30 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
-from bench.efficacy import EfficacyRun, LoadTotals, Scenario, Supervisor, Watch, drive_load
+from bench.efficacy import SCENARIOS, EfficacyRun, LoadTotals, Scenario, Supervisor, Watch, drive_load
 from bench.process import Child, free_port, http_status, wait_for
 from bench.router import Replica, Router, replica
 
-# The sidecar's clocks are compressed with the failures, as in bench.efficacy; the stall pause with them
-# (10 s -> 2 s), since the hang is compressed from minutes to seconds.
+# The single-replica scenarios (their compressed clocks included), with load-driven failures scaled to A's half.
 FLEET_SCENARIOS: dict[str, Scenario] = {
-    "burst": Scenario(
-        name="burst",
-        duration_s=25.0,
+    "burst": replace(
+        SCENARIOS["burst"],
         sim_flags=("--activation-bytes-per-context-token", str(216 * 1024)),
         note="three times the preset's memory per context token: A's 4 requests/s fill it as 8 do on one replica",
     ),
-    "leak": Scenario(
-        name="leak",
-        duration_s=65.0,
+    "leak": replace(
+        SCENARIOS["leak"],
         sim_flags=("--leak-bytes-per-request", str(32 * 2**20)),
-        sidecar_flags=("--forecast-min-uptime", "5", "--drain-timeout", "10"),
         note="twice the single-replica bench's leak per request, for half the requests",
     ),
-    "tenant": Scenario(name="tenant", duration_s=20.0),
-    "hang": Scenario(
-        name="hang",
-        duration_s=45.0,
-        sim_flags=("--hang-after-s", "15"),
-        sidecar_flags=("--hung-after", "10", "--stall-pause-after", "2", "--drain-timeout", "5"),
-        note="A hangs 15 s after its first request, every restarted process too",
-    ),
+    "tenant": SCENARIOS["tenant"],
+    "hang": replace(SCENARIOS["hang"], note="A hangs 15 s after its first request, every restarted process too"),
 }
-FLEET_HEALTHY = Scenario(name="healthy", duration_s=20.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,18 +122,12 @@ def run_fleet(scenario: Scenario, *, sidecar: bool, duration_s: float | None = N
                 router.stop()
             for member in members:
                 member.stop()
-    run = EfficacyRun(
-        scenario=scenario.name,
+    run = totals.outcome(
+        scenario.name,
         sidecar=sidecar,
         duration_s=duration,
         elapsed_s=elapsed,
-        crashes=sum(member.supervisor.crashes for member in members),
-        planned_restarts=sum(member.supervisor.planned for member in members),
-        arrivals=totals.arrivals,
-        succeeded=totals.succeeded,
-        failed=totals.failed,
-        not_admitted=totals.not_admitted,
-        output_tokens=totals.output_tokens,
+        supervisors=tuple(member.supervisor for member in members),
         downtime_s=watch.downtime_s,
     )
     return FleetRun(run=run, unrouted=router.unrouted, sent_to_a=replicas[0].sent, sent_to_b=replicas[1].sent)
