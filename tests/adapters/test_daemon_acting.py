@@ -68,7 +68,9 @@ def _start(vllm: LoopbackServer, tmp_path: Path, *args: str) -> SidecarProcess:
 
 
 def test_kv_pressure_pauses_admission_with_hysteresis_and_dwell(vllm: LoopbackServer, tmp_path: Path) -> None:
-    sidecar = _start(vllm, tmp_path)
+    # The capture is frozen: its running requests never progress, which after 10 s is a stalled engine, and the
+    # stall pause would (rightly) hold admission past the KV resume this test is about.
+    sidecar = _start(vllm, tmp_path, "--stall-pause-after", "3600")
     try:
         _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
         vllm.routes["/metrics"] = respond(body=_with_usage(0.95))
@@ -99,6 +101,20 @@ def test_kv_pressure_pauses_admission_with_hysteresis_and_dwell(vllm: LoopbackSe
         if '"event": "notification"' in line
     ]
     assert kinds == ["pause", "resume"]
+
+
+def test_an_engine_with_requests_running_and_no_progress_pauses_admission(vllm: LoopbackServer, tmp_path: Path) -> None:
+    # The same frozen capture: requests running, token and step counters never moving.
+    sidecar = _start(vllm, tmp_path, "--stall-pause-after", "2")
+    try:
+        _wait_for(lambda: sidecar.get("/readyz").status_code == 503, 10)
+        reason = sidecar.get("/readyz").text
+        assert reason.startswith("paused: ")
+        assert "made no progress for" in reason
+        assert ">= 2 s with" in reason
+        assert sidecar.get("/status").json()["policy"]["state"] == "paused"
+    finally:
+        sidecar.kill()
 
 
 def test_dry_run_decides_and_reports_but_never_pauses(vllm: LoopbackServer, tmp_path: Path) -> None:

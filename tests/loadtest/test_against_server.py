@@ -61,7 +61,12 @@ def test_all_ok_passes_with_sane_numbers(capsys: pytest.CaptureFixture[str], fak
     assert throughput["output_tokens_per_s"] == pytest.approx(240 / report["duration_s"])
     assert throughput["total_tokens_per_s"] == pytest.approx(960 / report["duration_s"])
     ttft, e2e = report["latency_s"]["ttft"], report["latency_s"]["e2e"]
-    assert 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"] < e2e["p50"] <= e2e["p95"] <= e2e["p99"] < 2
+    assert 0 < ttft["p50"] <= ttft["p95"] <= ttft["p99"] < 2
+    assert 0 < e2e["p50"] <= e2e["p95"] <= e2e["p99"] < 2
+    # Each request's first token comes before its last, so each percentile of one is below the other's. (Not
+    # every TTFT below the median e2e: one first token late on a busy machine is not a fault.)
+    for percentile in ("p50", "p95", "p99"):
+        assert ttft[percentile] < e2e[percentile]
     assert e2e["p50"] >= 9 * 0.005  # nine pauses between ten tokens
     assert report["server"] == {
         "metrics_available": True,
