@@ -52,17 +52,17 @@ def parse_exposition(text: str, keep: Collection[str] | None = None) -> Expositi
     families that keep nothing are skimmed a family at a time (sidecar.parse.skim); the result is the same.
     """
     if keep is None:
-        return _parse_lines(text, None)
+        return parse_lines(text, None)
     wanted = frozenset(keep)
     try:
-        return skim_exposition(text, wanted, lambda part: _parse_lines(part, wanted))
+        return skim_exposition(text, wanted, lambda part: parse_lines(part, wanted))
     except ExpositionError:
         # The skim parsed that part alone, so the line number is the part's: parse the whole text for the
         # error numbered within it (and should the whole text parse after all, that is the answer).
-        return _parse_lines(text, wanted)
+        return parse_lines(text, wanted)
 
 
-def _parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
+def parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
     """The line parser: every line of `text` in order; the samples named in `keep` (all when None) parsed."""
     samples: dict[str, list[Sample]] = {}
     types: dict[str, str] = {}
@@ -90,7 +90,7 @@ def _parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
                 raise ExpositionError(line_number, "a sample line must end with a value", line)
             continue
         labels, value_at = _read_labels(line, rest_at, line_number) if line[rest_at] == "{" else ((), rest_at)
-        value = _read_value(line, value_at, line_number)
+        value = read_value(line, value_at, line_number)
         bucket = samples.get(name)
         if bucket is None:
             samples[name] = [Sample(name=name, labels=labels, value=value)]
@@ -189,7 +189,8 @@ def _read_escaped(line: str, start: int, line_number: int, label_name: str) -> t
     raise ExpositionError(line_number, f"unterminated value of label {label_name!r}", line)
 
 
-def _read_value(line: str, at: int, line_number: int) -> float:
+def read_value(line: str, at: int, line_number: int) -> float:
+    """The value of a sample line whose value (and optional timestamp) starts at `at`; raises ExpositionError."""
     fields = line[at:].split()
     if not fields or len(fields) > 2:
         raise ExpositionError(line_number, "a sample needs a value and at most a timestamp", line)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from sidecar.model.exposition import Exposition, Sample
 from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, VllmReading
+from sidecar.parse.pick import SamplePicker
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
@@ -49,6 +50,16 @@ KEPT_SAMPLES = frozenset(
     }
 )
 """The sample names the sidecar reads; pass to `parse_exposition` so it skips everything else."""
+# Names whose presence alone tells something (detect_schema): noticed, never parsed.
+PROMPT_TOKENS_CREATED = "vllm:prompt_tokens_created"  # a V1 sign in 0.8.x, which still used the old names
+NOTICED_NAMES = frozenset({PROMPT_TOKENS_CREATED})
+VLLM_PREFIX = "vllm:"
+
+
+def vllm_sample_picker() -> SamplePicker:
+    """What the daemon's tick reads of an exposition, without checking the families it does not read."""
+    return SamplePicker(KEPT_SAMPLES, notice=NOTICED_NAMES, notice_prefixes=(VLLM_PREFIX,))
+
 
 _ENGINE_SCOPED = (KV_USAGE, KV_USAGE_OLD, RUNNING, WAITING)
 EngineKey = tuple[str, str]
@@ -88,7 +99,7 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
 
 
 def detect_schema(exposition: Exposition) -> MetricSchema:
-    if not exposition.has_name_with_prefix("vllm:"):
+    if not exposition.has_name_with_prefix(VLLM_PREFIX):
         return MetricSchema.NO_VLLM_METRICS
     if exposition.get(KV_USAGE):
         return MetricSchema.V1
@@ -99,7 +110,7 @@ def detect_schema(exposition: Exposition) -> MetricSchema:
     v1_signs = (
         any(sample.label("engine") is not None for sample in old_usage)
         or bool(exposition.get(PREFIX_QUERIES_OLD))
-        or "vllm:prompt_tokens_created" in exposition.names_seen
+        or PROMPT_TOKENS_CREATED in exposition.names_seen
     )
     return MetricSchema.V1_LEGACY if v1_signs else MetricSchema.V0
 

@@ -19,8 +19,8 @@ import httpx
 from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
-from sidecar.parse.exposition import ExpositionError, parse_exposition
-from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+from sidecar.parse.exposition import ExpositionError
+from sidecar.parse.vllm import read_vllm, vllm_sample_picker
 from sidecar.sources.http_get import AnswerTooLargeError, ConnectFailedError, GetError, HttpGetClient
 
 SOURCE = "vllm"
@@ -63,6 +63,7 @@ class VllmHttpSource:
         self._version_asked_at: float | None = None  # None: ask on the next read
         self._healthy_at: float | None = None  # when /health last answered 200; None: ask on the next tick
         self._last_read_ok = False
+        self._picker = vllm_sample_picker()
 
     async def read(self) -> SourceResult[VllmReading]:
         """Fetch /metrics and /version concurrently and interpret them."""
@@ -72,7 +73,7 @@ class VllmHttpSource:
         try:
             body = await self._fetch("/metrics", self._max_body_bytes)
             text = _decode(body)
-            exposition = parse_exposition(text, KEPT_SAMPLES)
+            exposition = self._picker.pick(text)
         except (FetchError, ExpositionError) as error:
             if version_task is not None:
                 version_task.cancel()

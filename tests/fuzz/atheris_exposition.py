@@ -31,14 +31,18 @@ with atheris.instrument_imports():  # coverage feedback from our code only, not 
     from sidecar.exporter.http import BadRequestError, _read_request
     from sidecar.model.exposition import Exposition
     from sidecar.parse.exposition import ExpositionError, parse_exposition
-    from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+    from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm, vllm_sample_picker
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "expositions"
 _LOOP = asyncio.new_event_loop()  # one loop for every input of the http target: a loop per input is most of the cost
 
 
+_PICKER = vllm_sample_picker()  # one for every input, as the daemon keeps one: its remembered label sets too
+
+
 def exposition_target(data: bytes) -> None:
-    """The source's path after the network: decode, filtered parse, per-engine read (see vllm_http.read)."""
+    """The source's path after the network: decode, pick, per-engine read (see vllm_http.read); the strict
+    parses (full and filtered) beside it as witnesses."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -50,16 +54,28 @@ def exposition_target(data: bytes) -> None:
         problem = str(error)
         assert "\n" not in problem
     try:
-        filtered = parse_exposition(text, KEPT_SAMPLES)
+        filtered: Exposition | None = parse_exposition(text, KEPT_SAMPLES)
     except ExpositionError:
         assert full is None, "the filtered parse refused what the full parse accepted"
+        filtered = None
+    try:
+        picked = _PICKER.pick(text)
+    except ExpositionError as error:
+        problem = str(error)
+        assert full is None, "the picker refused what the full parse accepted"
+        assert "\n" not in problem
         return
     if full is not None:
-        kept = {name: [(s.labels, _key(s.value)) for s in found] for name, found in full.samples.items()}
-        got = {name: [(s.labels, _key(s.value)) for s in found] for name, found in filtered.samples.items()}
-        assert got == {name: rows for name, rows in kept.items() if name in KEPT_SAMPLES}
-    reading = read_vllm(filtered, url="http://vllm", version=None)
+        kept = {name: rows for name, rows in _rows(full).items() if name in KEPT_SAMPLES}
+        assert filtered is not None
+        assert _rows(filtered) == kept
+        assert _rows(picked) == kept
+    reading = read_vllm(picked, url="http://vllm", version=None)
     assert all("\n" not in problem for problem in reading.problems)
+
+
+def _rows(exposition: Exposition) -> dict[str, list[tuple[object, str]]]:
+    return {name: [(s.labels, _key(s.value)) for s in found] for name, found in exposition.samples.items()}
 
 
 def _key(value: float) -> str:

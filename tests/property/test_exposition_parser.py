@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.model.exposition import Exposition, Sample
 from sidecar.parse.exposition import ExpositionError, parse_exposition
-from sidecar.parse.vllm import KEPT_SAMPLES
+from sidecar.parse.pick import SamplePicker
+from sidecar.parse.vllm import KEPT_SAMPLES, vllm_sample_picker
 from tests.property.exposition_grammar import GenExposition, GenSample, expositions
 from tests.property.profile import budget
 
@@ -115,11 +116,15 @@ def test_valid_expositions_parse_to_their_meaning_as_prometheus_client_reads_the
     assert _comparable(filtered.samples) == _comparable(kept)
     assert filtered.names_seen == exposition.names_seen
     assert filtered.types == exposition.types
+    # 4. The picker the daemon runs every tick: the same kept samples, read anew and from remembered label sets.
+    picker = vllm_sample_picker()
+    assert _comparable(picker.pick(generated.text).samples) == _comparable(kept)
+    assert _comparable(picker.pick(generated.text).samples) == _comparable(kept)
 
 
-def _only_exposition_errors(text: str, keep: frozenset[str] | None) -> Exposition | None:
+def _only_exposition_errors(text: str, keep: frozenset[str] | None, *, pick: bool = False) -> Exposition | None:
     try:
-        return parse_exposition(text, keep)
+        return SamplePicker(keep or ()).pick(text) if pick else parse_exposition(text, keep)
     except ExpositionError as error:
         problem = error
     assert "\n" not in str(problem)  # one line, whatever the input
@@ -164,6 +169,7 @@ _noise = st.lists(st.one_of(_tokens, st.text(max_size=3)), max_size=40).map("".j
 @given(st.one_of(st.text(), _noise), st.sampled_from([None, KEPT_SAMPLES]))
 def test_any_text_parses_or_fails_with_one_exposition_error(text: str, keep: frozenset[str] | None) -> None:
     _only_exposition_errors(text, keep)
+    _only_exposition_errors(text, keep, pick=True)
 
 
 @st.composite
@@ -187,3 +193,7 @@ def test_near_valid_text_parses_or_fails_cleanly_and_filtering_never_rejects_mor
         assert filtered is not None
         kept = {name: samples for name, samples in full.samples.items() if name in KEPT_SAMPLES}
         assert _comparable(filtered.samples) == _comparable(kept)
+        # The picker checks less still (not the lines it does not read), and reads the kept ones identically.
+        picked = _only_exposition_errors(text, KEPT_SAMPLES, pick=True)
+        assert picked is not None
+        assert _comparable(picked.samples) == _comparable(kept)

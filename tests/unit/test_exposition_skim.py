@@ -1,6 +1,6 @@
 """The filtered parse skims the families it keeps nothing of (sidecar.parse.skim); that must change nothing.
 
-The oracle is the line parser the skim stands in for (`_parse_lines`, private, used here on purpose): the same
+The oracle is the line parser the skim stands in for (`parse_lines`, private, used here on purpose): the same
 samples in the same order, the same types in the same order, the same names seen and line count, and the same
 error, numbered the same, for the recorded captures, the simulator's expositions, and both broken in the ways
 that matter (a line inserted, dropped, doubled or swapped, a truncated body, CRLF line ends).
@@ -29,7 +29,7 @@ Outcome = tuple[object, ...] | str
 
 def _outcome(text: str, keep: Collection[str] | None, *, skim: bool) -> Outcome:
     try:
-        parsed: Exposition = parse_exposition(text, keep) if skim else line_module._parse_lines(text, keep)
+        parsed: Exposition = parse_exposition(text, keep) if skim else line_module.parse_lines(text, keep)
     except ExpositionError as error:
         return f"{error} (line {error.line_number}, {error.reason})"
     # repr: NaN values compare equal to themselves, and dict order is part of the answer.

@@ -11,7 +11,7 @@ import pytest
 from sidecar.derive.kv import derive_kv
 from sidecar.model.vllm import MetricSchema
 from sidecar.parse.exposition import parse_exposition
-from sidecar.parse.vllm import KEPT_SAMPLES, detect_schema, read_vllm
+from sidecar.parse.vllm import KEPT_SAMPLES, detect_schema, read_vllm, vllm_sample_picker
 from tests.conftest import EXPOSITIONS, exposition_files
 
 SCHEMA_BY_FILE = {
@@ -42,10 +42,12 @@ def test_every_recorded_exposition_has_a_schema_and_expectations() -> None:
         assert path.with_name(path.stem + ".expected.json").exists(), path.name
 
 
+@pytest.mark.parametrize("parse", ["strict", "pick"])  # the doctor's parse, the daemon's
 @pytest.mark.parametrize("path", exposition_files(), ids=lambda path: path.name)
-def test_reader_matches_independent_expectations(path: Path) -> None:
+def test_reader_matches_independent_expectations(path: Path, parse: str) -> None:
     expected = _expected(path)
-    exposition = parse_exposition(path.read_text(), KEPT_SAMPLES)
+    text = path.read_text()
+    exposition = parse_exposition(text, KEPT_SAMPLES) if parse == "strict" else vllm_sample_picker().pick(text)
     assert detect_schema(exposition) is SCHEMA_BY_FILE[path.name]
     reading = read_vllm(exposition, url="http://vllm", version=expected["vllm_version"])
     assert len(reading.engines) == expected["engine_count"]
