@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 GET client on asyncio streams, for polling vLLM over plain http://. Does network I/O.
+"""A small HTTP/1.1 GET client on asyncio, for polling vLLM over plain http://. Does network I/O.
 
 The sidecar asks vLLM for /metrics and /health every tick, over loopback. httpx spends more CPU per request
 than parsing a 300 KB exposition does (its request and response models, anyio, the connection pool's
@@ -7,6 +7,7 @@ polls need: GET, connections kept alive between ticks, `Accept-Encoding: identit
 gzip, as prometheus_client's own exposition apps do, would spend CPU compressing what the sidecar then spends
 CPU undoing, over loopback), bodies framed by Content-Length, chunked or the end of the connection, gzip or
 deflate still decoded should a server send them anyway, and every body counted against a cap as it arrives.
+Each connection receives into one buffer of its own (sidecar.sources.http_receive), not a StreamReader.
 
 Bounding time is the caller's: one `asyncio.timeout` around the whole request (a trickling server must not
 outlast it); cancelled or failed, a connection is dropped, never reused. Failures raise `GetError`
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from sidecar import __version__
+from sidecar.sources.http_receive import ReceiveClosedError, ReceiveLimitError, Receiver
 
 HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; what h11 (httpx) allows is 16 KiB
 _READ_CHUNK_BYTES = 256 * 1024
@@ -69,25 +71,11 @@ class _Target:
     request_head: bytes
 
 
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.reused = False
-
-    def usable(self) -> bool:
-        # A server that closed an idle keep-alive connection has sent its FIN; the loop has seen it by now.
-        return not self.reader.at_eof() and not self.writer.transport.is_closing()
-
-    def drop(self) -> None:
-        self.writer.transport.abort()
-
-
 class HttpGetClient:
     """GETs over plain HTTP/1.1 with keep-alive; one per daemon, closed with `aclose`."""
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[tuple[str, int], list[Receiver]] = {}
         self._targets: dict[str, _Target] = {}
 
     async def get(self, url: str, *, max_bytes: int) -> Answer:
@@ -96,15 +84,15 @@ class HttpGetClient:
         connection = self._take_idle(target)
         if connection is not None:
             try:
-                return await self._exchange(target, connection, max_bytes)
+                return await self._exchange(target, connection, max_bytes, reused=True)
             except _StaleConnectionError:
                 pass  # closed by the server as we reused it: a GET may be sent again, once, on a new connection
-        return await self._exchange(target, await _connect(target), max_bytes)
+        return await self._exchange(target, await _connect(target), max_bytes, reused=False)
 
     async def aclose(self) -> None:
         for connections in self._idle.values():
             for connection in connections:
-                connection.writer.close()
+                _drop(connection)
         self._idle.clear()
 
     def _target(self, url: str) -> _Target:
@@ -129,46 +117,53 @@ class HttpGetClient:
             self._targets[url] = target
         return target
 
-    def _take_idle(self, target: _Target) -> _Connection | None:
+    def _take_idle(self, target: _Target) -> Receiver | None:
         idle = self._idle.get((target.host, target.port))
         while idle:
             connection = idle.pop()
             if connection.usable():
-                connection.reused = True
                 return connection
-            connection.drop()
+            _drop(connection)
         return None
 
-    def _give_back(self, target: _Target, connection: _Connection) -> None:
+    def _give_back(self, target: _Target, connection: Receiver) -> None:
         idle = self._idle.setdefault((target.host, target.port), [])
         if len(idle) < _MAX_IDLE_PER_HOST:
             idle.append(connection)
         else:
-            connection.drop()
+            _drop(connection)
 
-    async def _exchange(self, target: _Target, connection: _Connection, max_bytes: int) -> Answer:
+    async def _exchange(self, target: _Target, connection: Receiver, max_bytes: int, *, reused: bool) -> Answer:
         keep = False
+        connection.clear()
+        connection.busy = True
         try:
-            connection.writer.write(target.request_head)
-            status, headers, keep_alive = await _read_head(connection)
+            assert connection.transport is not None  # noqa: S101 - set when the connection was made
+            connection.transport.write(target.request_head)
+            status, headers, keep_alive = await _read_head(connection, reused=reused)
             if status != 200:
                 return Answer(status=status, body=b"")
-            body, framed = await _read_body(connection.reader, headers, max_bytes)
+            body, framed = await _read_body(connection, headers, max_bytes)
             keep = keep_alive and framed
             return Answer(status=status, body=_decoded(body, headers.get("content-encoding"), max_bytes))
         finally:
-            if keep:
-                connection.reused = False
+            connection.busy = False
+            if keep and connection.usable():
                 self._give_back(target, connection)
             else:
-                connection.drop()
+                _drop(connection)
 
 
 class _StaleConnectionError(GetError):
     """A reused connection was closed before any byte of the answer: safe to send the GET again."""
 
 
-async def _connect(target: _Target) -> _Connection:
+def _drop(connection: Receiver) -> None:
+    if connection.transport is not None:
+        connection.transport.abort()
+
+
+async def _connect(target: _Target) -> Receiver:
     hosts = [target.host]
     try:
         ipaddress.ip_address(target.host)
@@ -179,13 +174,14 @@ async def _connect(target: _Target) -> _Connection:
             raise ConnectFailedError(_reason(error), refused=False) from None
         hosts = list(dict.fromkeys(str(info[4][0]) for info in infos))
     errors: list[OSError] = []
+    loop = asyncio.get_running_loop()
     for host in hosts:
         try:
-            reader, writer = await asyncio.open_connection(host, target.port, limit=HEADER_LIMIT_BYTES)
+            _, connection = await loop.create_connection(Receiver, host, target.port)
         except OSError as error:
             errors.append(error)
             continue
-        return _Connection(reader, writer)
+        return connection
     refused = bool(errors) and all(isinstance(error, ConnectionRefusedError) for error in errors)
     raise ConnectFailedError("connection refused" if refused else _reason(errors[-1]), refused=refused)
 
@@ -198,26 +194,19 @@ def _reason(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-async def _read_head(connection: _Connection) -> tuple[int, dict[str, str], bool]:
+async def _read_head(connection: Receiver, *, reused: bool) -> tuple[int, dict[str, str], bool]:
     """The status, the headers (names lower-cased, repeated ones joined with ','), and whether to keep alive."""
-    reader = connection.reader
     try:
-        await connection.writer.drain()
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as error:
-        if connection.reused and not error.partial:
+        raw = await connection.read_until(b"\r\n\r\n", HEADER_LIMIT_BYTES)
+    except ReceiveClosedError as closed:
+        if reused and closed.received == 0:
             raise _StaleConnectionError("closed before answering") from None
+        if closed.cause is not None:
+            raise ConnectionDroppedError(_reason(closed.cause)) from None
         raise ConnectionDroppedError("closed before a complete status line and headers") from None
-    except asyncio.LimitOverrunError:
+    except ReceiveLimitError:
         raise ConnectionDroppedError(f"status line and headers longer than {HEADER_LIMIT_BYTES} bytes") from None
-    except ConnectionError as error:
-        if connection.reused:
-            raise _StaleConnectionError(_reason(error)) from None
-        raise ConnectionDroppedError(_reason(error)) from None
-    try:
-        lines = raw[:-4].decode("latin-1").split("\r\n")
-    except UnicodeDecodeError:  # latin-1 decodes every byte; kept for the type checker's sake
-        raise ConnectionDroppedError("undecodable headers") from None
+    lines = raw[:-4].decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
     if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
@@ -234,11 +223,11 @@ async def _read_head(connection: _Connection) -> tuple[int, dict[str, str], bool
     return int(code), headers, keep_alive
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int) -> tuple[bytes, bool]:
+async def _read_body(connection: Receiver, headers: dict[str, str], max_bytes: int) -> tuple[bytes, bool]:
     """The raw body and whether its end was framed (so the connection can carry another request)."""
     try:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await _read_chunked(reader, max_bytes), True
+            return await _read_chunked(connection, max_bytes), True
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
@@ -246,25 +235,22 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_
             length = int(declared)
             if length > max_bytes:
                 raise AnswerTooLargeError(max_bytes, declared_bytes=length)
-            return await reader.readexactly(length), True
-        return await _read_to_end(reader, max_bytes), False
-    except asyncio.IncompleteReadError as error:
-        received = len(error.partial)
-        expected = "" if error.expected is None else f" of {error.expected}"
-        raise ConnectionDroppedError(f"closed after {received}{expected} bytes of the body") from None
-    except asyncio.LimitOverrunError:
+            return await connection.read_exactly(length), True
+        return await _read_to_end(connection, max_bytes), False
+    except ReceiveClosedError as closed:
+        if closed.cause is not None:
+            raise ConnectionDroppedError(_reason(closed.cause)) from None
+        expected = "" if closed.expected is None else f" of {closed.expected}"
+        raise ConnectionDroppedError(f"closed after {closed.received}{expected} bytes of the body") from None
+    except ReceiveLimitError:
         raise ConnectionDroppedError("chunk size line too long") from None
-    except ConnectionError as error:
-        raise ConnectionDroppedError(_reason(error)) from None
 
 
-async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+async def _read_chunked(connection: Receiver, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        line = await reader.readuntil(b"\r\n")
-        if len(line) > _CHUNK_LINE_LIMIT:
-            raise ConnectionDroppedError("chunk size line too long")
+        line = await connection.read_until(b"\r\n", _CHUNK_LINE_LIMIT)
         text = line[:-2].split(b";", 1)[0].strip()
         try:
             length = int(text, 16)
@@ -273,22 +259,22 @@ async def _read_chunked(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
         if length < 0:
             raise ConnectionDroppedError(f"invalid chunk size {text[:20]!r}")
         if length == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailer fields, then the empty line
+            while await connection.read_until(b"\r\n", _CHUNK_LINE_LIMIT) != b"\r\n":  # trailers, then a blank
                 pass
             return b"".join(chunks)
         size += length
         if size > max_bytes:
             raise AnswerTooLargeError(max_bytes)
-        data = await reader.readexactly(length + 2)
+        data = await connection.read_exactly(length + 2)
         if data[-2:] != b"\r\n":
             raise ConnectionDroppedError("chunk not followed by CRLF")
         chunks.append(data[:-2])
 
 
-async def _read_to_end(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+async def _read_to_end(connection: Receiver, max_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    while chunk := await reader.read(_READ_CHUNK_BYTES):
+    while chunk := await connection.read_some(_READ_CHUNK_BYTES):
         size += len(chunk)
         if size > max_bytes:
             raise AnswerTooLargeError(max_bytes)
