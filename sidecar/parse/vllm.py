@@ -124,7 +124,13 @@ def _engine_keys(exposition: Exposition) -> set[EngineKey]:
 
 
 def _key(sample: Sample) -> EngineKey:
-    return (sample.label("model_name") or "", sample.label("engine") or "0")
+    model_name = engine = None  # one pass over the labels for both (Sample.label would make two)
+    for name, value in sample.labels:
+        if name == "model_name" and model_name is None:
+            model_name = value
+        elif name == "engine" and engine is None:
+            engine = value
+    return (model_name or "", engine or "0")
 
 
 def _engine_sort_key(key: EngineKey) -> tuple[str, int, str]:
@@ -196,28 +202,37 @@ def _read_engine(
 
 def _read_cache_configs(samples: Iterable[Sample], problems: list[str]) -> dict[str | None, CacheConfig]:
     """Map engine label (None: applies to every engine, as before 0.9.0) to its cache configuration."""
-    series = list(samples)
-    engines_in_server = max(1, len({sample.label("engine") for sample in series if sample.label("engine") is not None}))
+    # Some forty labels a series: looked up once into a dict, not one scan of them per label read.
+    series = [_first_values(sample) for sample in samples]
+    engines_in_server = max(1, len({labels["engine"] for labels in series if "engine" in labels}))
     configs: dict[str | None, CacheConfig] = {}
-    for sample in series:
-        configs[sample.label("engine")] = CacheConfig(
-            num_gpu_blocks_server=_int_label(sample, "num_gpu_blocks", problems),
+    for labels in series:
+        configs[labels.get("engine")] = CacheConfig(
+            num_gpu_blocks_server=_int_label(labels, "num_gpu_blocks", problems),
             engines_in_server=engines_in_server,
-            block_size_tokens=_int_label(sample, "block_size", problems),
-            gpu_memory_utilization=_float_label(sample, "gpu_memory_utilization", problems),
-            enable_prefix_caching=_bool_label(sample, "enable_prefix_caching"),
-            kv_cache_size_tokens=_int_label(sample, "kv_cache_size_tokens", problems),
+            block_size_tokens=_int_label(labels, "block_size", problems),
+            gpu_memory_utilization=_float_label(labels, "gpu_memory_utilization", problems),
+            enable_prefix_caching=_bool_label(labels, "enable_prefix_caching"),
+            kv_cache_size_tokens=_int_label(labels, "kv_cache_size_tokens", problems),
         )
     return configs
 
 
-def _int_label(sample: Sample, key: str, problems: list[str]) -> int | None:
-    value = _float_label(sample, key, problems)
+def _first_values(sample: Sample) -> dict[str, str]:
+    """The labels by name; a name written twice keeps its first value, as `Sample.label` reads it."""
+    labels: dict[str, str] = {}
+    for name, value in sample.labels:
+        labels.setdefault(name, value)
+    return labels
+
+
+def _int_label(labels: dict[str, str], key: str, problems: list[str]) -> int | None:
+    value = _float_label(labels, key, problems)
     return None if value is None else int(value)
 
 
-def _float_label(sample: Sample, key: str, problems: list[str]) -> float | None:
-    raw = sample.label(key)
+def _float_label(labels: dict[str, str], key: str, problems: list[str]) -> float | None:
+    raw = labels.get(key)
     if raw is None or raw == "None":
         return None
     try:
@@ -231,6 +246,6 @@ def _float_label(sample: Sample, key: str, problems: list[str]) -> float | None:
     return value
 
 
-def _bool_label(sample: Sample, key: str) -> bool | None:
-    raw = sample.label(key)
+def _bool_label(labels: dict[str, str], key: str) -> bool | None:
+    raw = labels.get(key)
     return {"True": True, "False": False}.get(raw) if raw is not None else None
