@@ -9,12 +9,32 @@ prometheus-fastapi-instrumentator's, which does not gzip by default).
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
 KEEP_ALIVE_S = 5.0
 METRICS_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"  # what vLLM 0.32 sends
+# The counters the sidecar follows for progress and rates, advanced on every scrape as an engine at work does
+# (a frozen exposition is a hung engine: the daemon would pause admission, and be measured paused).
+_PROGRESS_LINE = re.compile(
+    r"^((?:vllm:generation_tokens_total|vllm:prompt_tokens_total|vllm:iteration_tokens_total_count|"
+    r"vllm:prefix_cache_queries_total|vllm:prefix_cache_hits_total)(?:\{[^}\n]*\})? )([0-9.e+]+)$",
+    re.MULTILINE,
+)
+TOKENS_PER_SCRAPE = 500.0
+
+
+def advanced(metrics: bytes, scrapes: int) -> bytes:
+    """`metrics` as it reads after `scrapes` more scrapes of a busy engine: its progress counters moved on."""
+    if scrapes == 0:
+        return metrics
+
+    def move(line: re.Match[str]) -> str:
+        return f"{line.group(1)}{float(line.group(2)) + scrapes * TOKENS_PER_SCRAPE!r}"
+
+    return _PROGRESS_LINE.sub(move, metrics.decode()).encode()
 
 
 class _QuietServer(http.server.ThreadingHTTPServer):
@@ -57,7 +77,10 @@ class StandIn:
             def do_GET(self) -> None:
                 with stand_in._lock:  # several handler threads at once: one per keep-alive connection
                     stand_in.hits[self.path] += 1
+                    scrapes = stand_in.hits[self.path]
                 route = routes.get(self.path)
+                if route is not None and self.path == "/metrics":
+                    route = (advanced(route[0], scrapes), route[1])
                 if route is None:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
