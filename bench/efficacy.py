@@ -32,7 +32,8 @@ from sidecar.parse.exposition import ExpositionError, parse_exposition
 
 RESTART_SEC_S = 10.0  # RestartSec= of deploy/systemd/vllm.service.example
 RATE_PER_S = 8.0
-LOAD = ("--prompt-tokens", "2000", "--output-tokens", "256", "--timeout", "10")
+REQUEST_TIMEOUT_S = 10.0
+LOAD = ("--prompt-tokens", "2000", "--output-tokens", "256", "--timeout", f"{REQUEST_TIMEOUT_S:g}")
 WATCH_S = 0.2
 
 
@@ -131,7 +132,8 @@ class Supervisor(threading.Thread):
 
 
 class Watch(threading.Thread):
-    """Adds up the seconds vLLM could not serve: /health not 200, or requests running without progress."""
+    """Adds up the seconds vLLM could not serve: /health not 200, or requests running without progress; and
+    keeps each stretch without progress (a hang) as (first poll that saw it, first poll after it), monotonic."""
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
@@ -139,6 +141,7 @@ class Watch(threading.Thread):
         self._halt = threading.Event()
         self.downtime_s = 0.0
         self.until_s: float | None = None
+        self.stalls: list[tuple[float, float]] = []
 
     def _progress(self, client: httpx.Client) -> tuple[float, float] | None:
         try:
@@ -153,6 +156,7 @@ class Watch(threading.Thread):
     def run(self) -> None:
         previous_tokens: float | None = None
         last = time.monotonic()
+        stalled_since: float | None = None
         with httpx.Client(timeout=1.0) as client:
             while not self._halt.wait(WATCH_S):
                 now = time.monotonic()
@@ -169,7 +173,14 @@ class Watch(threading.Thread):
                     previous_tokens = None
                 if not healthy or stalled:
                     self.downtime_s += now - last
+                if stalled and stalled_since is None:
+                    stalled_since = now - WATCH_S / 2  # it stopped between this poll and the one before
+                elif not stalled and stalled_since is not None:
+                    self.stalls.append((stalled_since, now))
+                    stalled_since = None
                 last = now
+        if stalled_since is not None:
+            self.stalls.append((stalled_since, time.monotonic()))  # still hung when the run ended
 
     def stop(self) -> None:
         self._halt.set()

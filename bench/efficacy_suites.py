@@ -13,6 +13,7 @@ from bench.efficacy import HEALTHY, SCENARIOS, EfficacyRun, Scenario, run_scenar
 from bench.fleet import FLEET_SCENARIOS, FleetRun, run_fleet
 from bench.options import Options
 from bench.report import Results, table
+from bench.router import sidecar_readyz_timing, vllm_health_timing
 
 TARGET_GOODPUT_LOSS = 0.10
 
@@ -61,14 +62,25 @@ def _crash_target(results: Results, label: str, on: EfficacyRun) -> None:
     results.target(f"{label}: crashes with the sidecar", "0", str(on.crashes), met=on.crashes == 0)
 
 
-def _loss_target(results: Results, label: str, on: EfficacyRun, off: EfficacyRun, reference: EfficacyRun) -> None:
+def _loss_target(
+    results: Results, label: str, on: EfficacyRun, off: EfficacyRun, reference: EfficacyRun, *, note: str = ""
+) -> None:
     loss = _loss(on, reference)
     results.target(
         f"{label}: goodput loss with the sidecar",
         f"< {TARGET_GOODPUT_LOSS:.0%}",
-        f"{loss:.0%} (off: {_loss(off, reference):.0%})",
+        f"{loss:.0%} (off: {_loss(off, reference):.0%}{note})",
         met=loss < TARGET_GOODPUT_LOSS,
     )
+
+
+def _hang_floor(fleet: FleetRun) -> str:
+    """What no sidecar can save: the requests inside A's engine when it stopped, as a share of the arrivals."""
+    if not fleet.hangs:
+        return ""
+    lost = fleet.lost_on_a.in_flight_at_a_hang
+    hangs = f"{fleet.hangs} hang{'s' if fleet.hangs > 1 else ''}"
+    return f"; {lost / fleet.run.arrivals:.0%} were inside A's engine at its {hangs}, lost to any watcher"
 
 
 def _note(scenario: Scenario) -> str:
@@ -110,7 +122,11 @@ def efficacy_suite(options: Options, results: Results) -> None:
 
 
 def _fleet_row(fleet: FleetRun, reference: EfficacyRun) -> tuple[str, ...]:
-    return _row(fleet.run, reference, f"{fleet.sent_to_a} / {fleet.sent_to_b}", str(fleet.unrouted))
+    lost = fleet.lost_on_a
+    return (
+        *_row(fleet.run, reference, f"{fleet.sent_to_a} / {fleet.sent_to_b}", str(fleet.unrouted)),
+        f"{fleet.hangs}: {lost.in_flight_at_a_hang} / {lost.sent_while_hung} / {lost.other}",
+    )
 
 
 def fleet_suite(options: Options, results: Results) -> None:
@@ -127,18 +143,25 @@ def fleet_suite(options: Options, results: Results) -> None:
         rows += [_fleet_row(healthy[duration], reference), _fleet_row(off, reference), _fleet_row(on, reference)]
         label = f"efficacy {name} (fleet of 2)"
         _crash_target(results, label, on.run)
-        _loss_target(results, label, on.run, off.run, reference)
+        _loss_target(results, label, on.run, off.run, reference, note=_hang_floor(on))
+    health, readyz = vllm_health_timing(), sidecar_readyz_timing()
     results.section(
         "Efficacy, a fleet of two replicas",
         [
             "Two simulators behind a loopback router that honours readiness as a Kubernetes Service does, with the "
-            "probes of the shipped manifests (vLLM's /health every 5 s, out after 2 failures; the sidecar's /readyz "
-            "every 2 s, out after 1), round robin over the ready ones, 503 when none is, no retries. Replica A runs "
-            "the scenario, B the healthy preset; with the sidecar on, each has its own. The fleet carries the "
+            f"probes of the shipped manifests (vLLM's /health every {health.period_s:g} s, out after "
+            f"{health.failure_threshold} failures; the sidecar's /readyz every {readyz.period_s:g} s, out after "
+            f"{readyz.failure_threshold}), round robin over the ready ones, 503 when none is, no retries. Replica "
+            "A runs the scenario, B the healthy preset; with the sidecar on, each has its own. The fleet carries the "
             f"single-replica bench's load, so one replica alone can take it all (N+1): the same {_LOAD} *Failed* "
             "counts errors and timeouts (a request sent to a replica that died between probes included) out of "
             "every arrival; *to A / to B* where the router sent the completions; *no replica* the 503s it answered "
-            "itself. Crashes and restarts are both replicas'; downtime is A's.",
+            "itself. Crashes and restarts are both replicas'; downtime is A's. *A's hangs: lost* counts the "
+            "stretches in which A's engine made no progress with requests running (a watcher polling it every "
+            "0.2 s), then the completions A failed (no whole answer within the client's timeout, from the "
+            "router's log) by when they were sent: still running inside A when a hang began (no sidecar can save "
+            "these; a router that retries could) / sent to A after it stopped, before it progressed again (what a "
+            "pause that reaches the router saves) / other (a restart's gap).",
             "",
             *table(
                 [
@@ -152,6 +175,7 @@ def fleet_suite(options: Options, results: Results) -> None:
                     "no replica",
                     "goodput",
                     "downtime",
+                    "A's hangs: lost in flight / sent while hung / other",
                 ],
                 rows,
             ),

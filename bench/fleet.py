@@ -24,9 +24,18 @@ from pathlib import Path
 
 import httpx
 
-from bench.efficacy import SCENARIOS, EfficacyRun, LoadTotals, Scenario, Supervisor, Watch, drive_load
+from bench.efficacy import (
+    REQUEST_TIMEOUT_S,
+    SCENARIOS,
+    EfficacyRun,
+    LoadTotals,
+    Scenario,
+    Supervisor,
+    Watch,
+    drive_load,
+)
 from bench.process import Child, free_port, http_status, wait_for
-from bench.router import Replica, Router, replica
+from bench.router import Replica, Routed, Router, replica
 
 # The single-replica scenarios (their compressed clocks included), with load-driven failures scaled to A's half.
 FLEET_SCENARIOS: dict[str, Scenario] = {
@@ -46,11 +55,37 @@ FLEET_SCENARIOS: dict[str, Scenario] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LostOnA:
+    """The completions replica A did not answer within the client's timeout, by when they were sent to it."""
+
+    in_flight_at_a_hang: int  # sent before its engine stopped, still running when it did: no sidecar saves these
+    sent_while_hung: int  # sent after it stopped, before it made progress again: what a pause reaching the router saves
+    other: int  # anything else (a restart's gap, an answer later than the timeout)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FleetRun:
     run: EfficacyRun  # crashes and restarts of both replicas; downtime of A, the failing one
     unrouted: int  # requests the router answered 503: no replica was ready
     sent_to_a: int
     sent_to_b: int
+    lost_on_a: LostOnA
+    hangs: int  # stretches without progress on A with requests running, as the watcher saw them
+
+
+def lost_on_a(routed: list[Routed], stalls: list[tuple[float, float]]) -> LostOnA:
+    """Attribute each completion A failed to the hangs (start, end) the watcher saw."""
+    in_flight = sent_while_hung = other = 0
+    for each in routed:
+        if each.replica != 0 or (each.answered_s is not None and each.answered_s - each.sent_s <= REQUEST_TIMEOUT_S):
+            continue
+        if any(start - REQUEST_TIMEOUT_S < each.sent_s < start for start, _ in stalls):
+            in_flight += 1
+        elif any(start <= each.sent_s < end for start, end in stalls):
+            sent_while_hung += 1
+        else:
+            other += 1
+    return LostOnA(in_flight_at_a_hang=in_flight, sent_while_hung=sent_while_hung, other=other)
 
 
 class _Member:
@@ -130,4 +165,11 @@ def run_fleet(scenario: Scenario, *, sidecar: bool, duration_s: float | None = N
         supervisors=tuple(member.supervisor for member in members),
         downtime_s=watch.downtime_s,
     )
-    return FleetRun(run=run, unrouted=router.unrouted, sent_to_a=replicas[0].sent, sent_to_b=replicas[1].sent)
+    return FleetRun(
+        run=run,
+        unrouted=router.unrouted,
+        sent_to_a=replicas[0].sent,
+        sent_to_b=replicas[1].sent,
+        lost_on_a=lost_on_a(router.routed, watch.stalls),
+        hangs=len(watch.stalls),
+    )

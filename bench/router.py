@@ -1,9 +1,9 @@
 """A loopback router in front of vLLM replicas that honours readiness, as a Kubernetes Service does. Does I/O.
 
-Each replica is an endpoint while its readiness probes pass, with the periods and thresholds of the shipped
-manifests: vLLM's `/health` every 5 s, out after 2 failures (deploy/kubernetes/base/vllm-deployment.yaml), and,
-when a sidecar runs beside it, the sidecar's `/readyz` every 2 s, out after 1 failure
-(deploy/kubernetes/add-sidecar/sidecar.yaml); back after one success. A request goes to the next ready replica
+Each replica is an endpoint while its readiness probes pass, with the periods and thresholds read from the
+shipped manifests: vLLM's `/health` (deploy/kubernetes/base/vllm-deployment.yaml) and, when a sidecar runs
+beside it, the sidecar's `/readyz` (deploy/kubernetes/add-sidecar/sidecar.yaml); back after one success (the
+manifests' successThreshold). A request goes to the next ready replica
 in turn; with none ready it gets 503 at once. Nothing is retried: a request sent to a replica that died
 between two probes fails, as it would through kube-proxy.
 
@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 HEAD_LIMIT_BYTES = 64 * 1024
 BODY_LIMIT_BYTES = 4 * 2**20
@@ -33,10 +38,44 @@ class Probe:
     failure_threshold: int
 
 
-VLLM_HEALTH_PERIOD_S = 5.0
-VLLM_HEALTH_FAILURES = 2
-SIDECAR_READYZ_PERIOD_S = 2.0
-SIDECAR_READYZ_FAILURES = 1
+KUBERNETES = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTiming:
+    period_s: float
+    failure_threshold: int
+
+
+@functools.cache
+def shipped_readiness(manifest: str, container: str) -> ProbeTiming:
+    """The readinessProbe of `container` in a shipped manifest, with Kubernetes' defaults where it says nothing."""
+    for document in yaml.safe_load_all((KUBERNETES / manifest).read_text()):
+        if not isinstance(document, dict) or document.get("kind") != "Deployment":
+            continue
+        containers: list[dict[str, Any]] = document["spec"]["template"]["spec"]["containers"]
+        for each in containers:
+            if each["name"] == container:
+                probe = each["readinessProbe"]
+                return ProbeTiming(float(probe.get("periodSeconds", 10)), int(probe.get("failureThreshold", 3)))
+    raise LookupError(f"no readinessProbe for container {container!r} in {manifest}")
+
+
+def vllm_health_timing() -> ProbeTiming:
+    return shipped_readiness("base/vllm-deployment.yaml", "vllm")
+
+
+def sidecar_readyz_timing() -> ProbeTiming:
+    return shipped_readiness("add-sidecar/sidecar.yaml", "vllm-sidecar")
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One completion the router sent on: when, to which replica, and when its answer had come back whole."""
+
+    sent_s: float  # time.monotonic()
+    replica: int  # index in Router.replicas
+    answered_s: float | None  # None: the replica never finished it (hung, died, or the router stopped first)
 
 
 @dataclass(slots=True)
@@ -55,9 +94,11 @@ class Replica:
 def replica(vllm_url: str, readyz_url: str | None) -> Replica:
     """A replica probed as the shipped manifests probe it: vLLM's /health, and the sidecar's /readyz if any."""
     parts = httpx.URL(vllm_url)
-    probes = [Probe(vllm_url + "/health", VLLM_HEALTH_PERIOD_S, VLLM_HEALTH_FAILURES)]
+    health = vllm_health_timing()
+    probes = [Probe(vllm_url + "/health", health.period_s, health.failure_threshold)]
     if readyz_url is not None:
-        probes.append(Probe(readyz_url, SIDECAR_READYZ_PERIOD_S, SIDECAR_READYZ_FAILURES))
+        readyz = sidecar_readyz_timing()
+        probes.append(Probe(readyz_url, readyz.period_s, readyz.failure_threshold))
     return Replica(host=parts.host, port=parts.port or 80, probes=tuple(probes))
 
 
@@ -67,6 +108,7 @@ class Router:
     def __init__(self, replicas: list[Replica]) -> None:
         self.replicas = replicas
         self.unrouted = 0  # completions answered 503: no replica was ready
+        self.routed: list[Routed] = []  # every completion sent on, appended when its answer ended or the router stops
         self.port = 0
         self._next = 0
         self._loop = asyncio.new_event_loop()
@@ -160,7 +202,14 @@ class Router:
                 return
             kept = [line for line in headers if line.partition(b":")[0].strip().lower() != b"connection"]
             forwarded = b"\r\n".join([request_line, *kept, b"Connection: close"]) + b"\r\n\r\n" + body
-            await _forward(target, forwarded, writer)
+            sent_s = time.monotonic()
+            answered = False
+            try:
+                answered = await _forward(target, forwarded, writer)
+            finally:
+                if completion:
+                    answered_s = time.monotonic() if answered else None
+                    self.routed.append(Routed(sent_s, self.replicas.index(target), answered_s))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError):
             pass  # the client went away or sent something that is not HTTP: nothing to answer
         except asyncio.CancelledError:
@@ -169,22 +218,26 @@ class Router:
             writer.close()
 
 
-async def _forward(target: Replica, request: bytes, client: asyncio.StreamWriter) -> None:
+async def _forward(target: Replica, request: bytes, client: asyncio.StreamWriter) -> bool:
+    """Copy the replica's answer back; True when it came back whole (the replica closed after answering)."""
     try:
         upstream_reader, upstream_writer = await asyncio.open_connection(target.host, target.port)
     except OSError:
         await _answer(client, 502, b"replica refused the connection")
-        return
+        return False
     try:
         upstream_writer.write(request)
         await upstream_writer.drain()
+        answered = False
         while chunk := await upstream_reader.read(_COPY_CHUNK_BYTES):
+            answered = True
             client.write(chunk)
             await client.drain()
     except ConnectionError:
-        pass  # the replica died mid-answer: the client sees a cut-off response, as it would
+        return False  # the replica died mid-answer: the client sees a cut-off response, as it would
     finally:
         upstream_writer.close()
+    return answered
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, text: bytes) -> None:

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from bench.router import Probe, Replica, Router
+from bench.fleet import lost_on_a
+from bench.router import Probe, Replica, Routed, Router, sidecar_readyz_timing, vllm_health_timing
 
 PERIOD_S = 0.05
 
@@ -84,6 +85,9 @@ def test_round_robin_over_ready_replicas_passes_answers_through(backends: tuple[
         assert [r.status_code for r in answers] == [200] * 4
         assert httpx.get(router.url + "/health").status_code == 200  # the router's own
         assert (router.replicas[0].sent, router.replicas[1].sent, router.unrouted) == (2, 2, 0)
+        _until(lambda: len(router.routed) == 4)  # appended as each answer ends
+        assert [each.replica for each in router.routed] == [0, 1, 0, 1]
+        assert all(each.answered_s is not None and each.answered_s >= each.sent_s for each in router.routed)
     finally:
         router.stop()
 
@@ -113,5 +117,27 @@ def test_a_replica_gone_between_probes_fails_the_request_without_retry(backends:
     try:
         a.stop()
         assert _post(router).status_code == 502
+        _until(lambda: len(router.routed) == 1)
+        assert [each.answered_s for each in router.routed] == [None]
     finally:
         router.stop()
+
+
+def test_probes_are_the_shipped_manifests() -> None:
+    assert vllm_health_timing().period_s == 5.0
+    assert (sidecar_readyz_timing().period_s, sidecar_readyz_timing().failure_threshold) == (1.0, 1)
+
+
+def test_failed_completions_are_told_apart_by_when_they_reached_a_hang() -> None:
+    hung = [(100.0, 110.0)]  # A made no progress from 100 s to 110 s
+    routed = [
+        Routed(sent_s=95.0, replica=0, answered_s=None),  # running inside A when it stopped
+        Routed(sent_s=99.5, replica=0, answered_s=115.0),  # answered, but after the client's 10 s
+        Routed(sent_s=103.0, replica=0, answered_s=None),  # sent to A while it was hung
+        Routed(sent_s=111.0, replica=0, answered_s=None),  # after: a restart's gap
+        Routed(sent_s=88.0, replica=0, answered_s=None),  # over 10 s before the hang: not the hang's doing
+        Routed(sent_s=95.0, replica=0, answered_s=100.5),  # answered in time
+        Routed(sent_s=101.0, replica=1, answered_s=None),  # B's
+    ]
+    lost = lost_on_a(routed, hung)
+    assert (lost.in_flight_at_a_hang, lost.sent_while_hung, lost.other) == (2, 1, 2)
