@@ -78,7 +78,7 @@ def _hang_floor(fleet: FleetRun) -> str:
     """What no sidecar can save: the requests inside A's engine when it stopped, as a share of the arrivals."""
     if not fleet.hangs:
         return ""
-    lost = fleet.lost_on_a.in_flight_at_a_hang
+    lost = fleet.lost.in_flight_at_a_hang
     hangs = f"{fleet.hangs} hang{'s' if fleet.hangs > 1 else ''}"
     return f"; {lost / fleet.run.arrivals:.0%} were inside A's engine at its {hangs}, lost to any watcher"
 
@@ -122,10 +122,10 @@ def efficacy_suite(options: Options, results: Results) -> None:
 
 
 def _fleet_row(fleet: FleetRun, reference: EfficacyRun) -> tuple[str, ...]:
-    lost = fleet.lost_on_a
+    lost = fleet.lost
     return (
         *_row(fleet.run, reference, f"{fleet.sent_to_a} / {fleet.sent_to_b}", str(fleet.unrouted)),
-        f"{fleet.hangs}: {lost.in_flight_at_a_hang} / {lost.sent_while_hung} / {lost.other}",
+        f"{fleet.hangs}: {lost.in_flight_at_a_hang} / {lost.sent_while_hung} / {lost.other_on_a} / {lost.on_b}",
     )
 
 
@@ -156,12 +156,14 @@ def fleet_suite(options: Options, results: Results) -> None:
             f"single-replica bench's load, so one replica alone can take it all (N+1): the same {_LOAD} *Failed* "
             "counts errors and timeouts (a request sent to a replica that died between probes included) out of "
             "every arrival; *to A / to B* where the router sent the completions; *no replica* the 503s it answered "
-            "itself. Crashes and restarts are both replicas'; downtime is A's. *A's hangs: lost* counts the "
-            "stretches in which A's engine made no progress with requests running (a watcher polling it every "
-            "0.2 s), then the completions A failed (no whole answer within the client's timeout, from the "
-            "router's log) by when they were sent: still running inside A when a hang began (no sidecar can save "
-            "these; a router that retries could) / sent to A after it stopped, before it progressed again (what a "
-            "pause that reaches the router saves) / other (a restart's gap).",
+            "itself. Crashes and restarts are both replicas'; downtime is A's. *Hangs: lost* counts the stretches "
+            "in which A's engine made no progress with requests running (a watcher polling it every 0.2 s), then "
+            "the completions that got no whole answer within the client's timeout (the router's log): A's by when "
+            "they were sent, still running inside A when a hang began (no sidecar can save these; a router that "
+            "retries could) / sent to A after it stopped, before it progressed again (what a pause that reaches "
+            "the router saves) / other on A (a restart's gap), then B's (carrying A's share on top of its own, one "
+            "replica at its capacity: bunched arrivals time out). The router's view can differ from the load "
+            "tester's by the requests still running when the run ends.",
             "",
             *table(
                 [
@@ -175,7 +177,7 @@ def fleet_suite(options: Options, results: Results) -> None:
                     "no replica",
                     "goodput",
                     "downtime",
-                    "A's hangs: lost in flight / sent while hung / other",
+                    "hangs: lost in flight / sent while hung / other on A / on B",
                 ],
                 rows,
             ),

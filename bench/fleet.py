@@ -55,12 +55,13 @@ FLEET_SCENARIOS: dict[str, Scenario] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LostOnA:
-    """The completions replica A did not answer within the client's timeout, by when they were sent to it."""
+class Lost:
+    """The completions a replica did not answer within the client's timeout; A's by when they were sent to it."""
 
-    in_flight_at_a_hang: int  # sent before its engine stopped, still running when it did: no sidecar saves these
+    in_flight_at_a_hang: int  # sent before A's engine stopped, still running when it did: no sidecar saves these
     sent_while_hung: int  # sent after it stopped, before it made progress again: what a pause reaching the router saves
-    other: int  # anything else (a restart's gap, an answer later than the timeout)
+    other_on_a: int  # anything else on A (a restart's gap, an answer later than the timeout)
+    on_b: int  # B's, carrying A's share on top of its own (one replica at its capacity times some out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,23 +70,25 @@ class FleetRun:
     unrouted: int  # requests the router answered 503: no replica was ready
     sent_to_a: int
     sent_to_b: int
-    lost_on_a: LostOnA
+    lost: Lost
     hangs: int  # stretches without progress on A with requests running, as the watcher saw them
 
 
-def lost_on_a(routed: list[Routed], stalls: list[tuple[float, float]]) -> LostOnA:
-    """Attribute each completion A failed to the hangs (start, end) the watcher saw."""
-    in_flight = sent_while_hung = other = 0
+def lost(routed: list[Routed], stalls: list[tuple[float, float]]) -> Lost:
+    """Attribute each completion A failed to the hangs (start, end) the watcher saw; count B's."""
+    in_flight = sent_while_hung = other = on_b = 0
     for each in routed:
-        if each.replica != 0 or (each.answered_s is not None and each.answered_s - each.sent_s <= REQUEST_TIMEOUT_S):
+        if each.answered_s is not None and each.answered_s - each.sent_s <= REQUEST_TIMEOUT_S:
             continue
-        if any(start - REQUEST_TIMEOUT_S < each.sent_s < start for start, _ in stalls):
+        if each.replica != 0:
+            on_b += 1
+        elif any(start - REQUEST_TIMEOUT_S < each.sent_s < start for start, _ in stalls):
             in_flight += 1
         elif any(start <= each.sent_s < end for start, end in stalls):
             sent_while_hung += 1
         else:
             other += 1
-    return LostOnA(in_flight_at_a_hang=in_flight, sent_while_hung=sent_while_hung, other=other)
+    return Lost(in_flight_at_a_hang=in_flight, sent_while_hung=sent_while_hung, other_on_a=other, on_b=on_b)
 
 
 class _Member:
@@ -170,6 +173,6 @@ def run_fleet(scenario: Scenario, *, sidecar: bool, duration_s: float | None = N
         unrouted=router.unrouted,
         sent_to_a=replicas[0].sent,
         sent_to_b=replicas[1].sent,
-        lost_on_a=lost_on_a(router.routed, watch.stalls),
+        lost=lost(router.routed, watch.stalls),
         hangs=len(watch.stalls),
     )

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from bench.fleet import lost_on_a
+from bench.fleet import lost
 from bench.router import Probe, Replica, Routed, Router, sidecar_readyz_timing, vllm_health_timing
 
 PERIOD_S = 0.05
@@ -138,6 +138,7 @@ def test_failed_completions_are_told_apart_by_when_they_reached_a_hang() -> None
         Routed(sent_s=88.0, replica=0, answered_s=None),  # over 10 s before the hang: not the hang's doing
         Routed(sent_s=95.0, replica=0, answered_s=100.5),  # answered in time
         Routed(sent_s=101.0, replica=1, answered_s=None),  # B's
+        Routed(sent_s=102.0, replica=1, answered_s=104.0),  # B's, answered
     ]
-    lost = lost_on_a(routed, hung)
-    assert (lost.in_flight_at_a_hang, lost.sent_while_hung, lost.other) == (2, 1, 2)
+    counted = lost(routed, hung)
+    assert (counted.in_flight_at_a_hang, counted.sent_while_hung, counted.other_on_a, counted.on_b) == (2, 1, 2, 1)
