@@ -160,8 +160,9 @@ class Watch(threading.Thread):
         with httpx.Client(timeout=1.0) as client:
             while not self._halt.wait(WATCH_S):
                 now = time.monotonic()
-                if self.until_s is not None and now > self.until_s:
-                    break  # the load's window is over: what follows is its tail, not the run
+                # After the load's window, its tail: no downtime counted, but a hang still tells what the
+                # requests sent within the window that were running then died of.
+                in_window = self.until_s is None or now <= self.until_s
                 healthy = http_status(self._url + "/health") == httpx.codes.OK
                 progress = self._progress(client) if healthy else None
                 stalled = False
@@ -171,7 +172,7 @@ class Watch(threading.Thread):
                     previous_tokens = tokens
                 else:
                     previous_tokens = None
-                if not healthy or stalled:
+                if (not healthy or stalled) and in_window:
                     self.downtime_s += now - last
                 if stalled and stalled_since is None:
                     stalled_since = now - WATCH_S / 2  # it stopped between this poll and the one before

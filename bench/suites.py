@@ -227,7 +227,7 @@ def growth_suite(options: Options, results: Results) -> None:
     results.section(
         "Growth",
         [
-            "One tick's pure work in-process (filtered parse + vLLM reading + derive; GPUs as the NVML source "
+            "One tick's pure work in-process (the picker + vLLM reading + derive; GPUs as the NVML source "
             "reports them, one engine per GPU) with the window full at a 1 s interval (10 min of history), "
             "against one prometheus_client parse of the same bytes. Generated vLLM 0.32 expositions with every "
             "histogram, no LoRA. Median of interleaved rounds.",

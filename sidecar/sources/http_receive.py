@@ -102,10 +102,6 @@ class Receiver(asyncio.BufferedProtocol):
             and not self.transport.is_closing()
         )
 
-    @property
-    def received_any(self) -> bool:
-        return self._end > 0 or self._start > 0
-
     def clear(self) -> None:
         """Forget what was read, before a new request on this connection."""
         self._start = self._end = self._wanted_end = 0
