@@ -120,7 +120,10 @@ class Poller:
         return self._view
 
     async def tick(self) -> View:
-        if self._gpu is None:
+        if self._gpu is None and self._vllm.health_stands():
+            # Most ticks: /health is not due, so /metrics alone, without a task for each (see healthy()).
+            reading, healthy, gpu = await self._vllm.read(), True, None
+        elif self._gpu is None:
             reading, healthy = await asyncio.gather(self._vllm.read(), self._vllm.healthy())
             gpu = None
         else:

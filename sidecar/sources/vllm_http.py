@@ -91,12 +91,18 @@ class VllmHttpSource:
         self._last_read_ok = True
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
 
+    def health_stands(self) -> bool:
+        """Whether a 200 from /health is recent enough to stand without asking (see HEALTH_MAX_AGE_S)."""
+        return (
+            self._last_read_ok and self._healthy_at is not None and self._clock() - self._healthy_at < HEALTH_MAX_AGE_S
+        )
+
     async def healthy(self) -> bool:
         """True when /health answers 200 within the timeout, or did less than HEALTH_MAX_AGE_S ago while
         /metrics kept reading (see HEALTH_MAX_AGE_S)."""
-        now = self._clock()
-        if self._last_read_ok and self._healthy_at is not None and now - self._healthy_at < HEALTH_MAX_AGE_S:
+        if self.health_stands():
             return True
+        now = self._clock()
         try:
             await self._fetch("/health", _SMALL_BODY_BYTES)
         except FetchError:
