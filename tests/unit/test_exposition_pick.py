@@ -23,7 +23,7 @@ from sidecar.sim.exposition import MetricsWriter
 from sidecar.sim.exposition_cache import CacheSettings
 from tests.conftest import exposition_files
 from tests.property.profile import budget
-from tests.unit.test_exposition_skim import ODD_FAMILIES, TRICKY_LINES
+from tests.unit.test_exposition_skim import ODD_FAMILIES, broken_exposition
 
 
 def _simulated(version: str, engines: int) -> str:
@@ -160,23 +160,7 @@ def _picked(picker: SamplePicker, text: str) -> str:
 @given(data=st.data())
 @budget(2.0)
 def test_broken_expositions_pick_what_a_line_by_line_reading_of_the_kept_lines_finds(data: st.DataObject) -> None:
-    lines = data.draw(st.sampled_from(TEXTS)).split("\n")
-    for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(lines) - 1))
-        kind = data.draw(st.sampled_from(["insert", "drop", "double", "swap", "truncate"]))
-        if kind == "insert":
-            lines.insert(at, data.draw(st.sampled_from(TRICKY_LINES) | st.text(max_size=20)))
-        elif kind == "drop" and len(lines) > 1:
-            del lines[at]
-        elif kind == "double":
-            lines.insert(at, lines[at])
-        elif kind == "swap":
-            other = data.draw(st.integers(0, len(lines) - 1))
-            lines[at], lines[other] = lines[other], lines[at]
-        elif kind == "truncate":
-            cut = data.draw(st.integers(0, len(lines[at])))
-            lines = [*lines[:at], lines[at][:cut]]
-    text = "\n".join(lines)
+    text = broken_exposition(data, data.draw(st.sampled_from(TEXTS)))
     keep = data.draw(st.sampled_from([KEPT_SAMPLES, frozenset({"x", "x_count"})]))
     picker = SamplePicker(keep)
     assert _picked(picker, text) == _naive_oracle(text, keep)
