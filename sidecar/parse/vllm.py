@@ -49,7 +49,8 @@ KEPT_SAMPLES = frozenset(
         ITERATIONS,
     }
 )
-"""The sample names the sidecar reads; pass to `parse_exposition` so it skips everything else."""
+"""The sample names the sidecar reads: the daemon's picker parses these lines only (`vllm_sample_picker`), the
+doctor passes them to `parse_exposition` to skip the rest of what it does not read."""
 # Names whose presence alone tells something (detect_schema): noticed, never parsed.
 PROMPT_TOKENS_CREATED = "vllm:prompt_tokens_created"  # a V1 sign in 0.8.x, which still used the old names
 NOTICED_NAMES = frozenset({PROMPT_TOKENS_CREATED})
