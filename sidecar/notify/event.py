@@ -21,8 +21,11 @@ EVENT_REASONS: dict[NotificationKind, str] = {
     NotificationKind.RESTART_END: "RestartCompleted",
     NotificationKind.RESTART_FAILURE: "RestartFailed",
     NotificationKind.BUDGET_EXHAUSTED: "RestartBudgetExhausted",
+    NotificationKind.VLLM_RECOVERED: "VllmRecovered",
 }
-WARNING_KINDS = frozenset({NotificationKind.RESTART_FAILURE, NotificationKind.BUDGET_EXHAUSTED})
+WARNING_KINDS = frozenset(
+    {NotificationKind.RESTART_FAILURE, NotificationKind.BUDGET_EXHAUSTED, NotificationKind.VLLM_RECOVERED}
+)
 MAX_MESSAGE_CHARS = 1024  # the API server truncates longer Event messages; cut them here, visibly
 
 

@@ -13,6 +13,7 @@ class NotificationKind(StrEnum):
     RESTART_END = "restart_end"
     RESTART_FAILURE = "restart_failure"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    VLLM_RECOVERED = "vllm_recovered"  # vLLM died (or was gone) and came back without the sidecar restarting it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -47,6 +47,7 @@ EMOJI: dict[NotificationKind, str] = {
     NotificationKind.RESTART_END: "\N{WHITE HEAVY CHECK MARK}",
     NotificationKind.RESTART_FAILURE: "\N{CROSS MARK}",
     NotificationKind.BUDGET_EXHAUSTED: "\N{OCTAGONAL SIGN}",
+    NotificationKind.VLLM_RECOVERED: "\N{WARNING SIGN}\N{VARIATION SELECTOR-16}",
 }
 
 

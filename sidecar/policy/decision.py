@@ -28,6 +28,7 @@ class ActionKind(StrEnum):
     NOTIFY_RESTART_DONE = "notify_restart_done"  # vLLM is healthy again after a restart
     NOTIFY_RESTART_FAILED = "notify_restart_failed"  # a step of the restart failed; the reason says which
     NOTIFY_BUDGET_EXHAUSTED = "notify_budget_exhausted"  # a restart was due but the hourly budget is spent
+    NOTIFY_VLLM_RECOVERED = "notify_vllm_recovered"  # vLLM died or was gone, and is back without our restart
 
 
 class RestartReason(StrEnum):
