@@ -109,6 +109,7 @@ class SidecarCollector(Collector):
 
 def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:
     add(names.ADMISSION_PAUSED, 1.0 if acting.admission_paused else 0.0)
+    add(names.READY, 1.0 if acting.ready else 0.0)
     for state in acting.states:
         add(names.POLICY_STATE, 1.0 if state == acting.state else 0.0, state)
     for action in sorted({*acting.action_kinds, *acting.actions}):

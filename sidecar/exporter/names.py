@@ -166,7 +166,13 @@ ADMISSION_PAUSED = MetricSpec(
     "vllm_sidecar_admission_paused",
     Kind.GAUGE,
     (),
-    "1 while admission is paused (/readyz answers 503), else 0.",
+    "1 while the policy pauses admission (/readyz answers 503 with the reason), else 0 (and 0 in dry-run).",
+)
+READY = MetricSpec(
+    "vllm_sidecar_ready",
+    Kind.GAUGE,
+    (),
+    "1 while /readyz answers 200: vLLM seen healthy within the last 3 polls and admission not paused, else 0.",
 )
 POLICY_STATE = MetricSpec(
     "vllm_sidecar_policy_state", Kind.GAUGE, ("state",), "1 for the policy's current state, 0 for the others."
@@ -196,7 +202,16 @@ RESTART_BUDGET_REMAINING = MetricSpec(
     "Restarts still allowed in the current hour before the budget is exhausted.",
 )
 
-POLICY = (ADMISSION_PAUSED, POLICY_STATE, ACTIONS, ACTION_FAILURES, RESTARTS, LAST_RESTART, RESTART_BUDGET_REMAINING)
+POLICY = (
+    ADMISSION_PAUSED,
+    READY,
+    POLICY_STATE,
+    ACTIONS,
+    ACTION_FAILURES,
+    RESTARTS,
+    LAST_RESTART,
+    RESTART_BUDGET_REMAINING,
+)
 
 ALL = (
     UP,

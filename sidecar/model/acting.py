@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 class ActingView:
     state: str
     states: tuple[str, ...]  # every state the policy has, for the 0/1 series of vllm_sidecar_policy_state
-    admission_paused: bool  # what /readyz says (never paused in dry-run)
+    admission_paused: bool  # the policy pauses admission (never in dry-run)
+    ready: bool  # /readyz answers 200: vLLM seen healthy lately and admission not paused
     readiness_reason: str
     decision_reason: str
     would_restart_but: str | None

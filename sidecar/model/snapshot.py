@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.model.gpu import GpuReading
+from sidecar.model.health import HealthCheck
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
 
@@ -16,3 +17,6 @@ class Snapshot:
     vllm: SourceResult[VllmReading]
     vllm_healthy: bool | None  # /health answered 200; None when it was not asked
     gpu: SourceResult[GpuReading] | None  # None when no GPU source is configured
+    # What /health answered, for readiness's reason line; None when not asked (recordings, tests that only
+    # need the verdict above, which always agrees with it).
+    vllm_health: HealthCheck | None = None

@@ -128,6 +128,7 @@ def policy_document(acting: ActingView) -> JsonObject:
     return {
         "state": acting.state,
         "admission_paused": acting.admission_paused,
+        "ready": acting.ready,
         "readiness": acting.readiness_reason,
         "reason": acting.decision_reason,
         "would_restart_but": acting.would_restart_but,

@@ -33,6 +33,7 @@ from sidecar.policy.decision import (
 )
 from sidecar.policy.machine import Policy
 from sidecar.policy.observation import Observation
+from sidecar.policy.presence import Presence
 from sidecar.shell.ledger_store import LedgerStore
 from sidecar.shell.state_file import StateFile
 
@@ -95,10 +96,12 @@ class Acting:
         self._last_good: Derived | None = None
         self._last_good_s: float | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        self._presence = Presence()
 
     # --- ticks ----------------------------------------------------------------------------------------
     def observe(self, view: View) -> Decision:
         snapshot = view.snapshot
+        self._presence.observe(snapshot)
         if snapshot.vllm.ok:
             self._last_good, self._last_good_s = view.derived, snapshot.monotonic_s
         observation = Observation(
@@ -119,12 +122,26 @@ class Acting:
         )
 
     def readiness(self) -> Readiness:
+        """200 only while vLLM was seen healthy within the last polls (`Presence`) and admission is not paused.
+
+        With --dry-run the policy's pause is only reported ("would pause"), but a vLLM the sidecar cannot see
+        healthy is never reported ready: that is an observation, not an action.
+        """
+        presence = self._presence.verdict()
         decision = self.decision
-        if decision is None or not decision.admission_paused:
-            return Readiness(admitting=True, reason="ready: admitting traffic")
-        if self.dry_run:
-            return Readiness(admitting=True, reason=f"ready (dry run; would pause: {decision.pause_reason})")
-        return Readiness(admitting=False, reason=f"paused: {decision.pause_reason or decision.reason}")
+        pause = None
+        if decision is not None and decision.admission_paused:
+            pause = decision.pause_reason or decision.reason
+        if not presence.ready:
+            restarting = decision is not None and decision.state is PolicyState.RESTARTING
+            what = "not ready, vLLM restarting" if restarting else "not ready"
+            also = f"; admission paused: {pause}" if pause and not self.dry_run and not restarting else ""
+            return Readiness(admitting=False, reason=f"{what}, {presence.reason}{also}")
+        if pause is not None and self.dry_run:
+            return Readiness(admitting=True, reason=f"{presence.reason} (dry run; would pause: {pause})")
+        if pause is not None:
+            return Readiness(admitting=False, reason=f"paused: {pause}")
+        return Readiness(admitting=True, reason=presence.reason)
 
     # --- carrying out ---------------------------------------------------------------------------------
     def _apply(self, decision: Decision) -> Decision:
@@ -187,6 +204,8 @@ class Acting:
             duration_s=round(outcome.duration_s, 3),
         )
         self._account(outcome, reason)
+        if outcome.status is OutcomeStatus.DONE:
+            self._presence.forget_healthy()  # the process that was seen healthy is gone
         decision, ledger = self.policy.procedure_event(
             _OUTCOME_EVENTS[outcome.status], self._clock(), self._wall_clock(), self.ledger, detail=outcome.detail
         )
@@ -211,7 +230,8 @@ class Acting:
         return ActingView(
             state=str(decision.state) if decision is not None else str(PolicyState.STARTING),
             states=tuple(str(state) for state in PolicyState),
-            admission_paused=not readiness.admitting,
+            admission_paused=decision is not None and decision.admission_paused and not self.dry_run,
+            ready=readiness.admitting,
             readiness_reason=readiness.reason,
             decision_reason=decision.reason if decision is not None else "no poll yet",
             would_restart_but=decision.would_restart_but if decision is not None else None,

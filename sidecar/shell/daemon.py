@@ -28,6 +28,7 @@ from sidecar.exporter.endpoints import Endpoints, Liveness
 from sidecar.exporter.http import DAEMON_MAX_CONNECTIONS, HttpServer
 from sidecar.exporter.rate_limit import AdminRateLimiter
 from sidecar.exporter.tls import ReloadingServerTls, TlsError
+from sidecar.model.health import HEALTH_STANDS
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
 from sidecar.notify.dispatcher import Notifier
@@ -121,18 +122,19 @@ class Poller:
 
     async def tick(self) -> View:
         if self._gpu is None and self._vllm.health_stands():
-            # Most ticks: /health is not due, so /metrics alone, without a task for each (see healthy()).
-            reading, healthy, gpu = await self._vllm.read(), True, None
+            # Most ticks: /health is not due, so /metrics alone, without a task for each (see health()).
+            reading, health, gpu = await self._vllm.read(), HEALTH_STANDS, None
         elif self._gpu is None:
-            reading, healthy = await asyncio.gather(self._vllm.read(), self._vllm.healthy())
+            reading, health = await asyncio.gather(self._vllm.read(), self._vllm.health())
             gpu = None
         else:
-            reading, healthy, gpu = await asyncio.gather(self._vllm.read(), self._vllm.healthy(), self._gpu.read())
+            reading, health, gpu = await asyncio.gather(self._vllm.read(), self._vllm.health(), self._gpu.read())
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),
             vllm=reading,
-            vllm_healthy=healthy,
+            vllm_healthy=health.ok,
+            vllm_health=health,
             gpu=gpu,
         )
         self._window.push(snapshot)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import httpx
 
 from sidecar.body_cap import BodyTooLargeError, read_capped
+from sidecar.model.health import HEALTH_STANDS, HealthAnswer, HealthCheck
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
 from sidecar.parse.exposition import ExpositionError
@@ -39,9 +40,10 @@ _SMALL_BODY_BYTES = 64 * 1024  # /version and /health answers are tiny; anything
 class FetchError(Exception):
     """A request to vLLM failed; the message is one line naming the endpoint and the reason."""
 
-    def __init__(self, message: str, *, refused: bool = False) -> None:
+    def __init__(self, message: str, *, refused: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.refused = refused
+        self.status = status  # the HTTP status of an answer that was not 200; None when nothing answered
 
 
 class VllmHttpSource:
@@ -97,19 +99,19 @@ class VllmHttpSource:
             self._last_read_ok and self._healthy_at is not None and self._clock() - self._healthy_at < HEALTH_MAX_AGE_S
         )
 
-    async def healthy(self) -> bool:
-        """True when /health answers 200 within the timeout, or did less than HEALTH_MAX_AGE_S ago while
-        /metrics kept reading (see HEALTH_MAX_AGE_S)."""
+    async def health(self) -> HealthCheck:
+        """What /health answers within the timeout; a 200 less than HEALTH_MAX_AGE_S old stands while /metrics
+        keeps reading (see HEALTH_MAX_AGE_S)."""
         if self.health_stands():
-            return True
+            return HEALTH_STANDS
         now = self._clock()
         try:
             await self._fetch("/health", _SMALL_BODY_BYTES)
-        except FetchError:
+        except FetchError as error:
             self._healthy_at = None
-            return False
+            return HealthCheck(answer=_answer(error), detail=str(error))
         self._healthy_at = now
-        return True
+        return HealthCheck(answer=HealthAnswer.OK, detail=f"vLLM {self.base_url}/health answered HTTP 200")
 
     def _version_due(self, now_s: float) -> bool:
         return self._version_asked_at is None or now_s - self._version_asked_at >= VERSION_MAX_AGE_S
@@ -155,14 +157,14 @@ class VllmHttpSource:
         except ValueError as error:  # a URL no request line can carry (a host name IDNA refuses)
             raise FetchError(f"vLLM {url} cannot be asked: {error}") from None
         if answer.status != httpx.codes.OK:
-            raise FetchError(f"vLLM {url} answered HTTP {answer.status}")
+            raise FetchError(f"vLLM {url} answered HTTP {answer.status}", status=answer.status)
         return answer.body
 
     async def _fetch_unbounded(self, url: str, max_bytes: int) -> bytes:
         assert isinstance(self._client, httpx.AsyncClient)  # noqa: S101 - _fetch sends the small client elsewhere
         async with self._client.stream("GET", url) as response:
             if response.status_code != httpx.codes.OK:
-                raise FetchError(f"vLLM {url} answered HTTP {response.status_code}")
+                raise FetchError(f"vLLM {url} answered HTTP {response.status_code}", status=response.status_code)
             declared = response.headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > max_bytes:
                 raise FetchError(f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap")
@@ -170,6 +172,14 @@ class VllmHttpSource:
                 return await read_capped(response, max_bytes)
             except BodyTooLargeError as error:
                 raise FetchError(f"vLLM {url} {error}") from None
+
+
+def _answer(error: FetchError) -> HealthAnswer:
+    if error.refused:
+        return HealthAnswer.REFUSED
+    if error.status is None:
+        return HealthAnswer.NO_ANSWER
+    return HealthAnswer.NO_ENDPOINT if error.status == httpx.codes.NOT_FOUND else HealthAnswer.FAILING
 
 
 def _decode(body: bytes) -> str:

@@ -166,6 +166,7 @@ def _acting_view(*, restarts: dict[str, int], actions: dict[str, int]) -> Acting
         state="normal",
         states=("normal", "paused"),
         admission_paused=False,
+        ready=True,
         readiness_reason="admitting",
         decision_reason="ok",
         would_restart_but=None,

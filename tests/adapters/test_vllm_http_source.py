@@ -6,6 +6,7 @@ import time
 
 import httpx
 
+from sidecar.model.health import HealthAnswer, HealthCheck
 from sidecar.model.vllm import MetricSchema
 from sidecar.sources.vllm_http import HEALTH_MAX_AGE_S, VllmHttpSource
 from tests.conftest import EXPOSITIONS
@@ -29,7 +30,9 @@ async def test_reads_a_real_capture(server: LoopbackServer, client: httpx.AsyncC
     assert result.value.url == server.url
     (engine,) = result.value.engines
     assert (engine.model_name, engine.requests_running, engine.requests_waiting) == ("tiny-llama", 8.0, 4.0)
-    assert await source(client, server.url).healthy()
+    assert (await source(client, server.url).health()) == HealthCheck(
+        answer=HealthAnswer.OK, detail=f"vLLM {server.url}/health answered HTTP 200"
+    )
 
 
 async def test_missing_version_endpoint_is_not_an_error(server: LoopbackServer, client: httpx.AsyncClient) -> None:
@@ -46,7 +49,9 @@ async def test_vllm_down(client: httpx.AsyncClient) -> None:
     assert not result.ok
     assert result.error == f"vLLM unreachable at {url}/metrics: connection refused"
     assert result.unreachable  # nothing listens: the process is gone, not failing
-    assert not await source(client, url).healthy()
+    assert (await source(client, url).health()) == HealthCheck(
+        answer=HealthAnswer.REFUSED, detail=f"vLLM unreachable at {url}/health: connection refused"
+    )
 
 
 async def test_slower_than_the_timeout(server: LoopbackServer, client: httpx.AsyncClient) -> None:
@@ -122,7 +127,27 @@ async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, c
 
 async def test_unhealthy(server: LoopbackServer, client: httpx.AsyncClient) -> None:
     server.routes["/health"] = respond(503)
-    assert not await source(client, server.url).healthy()
+    health = await source(client, server.url).health()
+    assert health.answer is HealthAnswer.FAILING
+    assert health.detail == f"vLLM {server.url}/health answered HTTP 503"
+
+
+async def test_a_server_without_health_is_told_from_one_failing_it(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    # The loopback server answers 404 on a path it has no route for: not vLLM, or a proxy without /health.
+    health = await source(client, server.url).health()
+    assert health.answer is HealthAnswer.NO_ENDPOINT
+    assert health.detail == f"vLLM {server.url}/health answered HTTP 404"
+
+
+async def test_no_answer_in_time_is_neither_refused_nor_failing(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    server.routes["/health"] = slow(3.0, respond())
+    health = await source(client, server.url, timeout_s=0.3).health()
+    assert health.answer is HealthAnswer.NO_ANSWER
+    assert health.detail == f"vLLM {server.url}/health did not answer within 0.3 s"
 
 
 async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_anything_else_is_asked_again(
@@ -137,7 +162,7 @@ async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_an
     async def tick(seconds: float) -> bool:
         now[0] += seconds
         assert (await reader.read()).ok
-        return await reader.healthy()
+        return (await reader.health()).ok
 
     assert [await tick(0), await tick(1), await tick(1)] == [True, True, True]
     asked = server.hits.count("/health")
@@ -158,7 +183,7 @@ async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_an
     server.routes["/metrics"] = respond(500)
     now[0] += 1
     assert not (await reader.read()).ok
-    assert await reader.healthy()
+    assert (await reader.health()).ok
     assert server.hits.count("/health") == asked + 1
 
 
