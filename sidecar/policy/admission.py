@@ -20,6 +20,11 @@ class Admission:
         self.auto_since_s = 0.0
         self.manual = False
         self.procedure: str | None = None  # why the restart procedure holds it
+        # What holds the automatic pause (its leading condition), since when, and when it last cleared: every
+        # hold and every resume says which condition held it and for how long.
+        self._holder: Finding | None = None
+        self._holder_since_s = 0.0
+        self._cleared_s: float | None = None
         self._pauses_s: list[float] = []  # when automatic pauses began, for the pressure-events rule
 
     @property
@@ -47,7 +52,7 @@ class Admission:
 
     def forget_history(self) -> None:
         """After a restart: the old process's pause and its pressure events no longer say anything."""
-        self.auto, self._pauses_s = None, []
+        self.auto, self._pauses_s, self._holder = None, [], None
 
     def recent_pauses(self, now_s: float) -> int:
         """Automatic pauses that began within pressure_window_s."""
@@ -63,21 +68,50 @@ class Admission:
             if self.auto is None:
                 self.auto_since_s = now_s
                 self._pauses_s.append(now_s)
+                self._holder = None
+            self._hold(found[0], now_s)
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-            self.auto = Finding(rule=found[0].rule, text=found[0].text + more)
+            held_s = now_s - self._holder_since_s
+            since = f" (since {seconds(held_s)})" if held_s > 0 else ""
+            self.auto = Finding(rule=found[0].rule, text=found[0].text + more + since)
             return f"paused: {self.auto.text}"
         if self.auto is None:
             return ""
         paused_for = now_s - self.auto_since_s
         blockers = resume_blockers(derived, s)
         if blockers:
-            return f"holding the pause: {blockers[0].text}"
+            self._hold(blockers[0], now_s)
+            return f"holding the pause: {blockers[0].text} (since {seconds(now_s - self._holder_since_s)})"
+        if self._cleared_s is None:
+            self._cleared_s = now_s
         if paused_for < s.min_paused_s:
-            return f"holding the pause: paused {seconds(paused_for)} of at least {seconds(s.min_paused_s)}"
+            return (
+                f"holding the pause: paused {seconds(paused_for)} of at least {seconds(s.min_paused_s)}; "
+                f"{self._last_held(now_s)}"
+            )
         self.auto = None
         usage = [e.kv_cache_usage_ratio for e in derived.engines if e.kv_cache_usage_ratio is not None]
         kv = ""
         if usage:
             high, limit = compare(max(usage), s.resume_kv_usage_ratio)
             kv = f"KV cache usage {high} <= {limit} on every engine, "
-        return f"resumed, all clear after {seconds(paused_for)} paused: {kv}no pause condition holds"
+        return (
+            f"resumed, all clear after {seconds(paused_for)} paused: {kv}no pause condition holds; "
+            f"{self._last_held(now_s)}"
+        )
+
+    def _hold(self, finding: Finding, now_s: float) -> None:
+        """`finding` holds the pause now: a new leading condition starts its own 'since'."""
+        if self._holder is None or self._holder.rule != finding.rule or self._cleared_s is not None:
+            self._holder_since_s = now_s
+        self._holder, self._cleared_s = finding, None
+
+    def _last_held(self, now_s: float) -> str:
+        """'held by <the last condition> for N s, clear for M s'."""
+        if self._holder is None:
+            return "no condition held it"
+        cleared = self._cleared_s if self._cleared_s is not None else now_s
+        return (
+            f"held by {self._holder.text} for {seconds(cleared - self._holder_since_s)}, "
+            f"clear for {seconds(now_s - cleared)}"
+        )

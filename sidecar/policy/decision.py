@@ -48,6 +48,17 @@ class PauseRule(StrEnum):
     MANUAL = "manual"
 
 
+class Guard(StrEnum):
+    """Which guard refuses a restart that is due: a stable key, so a blocked restart is reported once."""
+
+    FAILED_RESTART = "failed_restart"  # automatic restarts are off after a failed restart
+    DISABLED = "disabled"  # max_restarts_per_hour = 0
+    BUDGET = "budget"  # the hourly restart budget is spent
+    COOLDOWN = "cooldown"  # too soon after the last restart
+    PLATFORM_REFUSED = "platform_refused"  # the platform said "not now" (a PodDisruptionBudget); backing off
+    MIN_UPTIME = "min_uptime"  # vLLM not up long enough to trust a forecast
+
+
 class ProcedureEvent(StrEnum):
     """Steps of the drain-and-restart procedure, reported by the shell (or seen by `decide` on a tick)."""
 
@@ -82,6 +93,7 @@ class Decision:
     actions: tuple[Action, ...]  # in the order to perform them; empty on most ticks
     reason: str  # one line for the log and /status: what was decided and why, with the numbers
     would_restart_but: str | None  # a restart condition holds, but this guard blocks it (one line)
+    blocked_by: Guard | None  # which guard that is (a stable key: its line carries numbers that change)
     restart_reason: RestartReason | None  # of the restart in progress, blocked, or just failed
     cooldown_remaining_s: float | None  # until automatic restarts are allowed again after the last one
     restarts_in_budget_window: int  # restarts in the last restart_budget_window_s (manual ones included)

@@ -27,6 +27,7 @@ from sidecar.policy.decision import (
     Action,
     ActionKind,
     Decision,
+    Guard,
     ManualAction,
     PolicyState,
     ProcedureEvent,
@@ -71,7 +72,7 @@ class Policy:
         self._admission = Admission(self.settings)
         self._budget_notified = False
         self._pressure: list[Finding] = []
-        self._blocked: tuple[RestartCause, str] | None = None  # a restart that was due, and the guard that said no
+        self._blocked: tuple[RestartCause, Guard, str] | None = None  # a restart that was due, the guard that said no
         self._state = PolicyState.STARTING
 
     @property
@@ -82,7 +83,7 @@ class Policy:
         """One tick. The ledger is only read (it changes on `procedure_event` alone)."""
         obs, s, now = observation, self.settings, observation.now_s
         moment = _Moment(now_s=now, wall_s=obs.wall_time_s, ledger=ledger, was_paused=self._admission.paused)
-        self._track(obs)
+        recovered = self._track(obs)
         fresh = obs.data_age_s is not None and obs.data_age_s <= s.stale_after_s
         self._count_streaks(obs, fresh)
         self._pressure, self._blocked = [], None
@@ -96,6 +97,9 @@ class Policy:
                 return self._finish(moment, [], reason)
             self._starting = False
         resumed = ""
+        actions: list[Action] = []
+        if recovered:
+            actions.append(Action(kind=ActionKind.NOTIFY_VLLM_RECOVERED, reason=recovered))
         if self._admission.procedure is not None and fresh and obs.poll_ok and obs.healthy:
             # After a failed or refused restart: vLLM answers, so the procedure's hold ends here.
             self._admission.procedure, resumed = None, "vLLM answers healthy again after the failed restart"
@@ -111,9 +115,9 @@ class Policy:
             self._pressure.append(Finding(rule=None, text=f"vLLM /health failing for {seconds(failing)}"))
         view = self._view(ledger, now, obs.wall_time_s)  # after a recovery, which may start a cooldown
         candidate = self._candidate(obs, fresh)
-        actions: list[Action] = []
         if candidate is not None:
-            begun, actions = self._restart_or_block(candidate, now, view)
+            begun, restart_actions = self._restart_or_block(candidate, now, view)
+            actions += restart_actions
             if begun:
                 return self._finish(moment, actions, actions[-1].reason)
         if view.budget_wait_s == 0:
@@ -174,11 +178,11 @@ class Policy:
         if blocked is None:
             self._admission.procedure = f"restarting vLLM ({candidate.reason}): {candidate.text}"
             return True, self._procedure.begin(candidate.reason, candidate.text, now_s)
-        self._blocked = (candidate, blocked)
-        if blocked != budget_block(view, self.settings) or self._budget_notified:
+        self._blocked = (candidate, *blocked)
+        if blocked[0] not in (Guard.BUDGET, Guard.DISABLED) or self._budget_notified:
             return False, []
         self._budget_notified = True  # once per exhaustion, not on every tick the restart stays due
-        text = f"{blocked}; restart due: {candidate.text}"
+        text = f"{blocked[1]}; restart due: {candidate.text}"
         return False, [Action(kind=ActionKind.NOTIFY_BUDGET_EXHAUSTED, reason=text, cause=candidate.reason)]
 
     def _view(self, ledger: RestartLedger, now_s: float, wall_s: float) -> GuardView:
@@ -186,8 +190,12 @@ class Policy:
         since = None if self._healthy_again_s is None else now_s - self._healthy_again_s
         return guard_view(aged, self.settings, wall_s, since)
 
-    def _track(self, obs: Observation) -> None:
+    def _track(self, obs: Observation) -> str:
+        """Follow vLLM's health; the line for a vLLM back by itself from death or absence, else ''."""
+        recovered = ""
         if obs.healthy:
+            if not self._procedure.active:
+                recovered = self._recovery(obs.now_s)
             self._seen_healthy, self._failing_since_s, self._down_since_s = True, None, None
             self._up_since_s = obs.now_s if self._up_since_s is None else self._up_since_s
         else:
@@ -202,6 +210,19 @@ class Policy:
                 if self._seen_healthy and self._failing_since_s is None:
                     self._failing_since_s = obs.now_s
         self._seen_polled = self._seen_polled or obs.poll_ok
+        return recovered
+
+    def _recovery(self, now_s: float) -> str:
+        """vLLM healthy again after it had been healthy, then gone or dead, without a restart of ours. A process
+        that was gone (nothing listened) was restarted by its supervisor: always worth a line. A /health that
+        failed for less than dead_after_s was a blip (a slow answer under load), not a death."""
+        if self._down_since_s is not None:
+            lost = f"nothing listened at its address for {seconds(now_s - self._down_since_s)}"
+        elif self._failing_since_s is not None and now_s - self._failing_since_s >= self.settings.dead_after_s:
+            lost = f"its /health failed for {seconds(now_s - self._failing_since_s)}"
+        else:
+            return ""
+        return f"vLLM is healthy again: {lost}, and it came back without a restart by the sidecar"
 
     def _failing_for(self, now_s: float) -> float | None:
         return None if self._failing_since_s is None else now_s - self._failing_since_s
@@ -224,16 +245,28 @@ class Policy:
             found = RestartCause(reason=RestartReason.PRESSURE_EVENTS, text=text)
         return found
 
-    def _block(self, candidate: RestartCause, now_s: float, view: GuardView) -> str | None:
-        """The first guard that refuses this automatic restart, as one line; None when all allow it."""
+    def _block(self, candidate: RestartCause, now_s: float, view: GuardView) -> tuple[Guard, str] | None:
+        """The first guard that refuses this automatic restart, with its line; None when all allow it."""
         if self._procedure.latched is not None:
-            return f"automatic restarts are off after a failed restart ({self._procedure.latched})"
-        blocked = budget_block(view, self.settings) or cooldown_block(view) or self._procedure.retry_block(now_s)
-        if blocked is None and candidate.reason is RestartReason.OOM_FORECAST:
+            return (
+                Guard.FAILED_RESTART,
+                f"automatic restarts are off after a failed restart ({self._procedure.latched})",
+            )
+        budget = budget_block(view, self.settings)
+        if budget is not None:
+            return (Guard.DISABLED if self.settings.max_restarts_per_hour == 0 else Guard.BUDGET), budget
+        cooldown = cooldown_block(view)
+        if cooldown is not None:
+            return Guard.COOLDOWN, cooldown
+        refused = self._procedure.retry_block(now_s)
+        if refused is not None:
+            return Guard.PLATFORM_REFUSED, refused
+        if candidate.reason is RestartReason.OOM_FORECAST:
             uptime, needed = self._uptime(now_s), self.settings.min_uptime_for_forecast_restart_s
             if uptime < needed:
-                blocked = f"vLLM up only {seconds(uptime)} < {seconds(needed)} before a forecast-driven restart"
-        return blocked
+                text = f"vLLM up only {seconds(uptime)} < {seconds(needed)} before a forecast-driven restart"
+                return Guard.MIN_UPTIME, text
+        return None
 
     def _uptime(self, now_s: float) -> float:
         return 0.0 if self._up_since_s is None else now_s - self._up_since_s
@@ -262,7 +295,7 @@ class Policy:
             if self._admission.paused:
                 line += "; admission stays paused"
         elif self._blocked is not None:
-            line = f"would restart ({self._blocked[0].reason}): {self._blocked[0].text}; but {self._blocked[1]}"
+            line = f"would restart ({self._blocked[0].reason}): {self._blocked[0].text}; but {self._blocked[2]}"
         elif self._admission.manual:
             line = "paused by hand; held until a manual resume"
         elif held:
@@ -295,7 +328,8 @@ class Policy:
             pause_reason=self._admission.reason,
             actions=tuple(actions),
             reason=reason,
-            would_restart_but=blocked[1] if blocked else None,
+            would_restart_but=blocked[2] if blocked else None,
+            blocked_by=blocked[1] if blocked else None,
             restart_reason=blocked[0].reason if blocked else restart_reason,
             cooldown_remaining_s=view.cooldown_remaining_s,
             restarts_in_budget_window=view.restarts_in_window,

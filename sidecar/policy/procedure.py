@@ -63,6 +63,8 @@ class Procedure:
         self.latched: str | None = None  # why automatic restarts are off (the FAILED state)
         self.latch_clears_on_recovery = False
         self._since_s = 0.0  # when the current stage began
+        self._began_s = 0.0  # when the restart began (its drain), to report how long it took in all
+        self._requested_s = 0.0  # when the adapter was asked
         self._refusals = 0  # "not now" answers in a row
         self._retry_after_s: float | None = None
 
@@ -72,6 +74,7 @@ class Procedure:
 
     def begin(self, reason: RestartReason, text: str, now_s: float) -> list[Action]:
         self.stage, self.reason, self.text, self._since_s = Stage.DRAINING, reason, text, now_s
+        self._began_s = now_s
         self.latched = None
         drain = Action(
             kind=ActionKind.DRAIN,
@@ -173,7 +176,7 @@ class Procedure:
         )
 
     def _request(self, now_s: float, how: str) -> Step:
-        self.stage, self._since_s = Stage.AWAITING_ADAPTER, now_s
+        self.stage, self._since_s, self._requested_s = Stage.AWAITING_ADAPTER, now_s, now_s
         text = f"{how}; restarting vLLM ({self.reason}): {self.text}"
         restart = Action(kind=ActionKind.RESTART, reason=text, cause=self.reason)
         return Step(outcome=Outcome.RESTART_REQUESTED, reason=text, actions=(restart,))
@@ -188,7 +191,14 @@ class Procedure:
 
     def _done(self, now_s: float) -> Step:
         self.stage = Stage.IDLE
-        text = f"vLLM healthy again {seconds(now_s - self._since_s)} after the restart ({self.reason})"
+        # Measured from the restart's start (its drain), not from when the adapter returned: a systemd restart
+        # that takes 29 s to stop and start vLLM answers "done" only when vLLM is already back.
+        drain, adapter = self._requested_s - self._began_s, self._since_s - self._requested_s
+        text = (
+            f"vLLM healthy again {seconds(now_s - self._began_s)} after the restart ({self.reason}) began: "
+            f"drain {seconds(drain)}, restart adapter {seconds(adapter)}, then {seconds(now_s - self._since_s)} "
+            "until healthy and polled"
+        )
         done = Action(kind=ActionKind.NOTIFY_RESTART_DONE, reason=text, cause=self.reason)
         return Step(outcome=Outcome.DONE, reason=text, actions=(done,))
 

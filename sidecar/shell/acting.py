@@ -151,12 +151,7 @@ class Acting:
             self._log.info(
                 "policy_state", state=str(decision.state), previous=str(decision.previous_state), reason=decision.reason
             )
-        if (
-            previous is not None
-            and previous.would_restart_but != decision.would_restart_but
-            and decision.would_restart_but
-        ):
-            self._log.warning("restart_blocked", guard=decision.would_restart_but)
+        self._log_blocked(previous, decision)
         if decision.actions:
             self.recent.append(
                 {
@@ -171,6 +166,22 @@ class Acting:
             self._perform(action, decision)
         return decision
 
+    def _log_blocked(self, previous: Decision | None, decision: Decision) -> None:
+        """A restart that is due but refused: one line when a guard starts refusing it, one when another guard
+        takes over, one when it clears; never per tick (the guard's line carries a countdown)."""
+        before = (
+            None if previous is None or previous.blocked_by is None else (previous.restart_reason, previous.blocked_by)
+        )
+        now = None if decision.blocked_by is None else (decision.restart_reason, decision.blocked_by)
+        if now == before:
+            return
+        if now is not None:
+            self._log.warning(
+                "restart_blocked", restart=str(now[0]), guard=str(now[1]), detail=decision.would_restart_but
+            )
+        elif before is not None:
+            self._log.info("restart_unblocked", restart=str(before[0]), guard=str(before[1]), now=decision.reason)
+
     def _perform(self, action: Action, decision: Decision) -> None:
         self.actions[str(action.kind)] += 1
         verb = "would " if self.dry_run else ""
@@ -183,7 +194,7 @@ class Acting:
                 Notification(
                     kind=kind,
                     summary=action.reason,
-                    reason=str(action.cause or decision.restart_reason or action.kind),
+                    reason=_notification_reason(action, decision),
                     wall_time_s=decision.wall_time_s,
                     dry_run=self.dry_run,
                     details={"state": str(decision.state)},
@@ -263,6 +274,13 @@ class Acting:
             except asyncio.CancelledError:
                 self._log.warning("restart_abandoned", detail="the sidecar stopped while the adapter was working")
         await self.actuator.close()
+
+
+def _notification_reason(action: Action, decision: Decision) -> str:
+    """The machine-friendly cause: the rule or restart reason, else what happened."""
+    if action.kind is ActionKind.NOTIFY_VLLM_RECOVERED:
+        return str(NotificationKind.VLLM_RECOVERED)
+    return str(action.cause or decision.restart_reason or action.kind)
 
 
 class AdminBridge:

@@ -33,6 +33,11 @@ def test_steps_reported_by_the_shell() -> None:
     ]
     assert replay.at(2).actions[0].reason == "drained: 0 running; restarting vLLM (manual): restart asked by hand"
     assert replay.at(5).reason.startswith("restart (manual) accepted by the adapter: systemctl restart vllm.service")
+    # Timed from the restart's start, each part named: not "1 s after" for a restart that took 5.
+    assert replay.at(6).actions[1].reason == (
+        "vLLM healthy again 5 s after the restart (manual) began: drain 1 s, restart adapter 3 s, then 1 s until "
+        "healthy and polled"
+    )
     assert replay.at(9).reason == "ignored healthy_again: no step of the restart waits for it (idle)"
     assert replay.at(9).state is PolicyState.COOLDOWN
     assert len(replay.ledger.records) == 1

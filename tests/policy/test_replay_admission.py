@@ -39,9 +39,13 @@ def test_resume_waits_for_the_dwell_time() -> None:
         (10.0, "paused", (PAUSE,)),
         (20.0, "normal", (RESUME,)),  # clear since 12 s, but paused only 10 s at 20 s
     ]
-    assert replay.at(18).reason == "holding the pause: paused 8 s of at least 10 s"
+    assert replay.at(18).reason == (
+        "holding the pause: paused 8 s of at least 10 s; "
+        "held by KV cache usage 0.95 >= 0.90 on engine 0 for 2 s, clear for 6 s"
+    )
     assert replay.at(20).reason == (
-        "resumed, all clear after 10 s paused: KV cache usage 0.30 <= 0.80 on every engine, no pause condition holds"
+        "resumed, all clear after 10 s paused: KV cache usage 0.30 <= 0.80 on every engine, no pause condition "
+        "holds; held by KV cache usage 0.95 >= 0.90 on engine 0 for 2 s, clear for 8 s"
     )
 
 
@@ -70,7 +74,14 @@ def test_one_engine_pauses_the_pod_and_all_must_clear_to_resume() -> None:
         (16.0, "normal", (RESUME,)),  # engine 1 cleared at 4 s, engine 0 only at 16 s
     ]
     assert replay.at(2).pause_reason == "KV cache usage 0.93 >= 0.90 on engine 1"
-    assert replay.at(14).reason == "holding the pause: KV cache usage 0.85 > 0.80 resume threshold on engine 0"
+    # KV usage has held the pause since it began (engine 1's, then engine 0's): the hold says how long.
+    assert replay.at(14).reason == (
+        "holding the pause: KV cache usage 0.85 > 0.80 resume threshold on engine 0 (since 12 s)"
+    )
+    assert replay.at(16).actions[0].reason == (
+        "resumed, all clear after 14 s paused: KV cache usage 0.70 <= 0.80 on every engine, no pause condition "
+        "holds; held by KV cache usage 0.85 > 0.80 resume threshold on engine 0 for 14 s, clear for 0 s"
+    )
 
 
 def test_preemption_rate_spike() -> None:
@@ -143,3 +154,21 @@ def test_pressure_events_rule_is_off_by_default_and_restarts_when_on() -> None:
         (26.0, "draining", (PAUSE, DRAIN)),  # the third automatic pause within 300 s
     ]
     assert Replay().run(kv_series(usages))[-1] == (26.0, "paused", (PAUSE,))
+
+
+def test_a_hold_and_the_resume_name_the_condition_that_held_the_pause_and_since_when() -> None:
+    # KV usage pauses; the storm of preemptions outlasts it; the resume says it was the preemptions.
+    steps = [(0.95, 0.0), (0.5, 2.0), (0.5, 2.0), (0.5, 2.0), (0.5, 0.0), (0.5, 0.0), (0.5, 0.0)]
+    series = [obs(2.0 * i, engine(usage=u, preemptions_per_s=r)) for i, (u, r) in enumerate(steps)]
+    replay = Replay()
+    assert replay.run(series) == [(0.0, "paused", (PAUSE,)), (10.0, "normal", (RESUME,))]
+    # Still a pause condition itself: the pause's reason (and the /readyz body) says since when.
+    assert replay.at(6).reason == "paused: preemptions 2.00/s > 1.00/s on engine 0 (since 4 s)"
+    assert replay.at(6).pause_reason == "preemptions 2.00/s > 1.00/s on engine 0 (since 4 s)"
+    assert (
+        replay.at(10)
+        .actions[0]
+        .reason.endswith(
+            "no pause condition holds; held by preemptions 2.00/s > 1.00/s on engine 0 for 6 s, clear for 2 s"
+        )
+    )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sidecar.policy import (
     ManualAction,
     Observation,
+    PolicySettings,
     ProcedureEvent,
     RestartLedger,
     RestartReason,
@@ -203,3 +204,52 @@ def test_wall_clock_jumps_after_first_sight_change_nothing() -> None:
             (3000.0, "draining", (DRAIN,)),
             (3120.0, "restarting", (RESTART,)),
         ]
+
+
+def _gone(t: float, since_poll_s: float) -> Observation:
+    """Nothing listens at vLLM's address: its process is gone (a supervisor is most likely restarting it)."""
+    tick = down(t, since_poll_s=since_poll_s)
+    return Observation(
+        now_s=tick.now_s,
+        wall_time_s=tick.wall_time_s,
+        poll_ok=False,
+        vllm_healthy=False,
+        data_age_s=tick.data_age_s,
+        derived=tick.derived,
+        vllm_down=True,
+    )
+
+
+def test_a_vllm_back_by_itself_after_it_was_gone_is_reported_once() -> None:
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [_gone(t, since_poll_s=t - 10) for t in ticks(12, 60)]  # its supervisor reloads it: 50 s
+    series += [obs(t) for t in ticks(62, 80)]
+    replay = Replay()
+    rows = replay.run(series)
+    recovered = [row for row in rows if "notify_vllm_recovered" in row[2]]
+    assert recovered == [(62.0, "normal", ("notify_vllm_recovered",))]
+    assert replay.at(62).actions[0].reason == (
+        "vLLM is healthy again: nothing listened at its address for 50 s, and it came back without a restart by "
+        "the sidecar"
+    )
+
+
+def test_a_dead_engine_back_by_itself_while_the_restart_is_refused_is_reported() -> None:
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [down(t, since_poll_s=t - 10) for t in ticks(12, 60)]  # /health failing 48 s: dead, but...
+    series += [obs(t) for t in ticks(62, 70)]
+    replay = Replay(PolicySettings(max_restarts_per_hour=0))  # ... automatic restarts are off
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (12.0, "pressure", ()),
+        (42.0, "pressure", ("notify_budget_exhausted",)),
+        (62.0, "normal", ("notify_vllm_recovered",)),
+    ]
+    assert replay.at(62).actions[0].reason.startswith("vLLM is healthy again: its /health failed for 50 s")
+
+
+def test_a_health_blip_shorter_than_dead_after_is_no_recovery_to_report() -> None:
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [down(t, since_poll_s=t - 10) for t in ticks(12, 30)]  # 20 s < dead_after_s (30 s)
+    series += [obs(t) for t in ticks(32, 40)]
+    assert [row for row in Replay().run(series) if row[2]] == []
