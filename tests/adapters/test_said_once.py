@@ -184,7 +184,7 @@ async def _run(scene: Scene) -> list[list[dict[str, object]]]:
                     await asyncio.sleep(0)  # a restart task's outcome is logged on the loop
                     await asyncio.sleep(0)
                 if number >= healthy_first:
-                    per_poll.append(lines)
+                    per_poll.append([dict(line) for line in lines])
                 clock[0] += INTERVAL_S
         await acting.close()
     return per_poll
