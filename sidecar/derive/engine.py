@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from sidecar.derive.counter import increase
 from sidecar.derive.kv import derive_kv
+from sidecar.derive.progress import EngineProgress
 from sidecar.derive.running import CounterSteps
 from sidecar.model.derived import EngineDerived
 from sidecar.model.snapshot import Snapshot
@@ -19,7 +20,7 @@ EngineKey = tuple[str, str]
 
 
 def derive_engine(
-    engine: EngineMetrics, windowed: tuple[float | None, float | None], stalled_s: float | None
+    engine: EngineMetrics, windowed: tuple[float | None, float | None], progress: EngineProgress | None
 ) -> EngineDerived:
     """`windowed` is (`windowed_hit_ratio`, `preemption_rate`) of this engine's readings in the window, oldest
     first, ending with `engine` itself (EngineHistory.windowed keeps them)."""
@@ -40,7 +41,8 @@ def derive_engine(
         prefix_cache_hit_ratio=hit_ratio,
         prefix_cache_hit_ratio_lifetime=lifetime_hit_ratio(engine),
         preemptions_per_second=preemptions_per_s,
-        engine_stalled_seconds=stalled_s,
+        engine_stalled_seconds=None if progress is None else progress.stalled_s,
+        seconds_since_progress=None if progress is None else progress.quiet_s,
     )
 
 

@@ -51,13 +51,13 @@ class Deriver:
         engines: tuple[EngineDerived, ...] = ()
         reading = latest.vllm.value if latest.vllm.error is None else None
         if reading is not None:
-            stalled = self._progress.observe(reading.engines, now_s)
+            progress = self._progress.observe(reading.engines, now_s, reading.server_load)
             history = self._engines.windowed(now_s - self.settings.window_s, oldest)
             engines = tuple(
                 derive_engine(
                     engine,
                     history[(engine.model_name, engine.engine)],
-                    stalled[(engine.model_name, engine.engine)],
+                    progress[(engine.model_name, engine.engine)],
                 )
                 for engine in reading.engines
             )

@@ -22,6 +22,8 @@ class EngineDerived:
     prefix_cache_hit_ratio_lifetime: float | None  # since vLLM started
     preemptions_per_second: float | None  # over the window
     engine_stalled_seconds: float | None  # None when progress cannot be judged (no counters)
+    # Since the counters last moved, work or not (an engine wedged while idle looks idle); None without counters.
+    seconds_since_progress: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

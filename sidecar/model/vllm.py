@@ -61,3 +61,7 @@ class VllmReading:
     schema: MetricSchema
     engines: tuple[EngineMetrics, ...]
     problems: tuple[str, ...] = ()
+    # In-flight requests at the API server (vLLM's /load, counted with --enable-server-load-tracking); asked
+    # only while the engines' gauges read idle, where it tells a quiet engine from one whose requests hang.
+    # None when not asked or not offered.
+    server_load: int | None = None

@@ -59,11 +59,13 @@ class Admission:
         self._pauses_s = [t for t in self._pauses_s if now_s - t < self._settings.pressure_window_s]
         return len(self._pauses_s)
 
-    def evaluate(self, derived: Derived, now_s: float, waiting_streaks: dict[str, int]) -> str:
+    def evaluate(
+        self, derived: Derived, now_s: float, waiting_streaks: dict[str, int], probe_line: str | None = None
+    ) -> str:
         """The automatic rule on fresh data: pause, hold or resume. Returns the line explaining it ('' when
-        not paused by the rule and nothing calls for it)."""
+        not paused by the rule and nothing calls for it). `probe_line`: see `rules.pause_findings`."""
         s = self._settings
-        found = pause_findings(derived, s, waiting_streaks)
+        found = pause_findings(derived, s, waiting_streaks, probe_line)
         if found:
             if self.auto is None:
                 self.auto_since_s = now_s
@@ -78,7 +80,7 @@ class Admission:
         if self.auto is None:
             return ""
         paused_for = now_s - self.auto_since_s
-        blockers = resume_blockers(derived, s)
+        blockers = resume_blockers(derived, s, probe_line)
         if blockers:
             self._hold(blockers[0], now_s)
             return f"holding the pause: {blockers[0].text} (since {seconds(now_s - self._holder_since_s)})"

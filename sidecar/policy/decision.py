@@ -29,6 +29,7 @@ class ActionKind(StrEnum):
     NOTIFY_RESTART_FAILED = "notify_restart_failed"  # a step of the restart failed; the reason says which
     NOTIFY_BUDGET_EXHAUSTED = "notify_budget_exhausted"  # a restart was due but the hourly budget is spent
     NOTIFY_VLLM_RECOVERED = "notify_vllm_recovered"  # vLLM died or was gone, and is back without our restart
+    PROBE_ENGINE = "probe_engine"  # send one 1-token completion; report its answer with `Policy.probe_event`
 
 
 class RestartReason(StrEnum):

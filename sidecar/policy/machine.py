@@ -36,6 +36,7 @@ from sidecar.policy.decision import (
 from sidecar.policy.guards import GuardView, RecordClock, budget_block, cooldown_block, guard_view
 from sidecar.policy.ledger import RestartLedger
 from sidecar.policy.observation import Observation
+from sidecar.policy.probe import EngineProbe, ProbeOutcome
 from sidecar.policy.procedure import Outcome, Procedure, Stage, Step
 from sidecar.policy.rules import Finding, RestartCause, seconds
 from sidecar.policy.settings import PolicySettings
@@ -74,6 +75,7 @@ class Policy:
         self._pressure: list[Finding] = []
         self._blocked: tuple[RestartCause, Guard, str] | None = None  # a restart that was due, the guard that said no
         self._state = PolicyState.STARTING
+        self._probe = EngineProbe(self.settings)
 
     @property
     def admission_paused(self) -> bool:
@@ -96,17 +98,10 @@ class Policy:
                 reason = f"startup grace, no action until vLLM has been healthy and polled once ({seen})"
                 return self._finish(moment, [], reason)
             self._starting = False
-        resumed = ""
-        actions: list[Action] = []
-        if recovered:
-            actions.append(Action(kind=ActionKind.NOTIFY_VLLM_RECOVERED, reason=recovered))
-        if self._admission.procedure is not None and fresh and obs.poll_ok and obs.healthy:
-            # After a failed or refused restart: vLLM answers, so the procedure's hold ends here.
-            self._admission.procedure, resumed = None, "vLLM answers healthy again after the failed restart"
-            if self._procedure.latch_clears_on_recovery:
-                self._procedure.clear_latch()
-                self._healthy_again_s = now
-        held = self._admission.evaluate(obs.derived, now, self._waiting_streaks) if fresh else ""
+        actions = [Action(kind=ActionKind.NOTIFY_VLLM_RECOVERED, reason=recovered)] if recovered else []
+        resumed = self._after_failed_restart(obs, fresh)
+        probe_line = self._probe.waiting_line(now) or self._probe.wedge(obs.derived, now)
+        held = self._admission.evaluate(obs.derived, now, self._waiting_streaks, probe_line) if fresh else ""
         if fresh and self._admission.auto is None:
             self._pressure = rules.pressure_findings(obs.derived, s, self._waiting_streaks, self._oom_streaks)
         resumed = resumed or (held if not self._admission.paused and moment.was_paused else "")
@@ -122,8 +117,27 @@ class Policy:
                 return self._finish(moment, actions, actions[-1].reason)
         if view.budget_wait_s == 0:
             self._budget_notified = False
+        if fresh and obs.poll_ok and obs.healthy:
+            actions += self._probe_if_due(obs)
         reason = self._quiet_reason(obs, fresh, held, view)
         return self._finish(moment, actions, reason, resumed)
+
+    def _after_failed_restart(self, obs: Observation, fresh: bool) -> str:
+        """After a failed or refused restart, vLLM answering ends the procedure's hold: the line, else ''."""
+        if self._admission.procedure is None or not (fresh and obs.poll_ok and obs.healthy):
+            return ""
+        self._admission.procedure = None
+        if self._procedure.latch_clears_on_recovery:
+            self._procedure.clear_latch()
+            self._healthy_again_s = obs.now_s
+        return "vLLM answers healthy again after the failed restart"
+
+    def _probe_if_due(self, obs: Observation) -> list[Action]:
+        line = self._probe.due(obs.derived, obs.now_s)
+        if line is None:
+            return []
+        self._probe.sent(obs.now_s)
+        return [Action(kind=ActionKind.PROBE_ENGINE, reason=line)]
 
     def procedure_event(
         self, event: ProcedureEvent, now_s: float, wall_s: float, ledger: RestartLedger, detail: str = ""
@@ -138,6 +152,25 @@ class Policy:
         actions = self._apply(step, now_s)
         moment = _Moment(now_s=now_s, wall_s=wall_s, ledger=ledger, was_paused=was_paused)
         return self._finish(moment, actions, step.reason), ledger
+
+    def probe_event(
+        self, outcome: ProbeOutcome, now_s: float, wall_s: float, ledger: RestartLedger, detail: str = ""
+    ) -> Decision:
+        """The engine probe's answer, reported by the shell (`detail`: what came back, one line). The next tick
+        acts on it: a wedge proven here restarts vLLM there, through the guards."""
+        moment = _Moment(now_s=now_s, wall_s=wall_s, ledger=ledger, was_paused=self._admission.paused)
+        result = self._probe.finish(outcome, now_s, detail)
+        if result is None:
+            reason = f"probe answer ignored ({outcome}): no probe is out (vLLM was restarted since)"
+        else:
+            took = seconds(result.finished_s - result.sent_s)
+            verdict = {
+                ProbeOutcome.ANSWERED: "the engine works",
+                ProbeOutcome.NO_ANSWER: "the engine is wedged unless it makes progress now",
+                ProbeOutcome.INCONCLUSIVE: "no evidence either way; the stall alone decides",
+            }[outcome]
+            reason = f"probe {outcome} after {took}: {detail}; {verdict}"
+        return self._finish(moment, [], reason)
 
     def manual(
         self, action: ManualAction, now_s: float, wall_s: float, ledger: RestartLedger, detail: str = ""
@@ -238,7 +271,9 @@ class Policy:
             return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (its process is gone, not restarted)")
         if not fresh:
             return None
-        found = rules.hung_cause(obs.derived, s) or rules.oom_cause(obs.derived, s, self._oom_streaks)
+        wedge = self._probe.wedge(obs.derived, obs.now_s)
+        found = rules.hung_cause(obs.derived, s, wedge=wedge, stall_alone=not self._probe.tells)
+        found = found or rules.oom_cause(obs.derived, s, self._oom_streaks)
         pauses = self._admission.recent_pauses(obs.now_s)
         if found is None and s.pressure_events_restart and pauses >= s.pressure_events:
             text = f"{pauses} pressure events (automatic pauses) in {seconds(s.pressure_window_s)}"
@@ -274,6 +309,7 @@ class Policy:
     def _apply(self, step: Step, now_s: float) -> list[Action]:
         """What a procedure step means for the rest of the policy's memory."""
         if step.outcome is Outcome.ACCEPTED:
+            self._probe.forget()
             # A new vLLM: earlier health, streaks, pauses and uptime describe the old process.
             self._seen_healthy, self._failing_since_s, self._up_since_s = False, None, None
             self._down_since_s = None

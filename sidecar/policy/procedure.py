@@ -84,6 +84,10 @@ class Procedure:
         )
         if reason is RestartReason.ENGINE_DEAD:
             return [drain, *self._request(now_s, "engine dead, nothing to drain").actions]
+        if reason is RestartReason.ENGINE_HUNG:
+            # Its requests cannot finish: waiting for them would only keep a wedged engine up for the drain's
+            # whole timeout (measured on a real vLLM: a drain of 120 s for a running count that never moved).
+            return [drain, *self._request(now_s, "engine hung, nothing will finish: no drain").actions]
         return [drain]
 
     def retry_block(self, now_s: float) -> str | None:
@@ -131,6 +135,11 @@ class Procedure:
             return self._request(now, "drained: 0 requests running")
         if failing_for_s is not None and failing_for_s >= s.dead_after_s:
             return self._request(now, f"vLLM not healthy for {seconds(failing_for_s)}, nothing to drain")
+        stalled = [e.engine_stalled_seconds or 0.0 for e in obs.derived.engines] if obs.poll_ok else []
+        if stalled and max(stalled) >= s.stall_pause_after_s:
+            return self._request(
+                now, f"no engine progress for {seconds(max(stalled))} during the drain, nothing will finish"
+            )
         if elapsed >= s.drain_timeout_s:
             return self._drain_timed_out(now)
         known = sum(r for r in running if r is not None)

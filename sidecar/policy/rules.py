@@ -9,8 +9,8 @@ Pressure, exactly: admission is open and at least one of
 - an engine has waiting > waiting_ratio x running on fewer than waiting_ticks consecutive polls so far;
 - a GPU's forecast time to OOM is under oom_forecast_s (fewer than oom_forecast_ticks polls so far, or a guard
   blocks the restart);
-- an engine made no progress with requests running for some time, still under stall_pause_after_s (and
-  hung_after_s);
+- an engine made no progress with requests waiting or running for some time, still under stall_pause_after_s
+  (and hung_after_s);
 - a GPU's free memory is under min_gpu_free_ratio, but held by other processes with vLLM inside its budget (see
   `_held_by_others`: not a pause, which could not free it);
 - a restart condition holds but a guard blocks it.
@@ -120,8 +120,11 @@ def next_oom_streaks(previous: Mapping[int, int], derived: Derived, settings: Po
     }
 
 
-def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: Mapping[str, int]) -> list[Finding]:
-    """The pause conditions met now, most telling first."""
+def pause_findings(
+    derived: Derived, settings: PolicySettings, waiting_streaks: Mapping[str, int], probe_line: str | None = None
+) -> list[Finding]:
+    """The pause conditions met now, most telling first. `probe_line`: the engine probe's pause line, while its
+    completion has waited stall_pause_after_s for an answer or proved a wedge (see `probe`)."""
     found: list[Finding] = []
     for e in derived.engines:
         usage = e.kv_cache_usage_ratio
@@ -151,21 +154,36 @@ def pause_findings(derived: Derived, settings: PolicySettings, waiting_streaks: 
         stalled = _stalled_for(e, derived, settings.stall_pause_after_s)
         if stalled is not None:
             found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=stalled))
+    if probe_line is not None:
+        found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=probe_line))
     return found
 
 
+def _work(engine: EngineDerived) -> str:
+    """What an engine had to do, for a stall's line: its running and waiting requests, or, when its gauges read
+    idle, the requests in flight at vLLM's API server (/load) that made it a stall."""
+    running, waiting = engine.requests_running or 0, engine.requests_waiting or 0
+    if running and waiting:
+        return f"{_count(running)} requests running and {_count(waiting)} waiting"
+    if running:
+        return f"{_count(running)} requests running"
+    if waiting:
+        return f"{_count(waiting)} requests waiting and none running"
+    return "requests in flight at vLLM's API server while its engine reads idle"
+
+
 def _stalled_for(engine: EngineDerived, derived: Derived, limit_s: float) -> str | None:
-    """The line for an engine with requests running and no progress for at least `limit_s`; None otherwise."""
+    """The line for an engine with work (requests waiting or running) and no progress for at least `limit_s`;
+    None otherwise. The stall is 0 without work (see sidecar.derive.progress)."""
     stalled = engine.engine_stalled_seconds
-    if stalled is None or stalled < limit_s or not engine.requests_running:
+    if stalled is None or stalled <= 0 or stalled < limit_s:
         return None
     return (
-        f"{engine_label(engine, derived)} made no progress for {stalled:.0f} s >= {limit_s:.0f} s "
-        f"with {_count(engine.requests_running)} requests running"
+        f"{engine_label(engine, derived)} made no progress for {stalled:.0f} s >= {limit_s:.0f} s with {_work(engine)}"
     )
 
 
-def resume_blockers(derived: Derived, settings: PolicySettings) -> list[Finding]:
+def resume_blockers(derived: Derived, settings: PolicySettings, probe_line: str | None = None) -> list[Finding]:
     """What still keeps an automatic pause: KV usage above the resume threshold, or any other condition."""
     found: list[Finding] = []
     for e in derived.engines:
@@ -182,7 +200,7 @@ def resume_blockers(derived: Derived, settings: PolicySettings) -> list[Finding]
             )
             found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
     # Preemptions and GPU memory have no band of their own: clear means back on the right side of the line.
-    found.extend(f for f in pause_findings(derived, settings, {}) if f.rule != PauseRule.KV_CACHE_USAGE)
+    found.extend(f for f in pause_findings(derived, settings, {}, probe_line) if f.rule != PauseRule.KV_CACHE_USAGE)
     return found
 
 
@@ -206,8 +224,8 @@ def pressure_findings(
             found.append(Finding(rule=None, text=text))
         stalled = e.engine_stalled_seconds
         under = min(settings.stall_pause_after_s, settings.hung_after_s)
-        if stalled is not None and 0 < stalled < under and e.requests_running:
-            text = f"{engine_label(e, derived)} made no progress for {stalled:.0f} s with requests running"
+        if stalled is not None and 0 < stalled < under:
+            text = f"{engine_label(e, derived)} made no progress for {stalled:.0f} s with {_work(e)}"
             found.append(Finding(rule=None, text=text))
     for g in derived.gpus:
         short = _free_memory_short(g, settings)
@@ -224,10 +242,22 @@ def pressure_findings(
     return found
 
 
-def hung_cause(derived: Derived, settings: PolicySettings) -> RestartCause | None:
-    """An engine with requests running and no progress for hung_after_s (vLLM's /health cannot show it)."""
+def hung_cause(
+    derived: Derived, settings: PolicySettings, *, wedge: str | None = None, stall_alone: bool = True
+) -> RestartCause | None:
+    """A hung engine, which vLLM's /health cannot show.
+
+    With the engine probe (`wedge`: its line when a 1-token completion got no answer and nothing moved since),
+    an engine without progress for hung_after_s, idle-looking or not. Where no probe can tell (`stall_alone`:
+    probes off, or their answers say nothing), an engine with work and no progress for hung_after_s. Otherwise
+    a stall alone is not enough: the probe decides (see `probe`).
+    """
     for e in derived.engines:
-        stalled = _stalled_for(e, derived, settings.hung_after_s)
+        quiet = e.seconds_since_progress
+        if wedge is not None and quiet is not None and quiet >= settings.hung_after_s:
+            text = f"{engine_label(e, derived)} made no progress for {quiet:.0f} s >= {settings.hung_after_s:.0f} s"
+            return RestartCause(reason=RestartReason.ENGINE_HUNG, text=f"{text}, and {wedge} (hung)")
+        stalled = _stalled_for(e, derived, settings.hung_after_s) if stall_alone else None
         if stalled is not None:
             return RestartCause(reason=RestartReason.ENGINE_HUNG, text=stalled + " (hung)")
     return None

@@ -41,7 +41,11 @@ class PolicySettings:
     # Nothing listening this long (vLLM's process gone and not brought back by its supervisor): restart it.
     # Shorter would restart a vLLM its supervisor is already reloading; the default waits a whole load.
     down_after_s: float = 900.0
-    hung_after_s: float = 120.0  # no progress this long with requests running: engine hung
+    hung_after_s: float = 120.0  # no progress this long with requests waiting or running: engine hung
+    # The engine probe (see `probe`): one 1-token completion after this long without progress, idle or not
+    # (0: never; the hung rule then judges the stall alone, and an engine wedged while idle goes unseen) ...
+    probe_after_s: float = 60.0
+    probe_timeout_s: float = 60.0  # ... and how long it may take before it proves a wedge: generous
     oom_forecast_s: float = 900.0  # forecast time to OOM under this ...
     oom_forecast_ticks: int = 3  # ... on this many consecutive polls: restart before it crashes
     min_uptime_for_forecast_restart_s: float = 600.0  # a forecast from a young vLLM is not trusted yet
@@ -87,6 +91,7 @@ class PolicySettings:
             "preemptions_per_s",
             "min_paused_s",
             "min_uptime_for_forecast_restart_s",
+            "probe_after_s",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -104,6 +109,7 @@ class PolicySettings:
             "drain_timeout_s",
             "startup_timeout_s",
             "stale_after_s",
+            "probe_timeout_s",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 
@@ -65,6 +66,7 @@ class VllmHttpSource:
         self._version_asked_at: float | None = None  # None: ask on the next read
         self._healthy_at: float | None = None  # when /health last answered 200; None: ask on the next tick
         self._last_read_ok = False
+        self._load_offered: bool | None = None  # /load answered (True) or 404 (False); None: not known yet
         self._picker = vllm_sample_picker()
 
     async def read(self) -> SourceResult[VllmReading]:
@@ -80,6 +82,7 @@ class VllmHttpSource:
             if version_task is not None:
                 version_task.cancel()
             self._version_asked_at = None  # a failed poll may be a restart, perhaps into another version
+            self._load_offered = None  # ... with other flags
             message = str(error)
             if isinstance(error, ExpositionError):
                 message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
@@ -90,8 +93,32 @@ class VllmHttpSource:
             self._version = await version_task
             self._version_asked_at = started
         reading = read_vllm(exposition, url=self.base_url, version=self._version)
+        if self._load_offered is not False and _reads_idle(reading):
+            load = await self._server_load()
+            if load is not None:
+                reading = replace(reading, server_load=load)
         self._last_read_ok = True
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
+
+    async def _server_load(self) -> int | None:
+        """vLLM's in-flight request count from /load; None when not offered or not understood (never an error).
+
+        Asked only while every engine reads idle: that is where a wedged engine hides (its metrics frozen at 0
+        running and 0 waiting while requests hang); under load the engines' own gauges show the work. vLLM
+        counts only with --enable-server-load-tracking and answers 0 otherwise, which is then no evidence.
+        """
+        try:
+            body = await self._fetch("/load", _SMALL_BODY_BYTES)
+            document = json.loads(body)
+        except FetchError as error:
+            if error.status == httpx.codes.NOT_FOUND:
+                self._load_offered = False  # older vLLM, or not vLLM: not asked again until a failed poll
+            return None
+        except (ValueError, RecursionError):
+            return None
+        self._load_offered = True
+        load = document.get("server_load") if isinstance(document, dict) else None
+        return load if isinstance(load, int) and not isinstance(load, bool) and load >= 0 else None
 
     def health_stands(self) -> bool:
         """Whether a 200 from /health is recent enough to stand without asking (see HEALTH_MAX_AGE_S)."""
@@ -172,6 +199,12 @@ class VllmHttpSource:
                 return await read_capped(response, max_bytes)
             except BodyTooLargeError as error:
                 raise FetchError(f"vLLM {url} {error}") from None
+
+
+def _reads_idle(reading: VllmReading) -> bool:
+    return bool(reading.engines) and all(
+        engine.requests_running == 0 and engine.requests_waiting == 0 for engine in reading.engines
+    )
 
 
 def _answer(error: FetchError) -> HealthAnswer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from sidecar.model.health import HealthAnswer, HealthCheck
 from sidecar.model.vllm import MetricSchema
@@ -205,3 +206,52 @@ async def test_version_is_asked_once_then_again_after_a_failed_poll(
     assert result.value is not None
     assert result.value.version == "0.33.0"  # restarted into a new version: noticed at once
     assert server.hits.count("/version") == 2
+
+
+IDLE = (
+    b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+    b'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+    b'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0\n'
+)
+
+
+async def test_an_idle_reading_asks_load_for_requests_in_flight(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=IDLE), "/load": respond(body=b'{"server_load": 3}')})
+    result = await source(client, server.url).read()
+    assert result.value is not None
+    assert result.value.server_load == 3  # an engine wedged while idle: its gauges read 0, its server has 3 waiting
+
+
+async def test_load_is_not_asked_under_load_nor_again_where_it_is_not_offered(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})  # 8 running: the gauges show the work
+    reader = source(client, server.url)
+    assert (await reader.read()).ok
+    assert "/load" not in server.hits
+    server.routes["/metrics"] = respond(body=IDLE)  # /load: 404 here, as on vLLM before 0.8 or not vLLM
+    for _ in range(3):
+        result = await reader.read()
+        assert result.value is not None
+        assert result.value.server_load is None
+    assert server.hits.count("/load") == 1
+    server.routes["/metrics"] = respond(500)  # a failed poll may be a restart into a vLLM that has it
+    assert not (await reader.read()).ok
+    server.routes.update({"/metrics": respond(body=IDLE), "/load": respond(body=b'{"server_load": 0}')})
+    result = await reader.read()
+    assert result.value is not None
+    assert result.value.server_load == 0
+    assert server.hits.count("/load") == 2
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"server_load": -1}', b'{"server_load": "3"}', b"[[[", b"{}"])
+async def test_a_load_answer_that_is_not_a_count_is_no_value(
+    server: LoopbackServer, client: httpx.AsyncClient, body: bytes
+) -> None:
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=IDLE), "/load": respond(body=body)})
+    result = await source(client, server.url).read()
+    assert result.ok
+    assert result.value is not None
+    assert result.value.server_load is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
 from sidecar.policy import (
@@ -15,6 +16,7 @@ from sidecar.policy import (
     ProcedureEvent,
     RestartLedger,
 )
+from sidecar.policy.probe import ProbeOutcome
 
 GIB = 2**30
 WALL0 = 1_750_000_000.0  # the wall clock at monotonic 0 in every series, unless a test moves it
@@ -27,6 +29,7 @@ def engine(
     waiting: float | None = 0.0,
     preemptions_per_s: float | None = 0.0,
     stalled_s: float | None = 0.0,
+    quiet_s: float | None = None,
     name: str = "0",
     model: str = "m",
 ) -> EngineDerived:
@@ -46,6 +49,7 @@ def engine(
         prefix_cache_hit_ratio_lifetime=None,
         preemptions_per_second=preemptions_per_s,
         engine_stalled_seconds=stalled_s,
+        seconds_since_progress=quiet_s,
     )
 
 
@@ -110,21 +114,39 @@ class Manual:
     action: ManualAction
 
 
-Step = Observation | Event | Manual
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The engine probe's answer, as the shell reports it."""
+
+    t: float
+    outcome: ProbeOutcome
+    detail: str = ""
+
+
+Step = Observation | Event | Manual | Probe
 Row = tuple[float, str, tuple[str, ...]]
 
 
+def no_probe(**overrides: Any) -> PolicySettings:
+    """Settings with the engine probe off (--probe-after 0): a hung engine is judged on its stall alone. The
+    probe has its own replays (test_probe.py); the others need not answer it."""
+    return PolicySettings(**{"probe_after_s": 0.0, **overrides})
+
+
 class Replay:
-    """Feeds a series through one Policy, keeping the ledger the way the shell would."""
+    """Feeds a series through one Policy, keeping the ledger the way the shell would. Without settings, the
+    defaults with the engine probe off (`no_probe`)."""
 
     def __init__(self, settings: PolicySettings | None = None, ledger: RestartLedger | None = None) -> None:
-        self.policy = Policy(settings)
+        self.policy = Policy(settings if settings is not None else no_probe())
         self.ledger = ledger or RestartLedger()
         self.decisions: list[Decision] = []
 
     def step(self, item: Step) -> Decision:
         if isinstance(item, Observation):
             decision = self.policy.decide(item, self.ledger)
+        elif isinstance(item, Probe):
+            decision = self.policy.probe_event(item.outcome, item.t, WALL0 + item.t, self.ledger, item.detail)
         elif isinstance(item, Event):
             decision, self.ledger = self.policy.procedure_event(
                 item.event, item.t, WALL0 + item.t, self.ledger, item.detail

@@ -17,9 +17,9 @@ from sidecar.policy import (
 )
 from sidecar.policy.guards import RecordClock, guard_view
 from sidecar.policy.observation import ObservationError
-from tests.policy.builders import WALL0, Replay, down, engine, gpu, obs, ticks
+from tests.policy.builders import WALL0, Replay, down, engine, gpu, no_probe, obs, ticks
 
-DRAIN = "drain"
+DRAIN, RESTART = "drain", "restart"
 
 
 def ledger(*ages_s: float) -> RestartLedger:
@@ -86,7 +86,7 @@ def test_budget_exhaustion_notifies_once_however_long_the_restart_stays_due() ->
 
 
 def test_zero_restarts_per_hour_disables_automatic_restarts() -> None:
-    replay = Replay(PolicySettings(max_restarts_per_hour=0))
+    replay = Replay(no_probe(max_restarts_per_hour=0))
     decision = replay.step(obs(0, engine(stalled_s=300)))
     assert decision.would_restart_but == "automatic restarts are disabled (max_restarts_per_hour = 0)"
     assert [a.kind for a in decision.actions] == [ActionKind.PAUSE_ADMISSION, ActionKind.NOTIFY_BUDGET_EXHAUSTED]
@@ -102,9 +102,9 @@ def test_zero_restarts_per_hour_disables_automatic_restarts() -> None:
     ],
 )
 def test_exponential_cooldown(ages_s: tuple[float, ...], max_per_hour: int, restart_at_s: float) -> None:
-    replay = Replay(PolicySettings(max_restarts_per_hour=max_per_hour), ledger=ledger(*ages_s))
+    replay = Replay(no_probe(max_restarts_per_hour=max_per_hour), ledger=ledger(*ages_s))
     rows = replay.run(obs(t, engine(stalled_s=300)) for t in ticks(0, restart_at_s + 100))
-    assert rows == [(0.0, "paused", ("pause_admission",)), (restart_at_s, "draining", (DRAIN,))]
+    assert rows == [(0.0, "paused", ("pause_admission",)), (restart_at_s, "restarting", (DRAIN, RESTART))]
     assert replay.at(0).would_restart_but == (
         f"cooldown after restart {len(ages_s) if ages_s[0] < 3600 else 1} of a series: "
         f"next restart allowed in {restart_at_s:.0f} s"

@@ -52,42 +52,39 @@ def test_drained_needs_a_poll_after_the_pause() -> None:
 
 
 def test_not_now_backs_off_and_retries_with_a_doubling_wait() -> None:
-    series: list[Step] = [hung(t) for t in ticks(0, 120)]
-    series += [Event(121, ProcedureEvent.RESTART_NOT_NOW, "HTTP 429: PodDisruptionBudget")]
-    series += [hung(t) for t in ticks(122, 302)]
-    series += [Event(303, ProcedureEvent.RESTART_NOT_NOW, "HTTP 429: PodDisruptionBudget")]
-    series += [hung(t) for t in ticks(304, 430)]
+    series: list[Step] = [hung(0)]
+    series += [Event(1, ProcedureEvent.RESTART_NOT_NOW, "HTTP 429: PodDisruptionBudget")]
+    series += [hung(t) for t in ticks(2, 62)]
+    series += [Event(63, ProcedureEvent.RESTART_NOT_NOW, "HTTP 429: PodDisruptionBudget")]
+    series += [hung(t) for t in ticks(64, 190)]
     replay = Replay()
     assert replay.run(series) == [
-        (0.0, "draining", (PAUSE, DRAIN)),
-        (120.0, "restarting", (RESTART,)),
-        (121.0, "paused", (FAILED,)),  # back to paused: vLLM still answers but is still hung, so it ...
-        (182.0, "draining", (DRAIN,)),  # ... stays out of rotation until the next attempt, 60 s later
-        (302.0, "restarting", (RESTART,)),
-        (303.0, "paused", (FAILED,)),
-        (424.0, "draining", (DRAIN,)),  # 120 s later
+        (0.0, "restarting", (PAUSE, DRAIN, RESTART)),  # a hung engine: no drain
+        (1.0, "paused", (FAILED,)),  # back to paused: vLLM still answers but is still hung, so it ...
+        (62.0, "restarting", (DRAIN, RESTART)),  # ... stays out of rotation until the next attempt, 60 s later
+        (63.0, "paused", (FAILED,)),
+        (184.0, "restarting", (DRAIN, RESTART)),  # 120 s later
     ]
-    assert replay.at(121).reason == (
+    assert replay.at(1).reason == (
         "restart (engine_hung) refused for now by the platform: HTTP 429: PodDisruptionBudget; next attempt in 60 s"
     )
-    assert replay.at(122).would_restart_but == "the platform refused the last restart for now; next attempt in 59 s"
+    assert replay.at(2).would_restart_but == "the platform refused the last restart for now; next attempt in 59 s"
     assert replay.ledger.records == ()  # nothing restarted: nothing counts against the budget
 
 
 def test_restart_failed_latches_until_a_manual_action() -> None:
-    series: list[Step] = [hung(t) for t in ticks(0, 120)]
-    series += [Event(121, ProcedureEvent.RESTART_FAILED, "HTTP 403: forbidden")]
-    series += [hung(t) for t in ticks(122, 198)]
+    series: list[Step] = [hung(0)]
+    series += [Event(1, ProcedureEvent.RESTART_FAILED, "HTTP 403: forbidden")]
+    series += [hung(t) for t in ticks(2, 198)]
     series += [Manual(199, ManualAction.RESUME), hung(200)]
     replay = Replay()
     assert replay.run(series) == [
-        (0.0, "draining", (PAUSE, DRAIN)),
-        (120.0, "restarting", (RESTART,)),
-        (121.0, "failed", (FAILED,)),  # automatic restarts stay off; the stalled engine keeps admission paused
+        (0.0, "restarting", (PAUSE, DRAIN, RESTART)),
+        (1.0, "failed", (FAILED,)),  # automatic restarts stay off; the stalled engine keeps admission paused
         (199.0, "pressure", (RESUME,)),  # the manual resume clears the latch and the pause
-        (200.0, "draining", (PAUSE, DRAIN)),
+        (200.0, "restarting", (PAUSE, DRAIN, RESTART)),
     ]
-    assert replay.at(121).actions[0].reason == (
+    assert replay.at(1).actions[0].reason == (
         "restart (engine_hung) failed: the restart adapter failed: HTTP 403: forbidden; "
         "automatic restarts are off until a manual restart or resume"
     )
@@ -159,10 +156,10 @@ def test_events_that_do_not_fit_are_ignored() -> None:
 
 def test_the_decision_carries_what_the_shell_logs_exports_and_notifies() -> None:
     replay = Replay()
-    replay.run([hung(t) for t in ticks(0, 120)] + [Event(121, ProcedureEvent.RESTART_ACCEPTED)])
+    replay.run([hung(0), Event(121, ProcedureEvent.RESTART_ACCEPTED)])
     begun = replay.at(0)
-    assert [a.kind for a in begun.actions] == [ActionKind.PAUSE_ADMISSION, ActionKind.DRAIN]
-    assert [a.cause for a in begun.actions] == [RestartReason.ENGINE_HUNG, RestartReason.ENGINE_HUNG]
+    assert [a.kind for a in begun.actions] == [ActionKind.PAUSE_ADMISSION, ActionKind.DRAIN, ActionKind.RESTART]
+    assert [a.cause for a in begun.actions] == [RestartReason.ENGINE_HUNG] * 3
     assert begun.restart_reason is RestartReason.ENGINE_HUNG
     assert begun.pause_reason == (
         "restarting vLLM (engine_hung): engine 0 made no progress for 200 s >= 120 s with 4 requests running (hung)"

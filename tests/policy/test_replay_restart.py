@@ -12,13 +12,12 @@ from collections.abc import Callable
 from sidecar.policy import (
     ManualAction,
     Observation,
-    PolicySettings,
     ProcedureEvent,
     RestartLedger,
     RestartReason,
     RestartRecord,
 )
-from tests.policy.builders import WALL0, Event, Manual, Replay, Step, down, engine, gpu, obs, ticks
+from tests.policy.builders import WALL0, Event, Manual, Replay, Step, down, engine, gpu, no_probe, obs, ticks
 
 PAUSE, RESUME, DRAIN, RESTART = "pause_admission", "resume_admission", "drain", "restart"
 DONE, BUDGET = "notify_restart_done", "notify_budget_exhausted"
@@ -53,25 +52,43 @@ def test_memory_leak_restarts_in_a_planned_way_once_vllm_is_old_enough() -> None
     assert [r.reason for r in replay.ledger.records] == [RestartReason.OOM_FORECAST]
 
 
-def test_hung_engine_drains_until_the_timeout_then_restarts_anyway() -> None:
+def test_a_hung_engine_is_restarted_without_waiting_for_a_drain_it_cannot_finish() -> None:
     def tick(t: float) -> Observation:
         return obs(t, engine(running=4, stalled_s=max(0.0, t - 10)))
 
-    series: list[Step] = [tick(t) for t in ticks(0, 250)]
-    series += [Event(251, ProcedureEvent.RESTART_ACCEPTED)]
-    series += [obs(t, engine(running=2)) for t in ticks(252, 320)]
+    series: list[Step] = [tick(t) for t in ticks(0, 130)]
+    series += [Event(131, ProcedureEvent.RESTART_ACCEPTED)]
+    series += [obs(t, engine(running=2)) for t in ticks(132, 200)]
     replay = Replay()
     assert replay.run(series) == [
         (0.0, "normal", ()),
         (12.0, "pressure", ()),  # no progress for 2 s with requests running
         (20.0, "paused", (PAUSE,)),  # 10 s: new requests would only queue behind it
-        (130.0, "draining", (DRAIN,)),  # 120 s without progress
-        (250.0, "restarting", (RESTART,)),  # drain timed out: a hung engine never drains
-        (252.0, "cooldown", (RESUME, DONE)),
-        (312.0, "normal", ()),
+        (130.0, "restarting", (DRAIN, RESTART)),  # 120 s without progress: its requests cannot finish
+        (132.0, "cooldown", (RESUME, DONE)),
+        (192.0, "normal", ()),
     ]
-    restart = replay.at(250).actions[0]
-    assert restart.reason.startswith("drain timed out after 120 s with requests still running, restarting anyway")
+    restart = replay.at(130).actions[1]
+    assert restart.reason.startswith("engine hung, nothing will finish: no drain; restarting vLLM (engine_hung)")
+
+
+def test_a_drain_ends_as_soon_as_the_engine_stops_making_progress() -> None:
+    # A planned restart drains; the engine stalls during the drain: nothing will finish, so no 120 s wait.
+    series: list[Step] = [obs(0), Manual(1, ManualAction.RESTART)]
+    series += [obs(t, engine(running=3, stalled_s=max(0.0, t - 4))) for t in ticks(2, 30)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (1.0, "draining", (PAUSE, DRAIN)),
+        (14.0, "restarting", (RESTART,)),
+    ]
+    assert (
+        replay.at(14)
+        .actions[0]
+        .reason.startswith(
+            "no engine progress for 10 s during the drain, nothing will finish; restarting vLLM (manual)"
+        )
+    )
 
 
 def test_dead_engine_restarts_without_draining() -> None:
@@ -146,8 +163,7 @@ def test_a_sidecar_restart_mid_budget_keeps_the_budget() -> None:
     assert rows == [
         (0.0, "normal", ()),  # the last restart was 497 s ago: its 120 s cooldown is over
         (2.0, "paused", (PAUSE,)),  # stalled for 100 s already: no traffic for it
-        (22.0, "draining", (DRAIN,)),  # restart 3 of the hour
-        (142.0, "restarting", (RESTART,)),
+        (22.0, "restarting", (DRAIN, RESTART)),  # restart 3 of the hour; a hung engine is not drained
         (144.0, "cooldown", (RESUME, DONE)),  # third in a series: 240 s
         (384.0, "normal", ()),
         (402.0, "paused", (PAUSE,)),  # hung again, 100 s without progress
@@ -174,8 +190,7 @@ def test_budget_without_clock_trouble() -> None:
     replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
     assert replay.run(_hung_with_wall(lambda t: WALL0 + t)) == [
         (0.0, "paused", (PAUSE, BUDGET)),  # no restart allowed, but no traffic for a hung engine either
-        (3000.0, "draining", (DRAIN,)),  # the oldest restart left the hour
-        (3120.0, "restarting", (RESTART,)),  # a hung engine does not drain
+        (3000.0, "restarting", (DRAIN, RESTART)),  # the oldest restart left the hour; a hung engine is not drained
     ]
 
 
@@ -183,7 +198,7 @@ def test_wall_clock_a_day_behind_at_start_counts_the_future_restarts_for_an_hour
     replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
     assert replay.run(_hung_with_wall(lambda t: WALL0 - 86_400 + t)) == [
         (0.0, "paused", (PAUSE, BUDGET)),  # restarts "in the future": they just happened
-        (3600.0, "draining", (DRAIN,)),  # an hour on the monotonic clock, not a day
+        (3600.0, "restarting", (DRAIN, RESTART)),  # an hour on the monotonic clock, not a day
     ]
     assert replay.at(0).would_restart_but == (
         "restart budget exhausted: 3 restarts in the last hour, next allowed in 3600 s"
@@ -201,8 +216,7 @@ def test_wall_clock_jumps_after_first_sight_change_nothing() -> None:
         replay = Replay(ledger=_three_recent_restarts(600, 400, 200))
         assert replay.run(_hung_with_wall(wall)) == [
             (0.0, "paused", (PAUSE, BUDGET)),
-            (3000.0, "draining", (DRAIN,)),
-            (3120.0, "restarting", (RESTART,)),
+            (3000.0, "restarting", (DRAIN, RESTART)),
         ]
 
 
@@ -238,7 +252,7 @@ def test_a_dead_engine_back_by_itself_while_the_restart_is_refused_is_reported()
     series: list[Step] = [obs(t) for t in ticks(0, 10)]
     series += [down(t, since_poll_s=t - 10) for t in ticks(12, 60)]  # /health failing 48 s: dead, but...
     series += [obs(t) for t in ticks(62, 70)]
-    replay = Replay(PolicySettings(max_restarts_per_hour=0))  # ... automatic restarts are off
+    replay = Replay(no_probe(max_restarts_per_hour=0))  # ... automatic restarts are off
     assert replay.run(series) == [
         (0.0, "normal", ()),
         (12.0, "pressure", ()),

@@ -134,7 +134,7 @@ def test_pressure_is_a_condition_partly_met() -> None:
     assert texts(found) == [
         "KV cache usage 0.85 above 0.80 on engine 0",
         "waiting > 2 x running for 1 of 3 ticks on engine 0",
-        "engine 0 made no progress for 6 s with requests running",
+        "engine 0 made no progress for 6 s with 4 requests running and 9 waiting",
         "forecast time to OOM 412 s < 900 s on GPU 0",
     ]
     assert pressure_findings(derived(engine(usage=0.80)), S, {}, {}) == []
@@ -149,10 +149,20 @@ def test_a_stalled_engine_pauses_admission_long_before_it_counts_as_hung() -> No
     assert pause_findings(stalled, S, {})[0].rule is PauseRule.ENGINE_STALLED
     assert pressure_findings(stalled, S, {}, {}) == []  # a pause now, no longer pressure
     assert texts(pressure_findings(derived(engine(stalled_s=9, running=4)), S, {}, {})) == [
-        "engine 0 made no progress for 9 s with requests running"
+        "engine 0 made no progress for 9 s with 4 requests running"
     ]
     assert pause_findings(derived(engine(stalled_s=9, running=4)), S, {}) == []
-    assert pause_findings(derived(engine(stalled_s=500, running=0)), S, {}) == []  # idle is not stalled
+    # Idle is never stalled (the tracker counts a stall only with work: sidecar.derive.progress).
+    assert pause_findings(derived(engine(stalled_s=0, running=0, waiting=0)), S, {}) == []
+    # A scheduler that admits nothing: requests waiting, none running, nothing moving.
+    assert texts(pause_findings(derived(engine(stalled_s=10, running=0, waiting=3)), S, {})) == [
+        "engine 0 made no progress for 10 s >= 10 s with 3 requests waiting and none running"
+    ]
+    # Metrics frozen at idle while requests are in flight at the API server (vLLM's /load).
+    assert texts(pause_findings(derived(engine(stalled_s=10, running=0, waiting=0)), S, {})) == [
+        "engine 0 made no progress for 10 s >= 10 s with requests in flight at vLLM's API server while its "
+        "engine reads idle"
+    ]
     # Progress again: nothing holds the pause (the dwell time aside).
     assert resume_blockers(derived(engine(stalled_s=0, running=4)), S) == []
     assert texts(resume_blockers(stalled, S)) == [line]
@@ -162,13 +172,30 @@ def test_a_stalled_engine_pauses_admission_long_before_it_counts_as_hung() -> No
     assert pressure_findings(derived(engine(stalled_s=150, running=4)), late, {}, {}) == []
 
 
-def test_hung_needs_running_requests() -> None:
+def test_hung_on_the_stall_alone_where_no_probe_can_tell() -> None:
     cause = hung_cause(derived(engine(stalled_s=130, running=4)), S)
     assert cause is not None
     assert cause.reason is RestartReason.ENGINE_HUNG
     assert cause.text == "engine 0 made no progress for 130 s >= 120 s with 4 requests running (hung)"
     assert hung_cause(derived(engine(stalled_s=119, running=4)), S) is None
-    assert hung_cause(derived(engine(stalled_s=130, running=0)), S) is None
+    assert hung_cause(derived(engine(stalled_s=0, running=0, waiting=0)), S) is None
+    waiting_only = hung_cause(derived(engine(stalled_s=130, running=0, waiting=2)), S)
+    assert waiting_only is not None
+    assert waiting_only.text.endswith("with 2 requests waiting and none running (hung)")
+
+
+def test_where_the_probe_tells_a_stall_alone_is_not_hung_but_a_proven_wedge_is_even_reading_idle() -> None:
+    stalled = derived(engine(stalled_s=130, running=4, quiet_s=130))
+    assert hung_cause(stalled, S, stall_alone=False) is None  # the probe decides
+    wedge = "a 1-token probe completion got no answer in 60 s"
+    cause = hung_cause(stalled, S, wedge=wedge, stall_alone=False)
+    assert cause is not None
+    assert cause.text == f"engine 0 made no progress for 130 s >= 120 s, and {wedge} (hung)"
+    idle_looking = derived(engine(stalled_s=0, running=0, waiting=0, quiet_s=125))
+    idle_cause = hung_cause(idle_looking, S, wedge=wedge, stall_alone=False)
+    assert idle_cause is not None
+    assert idle_cause.text.startswith("engine 0 made no progress for 125 s >= 120 s, and a 1-token probe")
+    assert hung_cause(derived(engine(quiet_s=100)), S, wedge=wedge, stall_alone=False) is None  # not yet
 
 
 def test_oom_forecast_needs_three_ticks_under_the_limit() -> None:

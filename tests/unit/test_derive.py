@@ -9,12 +9,13 @@ import pytest
 from sidecar.derive.counter import increase
 from sidecar.derive.engine import lifetime_hit_ratio, preemption_rate, windowed_hit_ratio
 from sidecar.derive.kv import derive_kv, fragmentation
-from sidecar.derive.progress import ProgressTracker
+from sidecar.derive.progress import EngineProgress, ProgressTracker
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.tick import Deriver
 from sidecar.derive.trend import fit_line
 from sidecar.derive.window import Window
 from sidecar.model.gpu import GpuProcess, ProcessOwner
+from sidecar.model.vllm import EngineMetrics
 from tests.unit.builders import GIB, cache_config, device, engine, snapshot
 
 
@@ -143,24 +144,47 @@ class TestPrefixAndRates:
 
 
 class TestProgress:
+    @staticmethod
+    def stalled(tracker: ProgressTracker, engines: tuple[EngineMetrics, ...], t: float) -> float | None:
+        progress = tracker.observe(engines, t)[("m", "0")]
+        return None if progress is None else progress.stalled_s
+
     def test_stall_grows_only_while_requests_run_and_counters_stand_still(self) -> None:
         tracker = ProgressTracker()
         busy = engine(requests_running=2.0, generation_tokens_total=100.0)
-        assert tracker.observe((busy,), 0.0)[("m", "0")] == 0.0
-        assert tracker.observe((busy,), 2.0)[("m", "0")] == 2.0
-        assert tracker.observe((busy,), 130.0)[("m", "0")] == 130.0
+        assert self.stalled(tracker, (busy,), 0.0) == 0.0
+        assert self.stalled(tracker, (busy,), 2.0) == 2.0
+        assert self.stalled(tracker, (busy,), 130.0) == 130.0
         moved = engine(requests_running=2.0, generation_tokens_total=101.0)
-        assert tracker.observe((moved,), 132.0)[("m", "0")] == 0.0
+        assert self.stalled(tracker, (moved,), 132.0) == 0.0
 
-    def test_idle_is_not_stalled(self) -> None:
+    def test_idle_is_not_stalled_but_is_quiet(self) -> None:
         tracker = ProgressTracker()
-        idle = engine(requests_running=0.0)
+        idle = engine(requests_running=0.0, requests_waiting=0.0)
         tracker.observe((idle,), 0.0)
-        assert tracker.observe((idle,), 500.0)[("m", "0")] == 0.0
+        assert tracker.observe((idle,), 500.0)[("m", "0")] == EngineProgress(stalled_s=0.0, quiet_s=500.0)
         busy = engine(requests_running=1.0)
-        # Requests arrived after the last idle reading; the stall counts from that moment.
-        assert tracker.observe((busy,), 502.0)[("m", "0")] == 2.0
-        assert tracker.observe((busy,), 510.0)[("m", "0")] == 10.0
+        # Requests arrived after the last idle reading; the stall counts from that moment, the quiet from the last
+        # movement of the counters.
+        assert tracker.observe((busy,), 502.0)[("m", "0")] == EngineProgress(stalled_s=0.0, quiet_s=502.0)
+        assert tracker.observe((busy,), 510.0)[("m", "0")] == EngineProgress(stalled_s=8.0, quiet_s=510.0)
+
+    def test_requests_waiting_with_none_running_and_frozen_counters_are_a_stall(self) -> None:
+        # A scheduler that admits nothing: vLLM's queue grows, its running count stays 0.
+        tracker = ProgressTracker()
+        assert self.stalled(tracker, (engine(requests_running=0.0, requests_waiting=0.0),), 0.0) == 0.0
+        queued = engine(requests_running=0.0, requests_waiting=3.0)
+        assert self.stalled(tracker, (queued,), 2.0) == 0.0
+        assert self.stalled(tracker, (queued,), 40.0) == 38.0
+
+    def test_requests_in_flight_at_the_api_server_are_work_the_gauges_do_not_show(self) -> None:
+        # An engine wedged while idle: its metrics read 0 running, 0 waiting; vLLM's /load counts 3 in flight.
+        tracker = ProgressTracker()
+        idle = engine(requests_running=0.0, requests_waiting=0.0)
+        tracker.observe((idle,), 0.0)
+        assert tracker.observe((idle,), 2.0, in_flight=3)[("m", "0")] == EngineProgress(stalled_s=0.0, quiet_s=2.0)
+        assert tracker.observe((idle,), 30.0, in_flight=3)[("m", "0")] == EngineProgress(stalled_s=28.0, quiet_s=30.0)
+        assert tracker.observe((idle,), 32.0, in_flight=0)[("m", "0")] == EngineProgress(stalled_s=0.0, quiet_s=32.0)
 
     def test_engines_are_tracked_separately_and_unknown_without_counters(self) -> None:
         tracker = ProgressTracker()
@@ -169,7 +193,11 @@ class TestProgress:
         silent = engine(engine="2", generation_tokens_total=None, prompt_tokens_total=None, iterations_total=None)
         tracker.observe((a, b, silent), 0.0)
         result = tracker.observe((a, engine(engine="1", requests_running=1.0, iterations_total=9.0), silent), 3.0)
-        assert result == {("m", "0"): 3.0, ("m", "1"): 0.0, ("m", "2"): None}
+        assert result == {
+            ("m", "0"): EngineProgress(stalled_s=3.0, quiet_s=3.0),
+            ("m", "1"): EngineProgress(stalled_s=0.0, quiet_s=0.0),
+            ("m", "2"): None,
+        }
 
 
 class TestDeriver:
