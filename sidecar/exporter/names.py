@@ -202,6 +202,20 @@ RESTART_BUDGET_REMAINING = MetricSpec(
     "Restarts still allowed in the current hour before the budget is exhausted.",
 )
 
+PROBES = MetricSpec(
+    "vllm_sidecar_probes",
+    Kind.COUNTER,
+    ("outcome",),
+    "Engine probes (one 1-token completion after a while without engine progress) by outcome: answered, "
+    "no_answer (a wedge unless the engine moved meanwhile), inconclusive (an HTTP error: no evidence).",
+)
+PROBE_DURATION = MetricSpec(
+    "vllm_sidecar_probe_duration_seconds",
+    Kind.GAUGE,
+    (),
+    "How long the last engine probe took to be answered (or to time out).",
+)
+
 POLICY = (
     ADMISSION_PAUSED,
     READY,
@@ -211,6 +225,8 @@ POLICY = (
     RESTARTS,
     LAST_RESTART,
     RESTART_BUDGET_REMAINING,
+    PROBES,
+    PROBE_DURATION,
 )
 
 ALL = (

@@ -29,3 +29,8 @@ class ActingView:
     action_kinds: tuple[str, ...] = ()
     failure_kinds: tuple[str, ...] = ()
     restart_reasons: tuple[str, ...] = ()
+    # The engine probe: answers by outcome (every outcome exported from 0), and the last one.
+    probes: dict[str, int] = field(default_factory=dict)
+    probe_outcomes: tuple[str, ...] = ()
+    last_probe: str | None = None  # "<outcome>: <what came back>"
+    last_probe_duration_s: float | None = None

@@ -142,4 +142,7 @@ def policy_document(acting: ActingView) -> JsonObject:
         "failures": acting.failures,
         "restarts": acting.restarts,
         "recent": list(acting.recent),
+        "probes": acting.probes,
+        "last_probe": acting.last_probe,
+        "last_probe_duration_seconds": acting.last_probe_duration_s,
     }

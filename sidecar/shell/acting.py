@@ -10,9 +10,11 @@ acted on: readiness stays 200, the adapter is asked for its dry-run answer, and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
 
@@ -34,8 +36,10 @@ from sidecar.policy.decision import (
 from sidecar.policy.machine import Policy
 from sidecar.policy.observation import Observation
 from sidecar.policy.presence import Presence
+from sidecar.policy.probe import ProbeOutcome
 from sidecar.shell.ledger_store import LedgerStore
 from sidecar.shell.state_file import StateFile
+from sidecar.sources.probe import ProbeAnswer
 
 _EMPTY = Derived(engines=(), gpus=(), problems=())
 _OUTCOME_EVENTS = {
@@ -55,6 +59,13 @@ _NOTIFIED = {
 }
 _RESTART_FAILURE = "restart"
 _FAILURE_KINDS = (_RESTART_FAILURE,)
+_NO_PROBER = ProbeAnswer(outcome=ProbeOutcome.INCONCLUSIVE, detail="no probe sender is configured", duration_s=0.0)
+
+
+class Prober(Protocol):
+    """Sends the engine probe (sidecar.sources.probe) and says what came back; never raises."""
+
+    async def probe(self) -> ProbeAnswer: ...
 
 
 class Acting:
@@ -70,6 +81,7 @@ class Acting:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         boot_id: str | None = None,  # None: trust only wall times in the persisted ledger
+        prober: Prober | None = None,
     ) -> None:
         self.policy = policy
         self.actuator = actuator
@@ -96,6 +108,10 @@ class Acting:
         self._last_good: Derived | None = None
         self._last_good_s: float | None = None
         self._restart_task: asyncio.Task[None] | None = None
+        self._prober = prober
+        self._probe_task: asyncio.Task[None] | None = None
+        self.probes: Counter[str] = Counter()
+        self.last_probe: ProbeAnswer | None = None
         self._presence = Presence()
 
     # --- ticks ----------------------------------------------------------------------------------------
@@ -152,12 +168,13 @@ class Acting:
                 "policy_state", state=str(decision.state), previous=str(decision.previous_state), reason=decision.reason
             )
         self._log_blocked(previous, decision)
-        if decision.actions:
+        recorded = [action for action in decision.actions if action.kind is not ActionKind.PROBE_ENGINE]
+        if recorded:  # a probe a minute on an idle server would push every decision that matters out of sight
             self.recent.append(
                 {
                     "wall_time_s": decision.wall_time_s,
                     "state": str(decision.state),
-                    "actions": [str(action.kind) for action in decision.actions],
+                    "actions": [str(action.kind) for action in recorded],
                     "reason": decision.reason,
                     "dry_run": self.dry_run,
                 }
@@ -184,6 +201,12 @@ class Acting:
 
     def _perform(self, action: Action, decision: Decision) -> None:
         self.actions[str(action.kind)] += 1
+        if action.kind is ActionKind.PROBE_ENGINE:
+            # Routine on an idle server (one a minute): its answer is logged when it changes, not each send.
+            # Sent in dry-run too: it reads, it does not act on vLLM.
+            self._log.debug("probe_sent", reason=action.reason)
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe())
+            return
         verb = "would " if self.dry_run else ""
         self._log.warning("action", action=str(action.kind), dry_run=self.dry_run, reason=f"{verb}{action.reason}")
         kind = _NOTIFIED.get(action.kind)
@@ -226,6 +249,21 @@ class Acting:
         self._store.clear_in_flight()  # the outcome is known (and in the ledger when accepted)
         self._apply(decision)
 
+    async def _probe(self) -> None:
+        answer = await self._prober.probe() if self._prober is not None else _NO_PROBER
+        self.probes[str(answer.outcome)] += 1
+        previous, self.last_probe = self.last_probe, answer
+        if (
+            previous is None
+            or previous.outcome is not answer.outcome
+            or (answer.outcome is ProbeOutcome.INCONCLUSIVE and previous.detail != answer.detail)
+        ):
+            log = self._log.info if answer.outcome is ProbeOutcome.ANSWERED else self._log.warning
+            log("probe_" + str(answer.outcome), detail=answer.detail, duration_s=round(answer.duration_s, 3))
+        self._apply(
+            self.policy.probe_event(answer.outcome, self._clock(), self._wall_clock(), self.ledger, answer.detail)
+        )
+
     def _account(self, outcome: ActuatorOutcome, reason: RestartReason) -> None:
         # Failures and refusals are counted where the policy reports them (its restart-failed notification,
         # which also covers a restart that never became healthy), so each is counted once.
@@ -259,6 +297,10 @@ class Acting:
             action_kinds=tuple(str(kind) for kind in ActionKind),
             failure_kinds=_FAILURE_KINDS,
             restart_reasons=tuple(str(reason) for reason in RestartReason),
+            probes=dict(self.probes),
+            probe_outcomes=tuple(str(outcome) for outcome in ProbeOutcome),
+            last_probe=None if self.last_probe is None else f"{self.last_probe.outcome}: {self.last_probe.detail}",
+            last_probe_duration_s=None if self.last_probe is None else self.last_probe.duration_s,
         )
 
     @property
@@ -266,6 +308,10 @@ class Acting:
         return self._restart_task is not None and not self._restart_task.done()
 
     async def close(self) -> None:
+        if self._probe_task is not None and not self._probe_task.done():
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         task = self._restart_task
         if task is not None and not task.done():
             task.cancel()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -43,6 +44,8 @@ def policy_settings(settings: Settings) -> PolicySettings:
             down_after_s=settings.down_after,
             hung_after_s=settings.hung_after,
             stall_pause_after_s=settings.stall_pause_after,
+            probe_after_s=settings.probe_after,
+            probe_timeout_s=settings.probe_timeout,
             oom_forecast_s=settings.oom_forecast,
             min_uptime_for_forecast_restart_s=settings.forecast_min_uptime,
             max_restarts_per_hour=settings.max_restarts_per_hour,
@@ -105,7 +108,8 @@ def _pod_environment(settings: Settings) -> dict[str, str]:
 def build_sinks(settings: Settings, parts: ActingParts, client: httpx.AsyncClient) -> list[NotificationSink]:
     sinks: list[NotificationSink] = []
     if settings.webhook_url is not None:
-        key = _read_key(settings) if settings.webhook_hmac_key_file is not None else None
+        path = settings.webhook_hmac_key_file
+        key = read_secret_file(path, "--webhook-hmac-key-file") if path is not None else None
         try:
             sinks.append(
                 WebhookSink(
@@ -123,15 +127,25 @@ def build_sinks(settings: Settings, parts: ActingParts, client: httpx.AsyncClien
     return sinks
 
 
-def _read_key(settings: Settings) -> bytes:
-    path = settings.webhook_hmac_key_file
-    assert path is not None  # noqa: S101 - checked by the caller
+def read_secret_file(path: Path, flag: str) -> bytes:
+    """A key or token from a file (surrounding whitespace dropped); `SettingsError` naming `flag` and the limits,
+    never any of its content, when it cannot be read or is empty or too long."""
     try:
         key = read_capped_file(path, 2 * MAX_KEY_BYTES).strip()  # room for a trailing newline or indentation
     except FileTooLargeError:
         key = b""  # reported below with the limits, never with any of its content
     except OSError as error:
-        raise SettingsError(f"cannot read --webhook-hmac-key-file {path}: {error.strerror or error}") from None
+        raise SettingsError(f"cannot read {flag} {path}: {error.strerror or error}") from None
     if not key or len(key) > MAX_KEY_BYTES:
-        raise SettingsError(f"--webhook-hmac-key-file {path} must hold a key of 1 to {MAX_KEY_BYTES} bytes")
+        raise SettingsError(f"{flag} {path} must hold a key of 1 to {MAX_KEY_BYTES} bytes")
     return key
+
+
+def read_api_key(path: Path | None) -> str | None:
+    """vLLM's --api-key from --vllm-api-key-file, for the probe's requests; None without the file."""
+    if path is None:
+        return None
+    key = read_secret_file(path, "--vllm-api-key-file")
+    if not all(0x21 <= byte < 0x7F for byte in key):  # it goes into an Authorization header as it is
+        raise SettingsError(f"--vllm-api-key-file {path} must hold one printable ASCII word (an HTTP header value)")
+    return key.decode("ascii")

@@ -34,7 +34,7 @@ from sidecar.model.view import View
 from sidecar.notify.dispatcher import Notifier
 from sidecar.policy.machine import Policy
 from sidecar.shell.acting import Acting, AdminBridge
-from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings
+from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings, read_api_key
 from sidecar.shell.ledger_store import read_boot_id
 from sidecar.shell.schedule import LoopScheduler, OnTime, add_tick_job
 from sidecar.shell.sdnotify import Notifier as SdNotifier
@@ -44,6 +44,7 @@ from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.gpu import GpuSource
 from sidecar.sources.http_get import HttpGetClient
+from sidecar.sources.probe import CompletionProbe
 from sidecar.sources.sim_gpu import SimGpuSource
 from sidecar.sources.vllm_http import VllmHttpSource
 
@@ -176,6 +177,12 @@ class Daemon:
             logger=self._log,
             dry_run=settings.dry_run,
             boot_id=read_boot_id(),  # a ledger written since this boot is aged by the monotonic clock
+            prober=CompletionProbe(
+                client=self._client,
+                base_url=settings.vllm_url,
+                timeout_s=settings.probe_timeout,
+                api_key=read_api_key(settings.vllm_api_key_file),
+            ),
         )
         self.poller = Poller(
             vllm=VllmHttpSource(

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
 from sidecar.file_cap import read_capped_file
+from sidecar.policy.settings import PolicySettings
 
 ENV_PREFIX = "VLLM_SIDECAR_"
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
@@ -171,14 +172,37 @@ class Settings(BaseSettings):
     hung_after: float = Field(
         120.0,
         gt=0,
-        description="seconds without engine progress, with requests running, before a restart",
+        description=(
+            "seconds without engine progress before a restart: with requests waiting or running, or, with the "
+            "probe, once a 1-token completion got no answer"
+        ),
         json_schema_extra=_allowed("seconds > 0"),
     )
     stall_pause_after: float = Field(
         10.0,
         gt=0,
-        description="seconds without engine progress, with requests running, before admission pauses",
+        description="seconds without engine progress, with requests waiting or running, before admission pauses",
         json_schema_extra=_allowed("seconds > 0; a pause this early costs little, the restart waits for --hung-after"),
+    )
+    probe_after: float = Field(
+        PolicySettings().probe_after_s,
+        ge=0,
+        description=(
+            "seconds without engine progress (idle or not) before one 1-token completion probes the engine for "
+            "a wedge; 0: never (an engine wedged while idle then goes unseen)"
+        ),
+        json_schema_extra=_allowed("seconds >= 0"),
+    )
+    probe_timeout: float = Field(
+        PolicySettings().probe_timeout_s,
+        gt=0,
+        description="seconds the probe may take before its silence proves a wedge (generous: slow is not hung)",
+        json_schema_extra=_allowed("seconds > 0"),
+    )
+    vllm_api_key_file: Path | None = Field(
+        None,
+        description="file with vLLM's --api-key, for the probe's requests to /v1 (never logged)",
+        json_schema_extra=_allowed("a path"),
     )
     oom_forecast: float = Field(
         900.0,

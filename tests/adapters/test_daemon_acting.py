@@ -13,7 +13,7 @@ import pytest
 
 from tests.adapters.daemon_process import SidecarProcess
 from tests.conftest import EXPOSITIONS
-from tests.loopback import LoopbackServer, respond
+from tests.loopback import LoopbackServer, respond, slow
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_text()
 USAGE_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.8188976377952756'
@@ -216,3 +216,54 @@ def test_pause_is_posted_to_a_signed_webhook(vllm: LoopbackServer, tmp_path: Pat
         b"a-shared-signing-key", headers["x-vllm-sidecar-timestamp"], body, headers["x-vllm-sidecar-signature"]
     )
     assert "S3CRETPATH" not in sidecar.log_path.read_text()  # the webhook URL is a secret: never logged
+
+
+IDLE = (
+    b'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0\n'
+    b'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0\n'
+    b'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0\n'
+    b'vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 1234.0\n'
+)
+MODELS = respond(body=b'{"data":[{"id":"tiny-llama"}]}', content_type="application/json")
+
+
+def test_an_engine_wedged_while_its_metrics_read_idle_is_probed_paused_and_restarted(
+    vllm: LoopbackServer, tmp_path: Path
+) -> None:
+    # vLLM with its EngineCore stopped while idle: /health 200, /metrics frozen at 0 running and 0 waiting,
+    # and a completion never answered.
+    vllm.routes.update({"/metrics": respond(body=IDLE), "/v1/models": MODELS, "/v1/completions": slow(30, respond())})
+    marker = tmp_path / "restarted"
+    sidecar = _start(
+        vllm,
+        tmp_path,
+        "--probe-after", "2", "--probe-timeout", "2", "--stall-pause-after", "1", "--hung-after", "4",
+        "--actuator", "exec", "--exec-command", f"touch {marker}",
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: "a 1-token probe completion has had no answer" in sidecar.get("/readyz").text, 15)
+        assert sidecar.get("/readyz").status_code == 503
+        _wait_for(marker.exists, 15)
+        status = sidecar.get("/status").json()["policy"]
+        assert status["last_probe"] == "no_answer: no answer within 2 s"
+        assert 'vllm_sidecar_probes_total{outcome="no_answer"} 1.0' in sidecar.get("/metrics").text
+    finally:
+        sidecar.kill()
+    events = [json.loads(line) for line in sidecar.log_path.read_text().splitlines() if line.startswith("{")]
+    restart = next(e for e in events if e["event"] == "action" and e["action"] == "restart")
+    assert "and a 1-token probe completion got no answer in 2 s (hung)" in restart["reason"]
+    assert [e["event"] for e in events].count("probe_no_answer") == 1
+
+
+def test_an_idle_engine_that_answers_the_probe_stays_in_rotation(vllm: LoopbackServer, tmp_path: Path) -> None:
+    vllm.routes.update({"/metrics": respond(body=IDLE), "/v1/models": MODELS, "/v1/completions": respond()})
+    sidecar = _start(vllm, tmp_path, "--probe-after", "1", "--probe-timeout", "2", "--hung-after", "2")
+    try:
+        _wait_for(lambda: vllm.hits.count("/v1/completions") >= 3, 15)  # asked again and again: metrics frozen
+        assert sidecar.get("/readyz").status_code == 200
+        assert sidecar.get("/status").json()["policy"]["state"] == "normal"
+    finally:
+        sidecar.kill()
+    events = [json.loads(line)["event"] for line in sidecar.log_path.read_text().splitlines() if line.startswith("{")]
+    assert events.count("probe_answered") == 1  # said once, however many probes
+    assert "action" not in events  # no restart, and probes are no action worth a line

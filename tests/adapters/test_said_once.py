@@ -24,10 +24,12 @@ from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
 from sidecar.notify.message import Notification
 from sidecar.policy.machine import Policy
+from sidecar.policy.probe import ProbeOutcome
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell.acting import Acting
 from sidecar.shell.daemon import Poller
 from sidecar.shell.state_file import StateFile
+from sidecar.sources.probe import ProbeAnswer
 from sidecar.sources.vllm_http import VllmHttpSource
 
 URL = "http://vllm.test:8000"
@@ -116,6 +118,18 @@ class Scene:
     settings: PolicySettings = field(default_factory=lambda: PolicySettings(stale_after_s=3 * INTERVAL_S))
     dry_run: bool = False
     healthy_first: int = 0
+    probe: ProbeOutcome | None = None  # what the engine probe gets back; None: no probe sender
+
+
+@dataclass
+class FakeProber:
+    outcome: ProbeOutcome
+    sent: int = 0
+
+    async def probe(self) -> ProbeAnswer:
+        self.sent += 1
+        detail = "no answer within 60 s" if self.outcome is ProbeOutcome.NO_ANSWER else f"answer {self.sent}"
+        return ProbeAnswer(outcome=self.outcome, detail=detail, duration_s=0.5)
 
 
 def _malformed(_: FakeVllm) -> httpx.Response:
@@ -142,6 +156,16 @@ SCENES: dict[str, Callable[[], Scene]] = {
     ),
     "oom forecast, vllm too young to restart": lambda: Scene(FakeVllm(), gpu=FakeGpu(growth_bytes=GIB // 8)),
     "nvml missing": lambda: Scene(FakeVllm(), gpu=FakeGpu(error="NVML not available: libnvidia-ml.so.1 not found")),
+    "idle engine answering the probe": lambda: Scene(
+        FakeVllm(running=0, progressing=False),
+        settings=PolicySettings(stale_after_s=3 * INTERVAL_S, probe_after_s=4),
+        probe=ProbeOutcome.ANSWERED,
+    ),
+    "engine wedged while idle, restarts disabled": lambda: Scene(
+        FakeVllm(running=0, progressing=False),
+        settings=PolicySettings(stale_after_s=3 * INTERVAL_S, probe_after_s=4, max_restarts_per_hour=0),
+        probe=ProbeOutcome.NO_ANSWER,
+    ),
 }
 
 
@@ -163,6 +187,7 @@ async def _run(scene: Scene) -> list[list[dict[str, object]]]:
             dry_run=scene.dry_run,
             clock=lambda: clock[0],
             wall_clock=lambda: 1.7e9 + clock[0],
+            prober=None if scene.probe is None else FakeProber(scene.probe),
         )
         async with httpx.AsyncClient(transport=httpx.MockTransport(scene.vllm.answer)) as client:
             poller = Poller(
@@ -183,8 +208,8 @@ async def _run(scene: Scene) -> list[list[dict[str, object]]]:
                     await poller.tick()
                     await asyncio.sleep(0)  # a restart task's outcome is logged on the loop
                     await asyncio.sleep(0)
-                if number >= healthy_first:
-                    per_poll.append([dict(line) for line in lines])
+                if number >= healthy_first:  # what an operator sees: the default level, info, and above
+                    per_poll.append([dict(line) for line in lines if line["log_level"] != "debug"])
                 clock[0] += INTERVAL_S
         await acting.close()
     return per_poll
