@@ -196,6 +196,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["run", "--webhook-url", "hooks.example/T0KEN"], {}, "invalid setting webhook_url: not an http(s) URL"),
         (["run", "--max-restarts-per-hour", "-1"], {}, "invalid setting max_restarts_per_hour='-1'"),
         (["run", "--stall-pause-after", "0"], {}, "invalid setting stall_pause_after='0'"),
+        (["run", "--probe-after", "-1"], {}, "invalid setting probe_after='-1'"),
+        (["run", "--vllm-api-key-file", "/nonexistent/key"], {}, "cannot read --vllm-api-key-file /nonexistent/key"),
     ],
 )
 def test_bad_settings_stop_at_start_with_one_line_and_exit_2(args: list[str], env: dict[str, str], needle: str) -> None:

@@ -24,8 +24,8 @@ def _cases(folder: Path) -> dict[str, Callable[[], object]]:
     from sidecar.doctor import gather
     from sidecar.exporter.admin import AdminAuth
     from sidecar.exporter.tls import server_context
-    from sidecar.shell.acting_setup import _read_key
-    from sidecar.shell.settings import Settings, load_settings, read_config_file
+    from sidecar.shell.acting_setup import read_api_key, read_secret_file
+    from sidecar.shell.settings import Settings, read_config_file
     from sidecar.shell.state_file import StateFile
     from sidecar.sources.proc import identify_process
 
@@ -51,7 +51,8 @@ def _cases(folder: Path) -> dict[str, Callable[[], object]]:
     return {
         "config file": lambda: read_config_file(link("c.toml"), set(Settings.model_fields)),
         "admin token file": lambda: AdminAuth(link("admin-token")).check("Bearer x").reason,
-        "webhook HMAC key file": lambda: _read_key(load_settings({"webhook_hmac_key_file": str(link("hmac"))})),
+        "webhook HMAC key file": lambda: read_secret_file(link("hmac"), "--webhook-hmac-key-file"),
+        "vLLM API key file": lambda: read_api_key(link("vllm-api-key")),
         "kubeconfig": lambda: kubeconfig_credentials(link("kubeconfig")),
         "kubernetes token file": kube_token,
         "state file": lambda: StateFile(link("restart-ledger.json")).load().problem,

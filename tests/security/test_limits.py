@@ -130,6 +130,7 @@ def test_every_file_the_sidecar_reads_is_bounded_even_when_it_is_dev_zero(tmp_pa
         "config file": "SettingsError: cannot read config file",
         "admin token file": "returned 'the admin API is off: cannot read the token file",
         "webhook HMAC key file": "SettingsError: --webhook-hmac-key-file",
+        "vLLM API key file": "SettingsError: --vllm-api-key-file",
         "kubeconfig": "CredentialsError: cannot read kubeconfig",
         "kubernetes token file": "KubeTransportError: cannot read a bearer token",
         "state file": "returned '",
