@@ -67,7 +67,16 @@ SCENARIOS: dict[str, Scenario] = {
         name="hang",
         duration_s=45.0,
         sim_flags=("--hang-after-s", "15"),
-        sidecar_flags=("--hung-after", "10", "--stall-pause-after", "2", "--drain-timeout", "5"),
+        sidecar_flags=(
+            "--hung-after",
+            "10",
+            "--stall-pause-after",
+            "2",
+            "--drain-timeout",
+            "5",
+            "--probe-timeout",
+            "2",
+        ),
         note="every simulator process hangs 15 s after its first request, the restarted one too",
     ),
 }

@@ -86,6 +86,8 @@ def test_a_hung_engine_is_drained_and_restarted_through_systemd(user_systemd: Us
             *("--vllm-url", url, "--gpu-source", "sim", "--interval", "0.5", "--state-dir", str(state_dir)),
             *("--actuator", "systemd", "--systemd-bus", "user", "--systemd-unit", unit),
             *("--hung-after", "4", "--drain-timeout", "2", "--startup-timeout", "60"),
+            # The engine probe proves the simulator's hang: it gets no answer within 2 s.
+            *("--probe-timeout", "2"),
         ],
         tmp_path / "sidecar.log",
         env={"DBUS_SESSION_BUS_ADDRESS": user_systemd.bus_address},

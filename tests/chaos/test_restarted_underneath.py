@@ -92,7 +92,8 @@ def test_a_restart_underneath_under_load_is_a_counter_reset_not_a_stall(tmp_path
     assert len(sim.restarts()) == 1  # the one made by "someone else"
     assert load.completed > 0
     assert not witness.exists(), "the sidecar restarted a vLLM its supervisor had just restarted"
-    assert named(events, "action") == []
+    # Nothing acted on: at most its return is told, when a poll fell in the second it was gone.
+    assert {e["action"] for e in named(events, "action")} <= {"notify_vllm_recovered"}, named(events, "action")
     assert max(stalls) == 0.0, f"a false stall across the counter reset: {max(stalls)} s"
     assert final_policy["state"] == "normal", final_policy
     assert value(metrics, "vllm_sidecar_up") == 1.0

@@ -88,7 +88,10 @@ class StatusWatcher:
 
 @pytest.fixture
 def sidecar(vllm_server: VllmServer, tmp_path: Path) -> Iterator[SidecarProcess]:
-    process = SidecarProcess(["--vllm-url", vllm_server.base_url, "--interval", "0.5"], tmp_path / "sidecar.log")
+    # --probe-after 0: the engine probe's completions would move the counters compared here with vLLM's own.
+    process = SidecarProcess(
+        ["--vllm-url", vllm_server.base_url, "--interval", "0.5", "--probe-after", "0"], tmp_path / "sidecar.log"
+    )
     process.wait_ready(timeout_s=30)
     yield process
     process.kill()

@@ -110,6 +110,8 @@ def test_a_hung_engine_raises_the_shipped_alerts_and_the_sidecar_notifies(
                 *("--state-dir", str(tmp_path / "state")),
                 *("--actuator", "systemd", "--systemd-bus", "user", "--systemd-unit", unit),
                 *("--hung-after", "4", "--drain-timeout", "2", "--startup-timeout", "60"),
+                # The engine probe proves the simulator's hang: it gets no answer within 2 s.
+                *("--probe-timeout", "2"),
                 # One restart spends the hourly budget, which is the second alert this test expects.
                 *("--max-restarts-per-hour", "1"),
                 *("--webhook-url", receiver.url("/sidecar"), "--webhook-hmac-key-file", str(key_file)),
