@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sidecar.model.cause import CrashCause
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActingView:
@@ -28,3 +30,4 @@ class ActingView:
     action_kinds: tuple[str, ...] = ()
     failure_kinds: tuple[str, ...] = ()
     restart_reasons: tuple[str, ...] = ()
+    crash_cause: CrashCause | None = None  # the last cause of a death read from vLLM's log, or why it is unknown
