@@ -85,12 +85,17 @@ class JournalLog:
         return f"journal of {self.unit} ({self.bus} manager)"
 
     def argv(self, until_wall_s: float) -> list[str]:
+        return self._unit_argv(
+            f"--until=@{until_wall_s:.6f}",
+            "--reverse",
+            f"--lines={self._max_entries}",
+            "--output=json",
+            f"--output-fields={','.join(FIELDS)}",
+        )
+
+    def _unit_argv(self, *options: str) -> list[str]:
         unit = f"--user-unit={self.unit}" if self.bus == "user" else f"--unit={self.unit}"
-        return [
-            *self._command,
-            *("--no-pager", "--boot", unit, f"--until=@{until_wall_s:.6f}", "--reverse"),
-            *(f"--lines={self._max_entries}", "--output=json", f"--output-fields={','.join(FIELDS)}"),
-        ]
+        return [*self._command, "--no-pager", "--boot", unit, *options]
 
     async def read(self, *, until_wall_s: float, wanted: Wanted) -> LogRead:
         del wanted  # every invocation in the tail comes back; the caller picks
@@ -101,6 +106,9 @@ class JournalLog:
             raise LogUnreadableError(f"journalctl exited with {code}: {said or 'no message'}{hint}")
         invocations = _invocations(raw, self._max_bytes)
         if not invocations:
+            if not said:  # with --output=json journalctl keeps its notices to itself; its plain mode says them
+                _, stderr, _ = await self._run(self._unit_argv("--lines=0"))
+                said = _said(stderr)
             why = f" (journalctl: {said})" if said else ""
             hint = f"; {GROUP_HINT}" if NOT_ALL in stderr else ""
             raise LogUnreadableError(f"no entries of {self.unit} in this boot's journal{why}{hint}")
@@ -160,7 +168,7 @@ class JournalLog:
             *complete, pending = (pending + chunk).split(b"\n")
             lines.extend(complete)
             if total >= MAX_RAW_BYTES or len(lines) >= self._max_entries:
-                return lines, False
+                return lines[: self._max_entries], False
 
 
 def _invocations(raw: list[bytes], max_bytes: int) -> list[_Invocation]:

@@ -81,7 +81,7 @@ class PodLog:
             answer = await self._client.request("GET", self.path, params=self.params(previous=previous))
         except KubeTransportError as error:
             return LogUnreadableError(str(error))
-        if answer.status_code == 200:
+        if answer.status_code in (200, 204):  # 204: nothing to read yet (a pod on no node has no log)
             return _tail(answer.body, self._max_bytes)
         if previous and answer.status_code == 400:
             return None  # "previous terminated container ... not found": it never restarted

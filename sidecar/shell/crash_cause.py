@@ -53,6 +53,7 @@ class _Step(StrEnum):
 class _Item:
     notification: Notification
     step: _Step
+    delivered: bool = False  # a REMEMBER item sent on at once: only its read is left
 
 
 def step_for(notification: Notification) -> _Step:
@@ -93,18 +94,23 @@ class CrashCauseStep:
     def notify(self, notification: Notification) -> None:
         """Hand `notification` on, now or after its log is read; never blocks, never raises."""
         step = step_for(notification)
-        if step is _Step.FORWARD and not self._queue and not self._busy:
-            self._deliver(notification)
-            return
+        delivered = False
+        if step in (_Step.FORWARD, _Step.REMEMBER) and not self._queue and not self._busy:
+            self._deliver(notification)  # nothing waits before it: out at once, as without this step
+            if step is _Step.FORWARD:
+                return
+            delivered = True
         if self._closed or not self._start_worker():
-            self._deliver(self._unexplained(notification, step, "the sidecar is stopping"))
+            if not delivered:
+                self._deliver(self._unexplained(notification, step, "the sidecar is stopping"))
             return
         if len(self._queue) >= QUEUE_SIZE:  # the oldest waiting goes out as it is: order kept, memory bounded
             index = 1 if self._busy else 0  # not the one being read: its worker delivers it
             oldest = self._queue[index]
             del self._queue[index]
-            self._deliver(self._unexplained(oldest.notification, oldest.step, "too many notifications waiting"))
-        self._queue.append(_Item(notification=notification, step=step))
+            if not oldest.delivered:
+                self._deliver(self._unexplained(oldest.notification, oldest.step, "too many notifications waiting"))
+        self._queue.append(_Item(notification=notification, step=step, delivered=delivered))
         self._wakeup.set()
 
     async def close(self, timeout_s: float = 2.0) -> None:
@@ -119,7 +125,8 @@ class CrashCauseStep:
             await asyncio.gather(*pending, return_exceptions=True)
         while self._queue:
             item = self._queue.popleft()
-            self._deliver(self._unexplained(item.notification, item.step, "the sidecar stopped before reading it"))
+            if not item.delivered:
+                self._deliver(self._unexplained(item.notification, item.step, "the sidecar stopped before reading it"))
 
     def _start_worker(self) -> bool:
         if self._worker is not None and not self._worker.done():
@@ -145,7 +152,7 @@ class CrashCauseStep:
                 await self._handle(item)
             except Exception as error:  # noqa: BLE001 - a bug here must cost the cause, never the notification
                 self._log.error("crash_cause_failed", error=f"{type(error).__name__}: {error}")
-                if self._queue and self._queue[0] is item:
+                if self._queue and self._queue[0] is item and not item.delivered:
                     self._deliver(self._unexplained(item.notification, item.step, "reading it failed"))
             finally:
                 self._busy = False
@@ -157,7 +164,8 @@ class CrashCauseStep:
         if item.step is _Step.FORWARD:
             self._deliver(notification)
         elif item.step is _Step.REMEMBER:
-            self._deliver(notification)
+            if not item.delivered:
+                self._deliver(notification)
             self._queue.popleft()  # delivered: a cut-short read must not send it twice
             self._restart_cause = await self._read(Wanted.LAST, notification)
         elif item.step is _Step.ATTACH:
