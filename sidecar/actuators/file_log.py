@@ -33,20 +33,21 @@ class FileLog:
 
 
 def tail_text(path: Path, max_bytes: int) -> str:
-    """The last `max_bytes` of a regular file as text (a partial first line dropped); LogUnreadableError."""
+    """The last `max_bytes` of a regular file as text (a partial first line dropped); LogUnreadableError saying
+    why not (the caller names the file)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as error:
-        raise LogUnreadableError(f"cannot read {path}: {error.strerror or error}") from None
+        raise LogUnreadableError(error.strerror or str(error)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise LogUnreadableError(f"cannot read {path}: not a regular file")
+            raise LogUnreadableError("not a regular file")
         start = max(0, info.st_size - max_bytes)
         os.lseek(fd, start, os.SEEK_SET)
         raw = _read_at_most(fd, max_bytes)  # bounded even when the file grows while it is read
     except OSError as error:
-        raise LogUnreadableError(f"cannot read {path}: {error.strerror or error}") from None
+        raise LogUnreadableError(error.strerror or str(error)) from None
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -1,4 +1,4 @@
-"""vLLM's log from the systemd journal: its unit's entries this boot, one run per invocation. Runs journalctl.
+"""vLLM's log from the systemd journal: its unit's entries of the last boot, one run per invocation. Runs journalctl.
 
 Why journalctl and not the journal API: the API is libsystemd's C library (`sd_journal_*`), reachable from
 Python only through a compiled binding (systemd-python, which needs libsystemd's headers to build) or ctypes
@@ -6,11 +6,14 @@ code of our own; journalctl ships with systemd wherever there is a journal, know
 rotation and access rules, and filters by unit and time itself. One short process per read (a read happens
 only when vLLM died or is restarted) costs nothing worth saving.
 
-What is read: `journalctl --unit=UNIT` (or `--user-unit=` on a user manager) `--boot --until=@T --reverse
+What is read: `journalctl --unit=UNIT` (or `--user-unit=` on a user manager) `--until=@T --reverse
 --lines=N --output=json`, only the fields used. Newest first, so the byte bound keeps the newest entries,
 and reading stops (the process group is killed) as soon as a bound is reached. `--until` leaves out what
 happened after the notification was decided, such as the restart the sidecar itself asked for in the same
-moment. `--boot`: an invocation of an earlier boot is never the one that just died.
+moment. Only the newest entry's boot is kept (`_BOOT_ID`): an invocation of an earlier boot is never the
+one that just died. Not `--boot`, which takes the boot from /proc: inside a container (nspawn, LXC) a
+service sandboxed with ProtectKernelTunables= or ProtectControlGroups= (as the shipped unit is) sees the
+host's boot ID there, not the one its journal records, and `--boot` then finds nothing.
 
 Runs: entries are grouped by invocation ID (`_SYSTEMD_INVOCATION_ID` on the unit's output,
 `INVOCATION_ID`/`USER_INVOCATION_ID` on systemd's own lines about it), in order of appearance; systemd's
@@ -18,7 +21,7 @@ lines also say how an invocation ended ("Main process exited, code=killed, statu
 systemd's `Restart=` has already started vLLM again, the invocation that died is still there, whole.
 
 Failures, each one line: journalctl missing, no journal on this machine, no permission (the sidecar's
-user must be in group `systemd-journal`, or `adm`), no entries of the unit this boot, journalctl failing.
+user must be in group `systemd-journal`, or `adm`), no entries of the unit, journalctl failing.
 """
 
 from __future__ import annotations
@@ -38,13 +41,8 @@ from sidecar.actuators.unit_name import validate_unit_name
 MAX_ENTRIES = 5000  # a crash traceback is a few hundred lines; a start under a thousand
 MAX_RAW_BYTES = 4 * 2**20  # of JSON from journalctl, whatever the message bytes (its fields add ~300 bytes each)
 MAX_STDERR_BYTES = 4096
-FIELDS = (
-    "MESSAGE",
-    "MESSAGE_ID",
-    "_SYSTEMD_INVOCATION_ID",
-    "INVOCATION_ID",
-    "USER_INVOCATION_ID",
-)
+INVOCATION_FIELDS = ("_SYSTEMD_INVOCATION_ID", "INVOCATION_ID", "USER_INVOCATION_ID")  # the unit's output, systemd's
+FIELDS = ("MESSAGE", "MESSAGE_ID", "_BOOT_ID", *INVOCATION_FIELDS)
 # systemd's catalog IDs of the lines that say an invocation ended (sd-messages.h)
 PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"  # "Main process exited, code=..., status=..."
 UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"  # "Failed with result 'exit-code'."
@@ -95,7 +93,7 @@ class JournalLog:
 
     def _unit_argv(self, *options: str) -> list[str]:
         unit = f"--user-unit={self.unit}" if self.bus == "user" else f"--unit={self.unit}"
-        return [*self._command, "--no-pager", "--boot", unit, *options]
+        return [*self._command, "--no-pager", unit, *options]
 
     async def read(self, *, until_wall_s: float, wanted: Wanted) -> LogRead:
         del wanted  # every invocation in the tail comes back; the caller picks
@@ -111,7 +109,7 @@ class JournalLog:
                 said = _said(stderr)
             why = f" (journalctl: {said})" if said else ""
             hint = f"; {GROUP_HINT}" if NOT_ALL in stderr else ""
-            raise LogUnreadableError(f"no entries of {self.unit} in this boot's journal{why}{hint}")
+            raise LogUnreadableError(f"no entries of {self.unit} in the journal{why}{hint}")
         runs = tuple(
             LogRun(
                 text="\n".join(invocation.lines),
@@ -172,9 +170,11 @@ class JournalLog:
 
 
 def _invocations(raw: list[bytes], max_bytes: int) -> list[_Invocation]:
-    """Entries (newest first) grouped by invocation, oldest first, within `max_bytes` of message text."""
+    """Entries (newest first) of the newest boot, grouped by invocation, oldest first, within `max_bytes` of
+    message text."""
     kept: list[tuple[str | None, str, str | None]] = []
     size = 0
+    boot: object = None
     for line in raw:
         try:
             entry = json.loads(line)
@@ -185,11 +185,14 @@ def _invocations(raw: list[bytes], max_bytes: int) -> list[_Invocation]:
         message = _message(entry.get("MESSAGE"))
         if message is None:
             continue
+        boot = entry.get("_BOOT_ID") if not kept else boot
+        if entry.get("_BOOT_ID") != boot:
+            break  # an earlier boot's: so is all that follows (older)
         size += len(message) + 1
         if size > max_bytes and kept:
             break
         invocation = next(
-            (str(entry[key]) for key in FIELDS[2:] if isinstance(entry.get(key), str) and entry[key]), None
+            (str(entry[key]) for key in INVOCATION_FIELDS if isinstance(entry.get(key), str) and entry[key]), None
         )
         message_id = entry.get("MESSAGE_ID")
         kept.append((invocation, message, message_id if isinstance(message_id, str) else None))

@@ -294,3 +294,13 @@ async def test_the_cause_reaches_a_real_webhook_receiver(tmp_path: Path) -> None
     ]
     assert cause["source"].startswith(f"file {log}, ")
     assert cause["evidence"][0].startswith("CUDA out of memory while serving")
+
+
+async def test_a_missing_file_is_said_in_one_plain_line(tmp_path: Path) -> None:
+    missing = tmp_path / "vllm.log"
+    step = Step(FileLog(missing))
+    step.step.notify(note(NotificationKind.VLLM_RECOVERED))
+    await step.settle()
+    cause = step.delivered[0].cause
+    assert cause is not None
+    assert cause.line() == f"cause unknown: cannot read file {missing}: No such file or directory"

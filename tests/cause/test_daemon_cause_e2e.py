@@ -61,9 +61,11 @@ async def _sidecar(vllm: LoopbackServer, tmp_path: Path, receiver: Receiver, log
 
 async def _engine_dies_and_is_restarted(vllm: LoopbackServer, sidecar: SidecarProcess, tmp_path: Path) -> None:
     await _until(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal", 20, "the policy to settle")
-    vllm.routes["/health"] = respond(503)  # the engine died inside a server that still answers
+    # The engine died inside a server that still answers: 503s (with /metrics failing too, /health is asked
+    # every poll rather than trusted for a few seconds)
+    vllm.routes.update({"/health": respond(503), "/metrics": respond(503)})
     await _until((tmp_path / "restarted").is_file, 20, "the exec adapter's restart")
-    vllm.routes["/health"] = respond()  # what the restart command brought back
+    vllm.routes.update({"/health": respond(), "/metrics": respond(body=CAPTURE)})  # what the restart brought back
 
 
 def _documents(receiver: Receiver) -> list[dict[str, Any]]:

@@ -81,7 +81,7 @@ async def test_what_is_not_a_readable_file_is_one_line(
     path = make(tmp_path)
     with pytest.raises(LogUnreadableError) as caught:
         await read(path)
-    assert str(caught.value) == f"cannot read {path}: {error}"
+    assert str(caught.value) == error
 
 
 async def test_a_fifo_does_not_block_the_read(tmp_path: Path) -> None:
@@ -113,4 +113,4 @@ def test_a_file_the_sidecars_user_may_not_read(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
         check=False,
     )
-    assert result.stdout.strip() == f"cannot read {log}: Permission denied", result.stderr
+    assert result.stdout.strip() == "Permission denied", result.stderr

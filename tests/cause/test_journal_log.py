@@ -150,17 +150,32 @@ async def test_a_user_outside_group_systemd_journal_is_told_what_to_change(conta
     )
 
 
+async def test_a_sandboxed_member_of_group_systemd_journal_reads_it(container: Container) -> None:
+    """As the shipped unit runs the sidecar: another user, in group systemd-journal, with ProtectKernelTunables=
+    and ProtectControlGroups=, under which a container's service sees the host's boot ID in /proc (so
+    `journalctl --boot` would find nothing; the reader keeps the newest entry's boot instead)."""
+    sandboxed = inside(
+        container,
+        *("systemd-run", "--quiet", "--wait", "--pipe", "--property=User=nobody"),
+        *("--property=SupplementaryGroups=systemd-journal", "--property=ProtectKernelTunables=yes"),
+        "--property=ProtectControlGroups=yes",
+    )
+    read = await JournalLog(UNIT, command=sandboxed).read(until_wall_s=time.time(), wanted=Wanted.DIED)
+    cause = explain(read, Wanted.DIED, wall_time_s=time.time())
+    assert (cause.cause, tuple(change.pasted for change in cause.recommendations)) == (OOM_CAUSE, OOM_FLAGS)
+
+
 async def test_a_unit_that_never_logged(container: Container) -> None:
     with pytest.raises(LogUnreadableError) as caught:
         await JournalLog("never.service", command=inside(container)).read(until_wall_s=time.time(), wanted=Wanted.DIED)
-    assert str(caught.value) == "no entries of never.service in this boot's journal"
+    assert str(caught.value) == "no entries of never.service in the journal"
 
 
 async def test_a_machine_without_a_journal() -> None:
     """Here PID 1 is not systemd and no journald runs (on a machine with a journal: no entries of the unit)."""
     with pytest.raises(LogUnreadableError) as caught:
         await JournalLog("vllm-sidecar-test-nothing.service").read(until_wall_s=time.time(), wanted=Wanted.DIED)
-    assert str(caught.value).startswith("no entries of vllm-sidecar-test-nothing.service in this boot's journal")
+    assert str(caught.value).startswith("no entries of vllm-sidecar-test-nothing.service in the journal")
 
 
 async def test_a_user_manager_without_journald_leaves_no_journal(user_systemd: UserSystemd) -> None:
@@ -174,9 +189,7 @@ async def test_a_user_manager_without_journald_leaves_no_journal(user_systemd: U
             await JournalLog(unit, bus="user", command=command).read(until_wall_s=time.time(), wanted=Wanted.DIED)
     finally:
         user_systemd.call("StopUnit", "ss", unit, "replace")
-    assert (
-        str(caught.value) == f"no entries of {unit} in this boot's journal (journalctl: No journal files were found.)"
-    )
+    assert str(caught.value) == f"no entries of {unit} in the journal (journalctl: No journal files were found.)"
 
 
 # --- journalctl's behaviour, scripted: what the real one does not do on demand ---------------------------------
@@ -191,9 +204,9 @@ def fake_journalctl(tmp_path: Path, body: str) -> tuple[str, ...]:
 def test_the_command_line() -> None:
     system = JournalLog("vllm.service").argv(1_795_000_000.25)
     assert system == [
-        *("journalctl", "--no-pager", "--boot", "--unit=vllm.service", "--until=@1795000000.250000", "--reverse"),
+        *("journalctl", "--no-pager", "--unit=vllm.service", "--until=@1795000000.250000", "--reverse"),
         *("--lines=5000", "--output=json"),
-        "--output-fields=MESSAGE,MESSAGE_ID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,USER_INVOCATION_ID",
+        "--output-fields=MESSAGE,MESSAGE_ID,_BOOT_ID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,USER_INVOCATION_ID",
     ]
     assert "--user-unit=vllm.service" in JournalLog("vllm.service", bus="user").argv(0.0)
     with pytest.raises(ValueError, match="unit"):
@@ -243,6 +256,18 @@ async def test_lines_that_are_not_entries_are_skipped(tmp_path: Path) -> None:
         until_wall_s=0.0, wanted=Wanted.DIED
     )
     assert [run.text for run in read.runs] == ["newest\nhi"]  # oldest first again; [999] is no byte
+
+
+async def test_only_the_newest_boot_counts(tmp_path: Path) -> None:
+    """Newest first: once the boot changes, the rest is an earlier boot's (its last invocation did not just die)."""
+    body = (
+        "for boot, message in (('b2', 'now'), ('b2', 'earlier today'), ('b1', 'yesterday')):\n"
+        "    print(json.dumps({'MESSAGE': message, '_BOOT_ID': boot, '_SYSTEMD_INVOCATION_ID': boot}))\n"
+    )
+    read = await JournalLog("vllm.service", command=fake_journalctl(tmp_path, body)).read(
+        until_wall_s=0.0, wanted=Wanted.DIED
+    )
+    assert [(run.label, run.text) for run in read.runs] == [("invocation b2", "earlier today\nnow")]
 
 
 async def test_a_failing_journalctl_says_what_it_said(tmp_path: Path) -> None:
