@@ -45,6 +45,7 @@ class KubeResponse:
     message: str  # a Status answer's message (one line), else the HTTP reason phrase
     reason: str  # a Status answer's reason (`Forbidden`, `TooManyRequests`, ...), else ""
     cause_reasons: tuple[str, ...]  # reasons of the Status's details.causes (`DisruptionBudget`)
+    body: bytes = b""  # the answer as sent: what a text answer (a pod's log) is read from
 
 
 class KubeClient:
@@ -200,7 +201,7 @@ def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:
             tuple(str(c.get("reason", "")) for c in found if isinstance(c, dict)) if isinstance(found, list) else ()
         )
     return KubeResponse(
-        status_code=status_code, document=document, message=message, reason=reason, cause_reasons=causes
+        status_code=status_code, document=document, message=message, reason=reason, cause_reasons=causes, body=raw
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sidecar.model.cause import CrashCause
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActingView:
@@ -34,3 +36,4 @@ class ActingView:
     probe_outcomes: tuple[str, ...] = ()
     last_probe: str | None = None  # "<outcome>: <what came back>"
     last_probe_duration_s: float | None = None
+    crash_cause: CrashCause | None = None  # the last cause of a death read from vLLM's log, or why it is unknown

@@ -183,6 +183,9 @@ class Notifier:
 
     def _record(self, notification: Notification) -> None:
         log = getattr(self._log, _RECORD_LEVEL[notification.kind])
+        # The record says why vLLM died too, when its log said it: the log is the record if no sink delivers.
+        cause = notification.cause
+        why = {} if cause is None else {"cause": cause.line(), "cause_source": cause.source}
         log(
             "notification",
             kind=notification.kind.value,
@@ -190,6 +193,7 @@ class Notifier:
             reason=notification.reason,
             dry_run=notification.dry_run,
             details=dict(notification.details),
+            **why,
         )
 
     async def _work(self, lane: _Lane) -> None:

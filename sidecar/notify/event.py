@@ -30,9 +30,12 @@ MAX_MESSAGE_CHARS = 1024  # the API server truncates longer Event messages; cut 
 
 
 def event_message(notification: Notification) -> str:
-    """`[dry run] would: <summary> (reason <reason>)`, at most 1024 characters."""
+    """`[dry run] would: <summary> (reason <reason>)`, then `. <cause line>` when vLLM's log said why it died;
+    at most 1024 characters."""
     would = "[dry run] would: " if notification.dry_run else ""
     message = f"{would}{notification.summary} (reason {notification.reason})"
+    if notification.cause is not None:
+        message += ". " + " ".join(notification.cause.line().split())
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[: MAX_MESSAGE_CHARS - 1] + "…"
     return message

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from sidecar.model.cause import CrashCause
+
 
 class NotificationKind(StrEnum):
     PAUSE = "pause"
@@ -24,3 +26,6 @@ class Notification:
     wall_time_s: float
     dry_run: bool = False
     details: dict[str, str] = field(default_factory=dict)  # never secrets; values already formatted
+    # Why vLLM died, from its own log (restart_begin for a dead engine, restart_end, vllm_recovered); None
+    # for the other kinds, and until the explain step has read the log.
+    cause: CrashCause | None = None

@@ -3,8 +3,11 @@
 Two bodies, both `application/json`:
 
 - the generic document, `{"source": "vllm-sidecar", "kind", "summary", "reason", "time", "dry_run",
-  "details", "host", "pod"}` (`time` is RFC 3339 in UTC, from the notification's wall time);
-- the Slack-compatible one, `{"text": "..."}`: one line, an emoji per kind, a dry run reads "would".
+  "details", "host", "pod", "cause"}` (`time` is RFC 3339 in UTC, from the notification's wall time;
+  `cause` is null, or why vLLM died as its log says: `{"cause", "severity", "summary", "evidence",
+  "recommendations": [{"flag", "value", "why"}], "source", "read_at"}`, `cause` null when unknown);
+- the Slack-compatible one, `{"text": "..."}`: one line, an emoji per kind, a dry run reads "would"; a
+  second line with the cause and the flags to change when the notification carries one.
   Slack incoming webhooks (and Mattermost, Rocket.Chat, Teams' Slack-compatible connectors) accept it.
 
 Signature (only when a key is configured). The sender adds two headers:
@@ -32,6 +35,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TypedDict
 
+from sidecar.model.cause import CrashCause
 from sidecar.notify.message import Notification, NotificationKind
 
 SOURCE = "vllm-sidecar"
@@ -64,6 +68,22 @@ class Origin:
     pod: str | None = None
 
 
+class RecommendationDocument(TypedDict):
+    flag: str
+    value: int | float | str
+    why: str
+
+
+class CauseDocument(TypedDict):
+    cause: str | None
+    severity: str | None
+    summary: str
+    evidence: list[str]
+    recommendations: list[RecommendationDocument]
+    source: str
+    read_at: str
+
+
 class JsonDocument(TypedDict):
     source: str
     kind: str
@@ -74,6 +94,7 @@ class JsonDocument(TypedDict):
     details: dict[str, str]
     host: str
     pod: str | None
+    cause: CauseDocument | None
 
 
 class SlackDocument(TypedDict):
@@ -97,15 +118,35 @@ def json_document(notification: Notification, origin: Origin) -> JsonDocument:
         details=dict(notification.details),
         host=origin.host,
         pod=origin.pod,
+        cause=cause_document(notification.cause) if notification.cause is not None else None,
+    )
+
+
+def cause_document(cause: CrashCause) -> CauseDocument:
+    return CauseDocument(
+        cause=cause.cause,
+        severity=cause.severity,
+        summary=cause.summary,
+        evidence=list(cause.evidence),
+        recommendations=[
+            RecommendationDocument(flag=change.flag, value=change.value, why=change.why)
+            for change in cause.recommendations
+        ],
+        source=cause.source,
+        read_at=rfc3339(cause.read_wall_time_s),
     )
 
 
 def slack_document(notification: Notification, origin: Origin) -> SlackDocument:
-    """One line: `<emoji> vllm-sidecar on <pod or host>: [dry run] would: <summary> (<reason>)`."""
+    """`<emoji> vllm-sidecar on <pod or host>: [dry run] would: <summary> (<reason>)`, one line; with a cause,
+    a second: `cause <name>: <summary>; change <flags>` (or `cause unknown: <why>`)."""
     where = origin.pod or origin.host
     would = "[dry run] would: " if notification.dry_run else ""
     line = f"{EMOJI[notification.kind]} {SOURCE} on {where}: {would}{notification.summary} ({notification.reason})"
-    return SlackDocument(text=_slack_escape(" ".join(line.split())))
+    text = " ".join(line.split())
+    if notification.cause is not None:
+        text += "\n" + " ".join(notification.cause.line().split())
+    return SlackDocument(text=_slack_escape(text))
 
 
 def render_body(notification: Notification, origin: Origin, fmt: WebhookFormat) -> bytes:

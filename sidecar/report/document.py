@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict
 
 from sidecar.model.acting import ActingView
+from sidecar.model.cause import CrashCause
 from sidecar.model.derived import Derived, EngineDerived, GpuDerived
 from sidecar.model.gpu import GpuDevice
 from sidecar.model.snapshot import Snapshot
@@ -145,4 +146,20 @@ def policy_document(acting: ActingView) -> JsonObject:
         "probes": acting.probes,
         "last_probe": acting.last_probe,
         "last_probe_duration_seconds": acting.last_probe_duration_s,
+        "crash_cause": _crash_cause_document(acting.crash_cause),
+    }
+
+
+def _crash_cause_document(cause: CrashCause | None) -> JsonObject | None:
+    """Why vLLM last died as its log said (cause null: unknown, and the summary says why); null: never read."""
+    if cause is None:
+        return None
+    return {
+        "cause": cause.cause,
+        "severity": cause.severity,
+        "summary": cause.summary,
+        "evidence": list(cause.evidence),
+        "recommendations": [{"flag": r.flag, "value": r.value, "why": r.why} for r in cause.recommendations],
+        "source": cause.source,
+        "read_timestamp_seconds": cause.read_wall_time_s,
     }

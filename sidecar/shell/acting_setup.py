@@ -15,6 +15,8 @@ import httpx
 
 from sidecar.actuators.base import Actuator, EventSink
 from sidecar.actuators.exec import ExecActuator
+from sidecar.actuators.file_log import FileLog
+from sidecar.actuators.log_source import LogSource
 from sidecar.actuators.none import NoActuator
 from sidecar.file_cap import FileTooLargeError, read_capped_file
 from sidecar.notify.event import EventNotificationSink
@@ -32,6 +34,7 @@ class ActingParts:
     actuator: Actuator
     events: EventSink | None
     pod: str | None
+    vllm_log: LogSource | None = None  # where why vLLM died is read: the journal, the pod's log, --vllm-log
 
 
 def policy_settings(settings: Settings) -> PolicySettings:
@@ -59,14 +62,25 @@ def policy_settings(settings: Settings) -> PolicySettings:
 
 
 def build_acting_parts(settings: Settings) -> ActingParts:
+    parts = _acting_parts(settings)
+    if settings.vllm_log is not None:  # the file, when given, whatever the platform could offer
+        parts.vllm_log = FileLog(settings.vllm_log)
+    return parts
+
+
+def _acting_parts(settings: Settings) -> ActingParts:
     events: EventSink | None = None
     pod: str | None = settings.pod_name
     if settings.actuator == "systemd":
+        from sidecar.actuators.journal_log import JournalLog  # noqa: PLC0415
         from sidecar.actuators.systemd import SystemdActuator  # noqa: PLC0415 - D-Bus only when chosen
 
         try:
             return ActingParts(
-                actuator=SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus), events=None, pod=None
+                actuator=SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus),
+                events=None,
+                pod=None,
+                vllm_log=JournalLog(settings.systemd_unit, bus=settings.systemd_bus),
             )
         except ValueError as error:
             raise SettingsError(f"invalid setting systemd_unit: {error}") from None
@@ -76,6 +90,7 @@ def build_acting_parts(settings: Settings) -> ActingParts:
         return ActingParts(actuator=ExecActuator(shlex.split(settings.exec_command)), events=None, pod=None)
     if settings.actuator == "kubernetes" or settings.kubernetes_events:
         from sidecar.actuators.kube_credentials import CredentialsError  # noqa: PLC0415
+        from sidecar.actuators.kube_logs import PodLog  # noqa: PLC0415
         from sidecar.actuators.kubernetes import KubernetesActuator, KubernetesEvents, connect  # noqa: PLC0415
 
         environ = _pod_environment(settings)
@@ -90,7 +105,12 @@ def build_acting_parts(settings: Settings) -> ActingParts:
             raise SettingsError(f"Kubernetes: {error}") from None
         if settings.kubernetes_events:
             events = KubernetesEvents(client, pod=ref.name, namespace=ref.namespace)
-        return ActingParts(actuator=actuator, events=events, pod=ref.name)
+        try:
+            # vLLM's container is in this pod: its log is read with the same client (the Role grants get pods/log)
+            log = PodLog(client, pod=ref.name, namespace=ref.namespace, container=settings.vllm_container)
+        except ValueError as error:
+            raise SettingsError(f"Kubernetes: {error}") from None
+        return ActingParts(actuator=actuator, events=events, pod=ref.name, vllm_log=log)
     return ActingParts(actuator=NoActuator(), events=None, pod=pod)
 
 

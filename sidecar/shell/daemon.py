@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from sidecar.exporter.endpoints import Endpoints, Liveness
 from sidecar.exporter.http import DAEMON_MAX_CONNECTIONS, HttpServer
 from sidecar.exporter.rate_limit import AdminRateLimiter
 from sidecar.exporter.tls import ReloadingServerTls, TlsError
+from sidecar.model.acting import ActingView
 from sidecar.model.health import HEALTH_STANDS
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
@@ -35,6 +37,7 @@ from sidecar.notify.dispatcher import Notifier
 from sidecar.policy.machine import Policy
 from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings, read_api_key
+from sidecar.shell.crash_cause import CrashCauseStep
 from sidecar.shell.ledger_store import read_boot_id
 from sidecar.shell.schedule import LoopScheduler, OnTime, add_tick_job
 from sidecar.shell.sdnotify import Notifier as SdNotifier
@@ -169,11 +172,13 @@ class Daemon:
         self._gpu = build_gpu_source(settings, self._vllm_client)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
+        # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
+        self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
         self.acting = Acting(
             policy=Policy(policy_settings(settings)),
             actuator=parts.actuator,
             ledger_file=StateFile(settings.state_dir / "restart-ledger.json"),
-            notify=self.notifier.notify,
+            notify=self.crash_cause.notify,
             logger=self._log,
             dry_run=settings.dry_run,
             boot_id=read_boot_id(),  # a ledger written since this boot is aged by the monotonic clock
@@ -198,7 +203,7 @@ class Daemon:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(
-            SidecarCollector(version=__version__, latest_view=lambda: self.poller.view, acting_view=self.acting.view)
+            SidecarCollector(version=__version__, latest_view=lambda: self.poller.view, acting_view=self.acting_view)
         )
         host, port = settings.listen_address
         endpoints = Endpoints(
@@ -208,7 +213,7 @@ class Daemon:
             vllm_url=settings.vllm_url,
             version=__version__,
             readiness=self.acting.readiness,
-            acting_view=self.acting.view,
+            acting_view=self.acting_view,
             admin=AdminBridge(self.acting),
             admin_auth=AdminAuth(settings.admin_token_file),
             admin_rate_limiter=AdminRateLimiter(settings.admin_rate),
@@ -225,6 +230,10 @@ class Daemon:
         self._stop = asyncio.Event()
         self._current_tick: asyncio.Task[None] | None = None
         self._on_time: OnTime | None = None
+
+    def acting_view(self) -> ActingView:
+        """Acting's view, with the last cause of a death read from vLLM's log."""
+        return dataclasses.replace(self.acting.view(), crash_cause=self.crash_cause.last)
 
     def liveness(self) -> Liveness:
         """Alive while ticks keep completing; a wedged loop or scheduler turns /healthz to 503."""
@@ -320,6 +329,7 @@ class Daemon:
 
     async def _close(self) -> None:
         await self.acting.close()
+        await self.crash_cause.close()  # what it holds goes to the notifier, which then gets its 2 s
         await self.notifier.stop(timeout_s=2.0)
         await self._client.aclose()
         if self._vllm_client is not self._client:

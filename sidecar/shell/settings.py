@@ -314,6 +314,20 @@ class Settings(BaseSettings):
         description="unencrypted PEM private key of --tls-cert-file",
         json_schema_extra=_allowed("a path, together with --tls-cert-file"),
     )
+    # --- acting: why vLLM died, read from its own log for the restart notifications and /status ---
+    vllm_log: Path | None = Field(
+        None,
+        description=(
+            "vLLM's log file, whose last 256 KiB say why it died (default: the unit's journal with --actuator "
+            "systemd, the container's log with Kubernetes; this file instead when set)"
+        ),
+        json_schema_extra=_allowed("a file path"),
+    )
+    vllm_container: str = Field(
+        "vllm",
+        description="the name of vLLM's container in this pod, whose log is read (Kubernetes)",
+        json_schema_extra=_allowed("a container name (a DNS label)"),
+    )
 
     @field_validator("vllm_url")
     @classmethod
@@ -389,6 +403,13 @@ class Settings(BaseSettings):
             )
             raise ValueError(f"{given} is set but {missing} is not: TLS needs both (or neither, for plain HTTP)")
         return value
+
+    @field_validator("vllm_container")
+    @classmethod
+    def _check_container(cls, value: str) -> str:
+        from sidecar.actuators.kube_names import check_label  # noqa: PLC0415 - only needed to validate
+
+        return check_label(value, what="container name")
 
     @field_validator("exec_command")
     @classmethod

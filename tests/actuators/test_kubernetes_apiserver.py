@@ -26,7 +26,9 @@ import yaml
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_credentials import kubeconfig_credentials
+from sidecar.actuators.kube_logs import LOG_PERMISSIONS, PodLog
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents, connect
+from sidecar.actuators.log_source import LogUnreadableError, Wanted
 from tests.adapters.daemon_process import SidecarProcess
 from tests.scenarios.harness import SimProcess
 
@@ -217,6 +219,36 @@ async def test_events_without_create_say_so_and_without_get_lose_only_the_uid(
             assert events.last_error is None
             (event,) = space.events()
             assert "uid" not in event["involvedObject"]
+
+
+async def test_the_role_lets_the_sidecar_ask_for_the_vllm_containers_log(
+    workspace: Workspace, client: KubeClient
+) -> None:
+    """No kubelet here, so no log can come back: the requests pass authentication and RBAC (with the shipped
+    Role) and the API server answers 204 No Content (the pod is on no node), which reads as an empty log. A
+    log's reading and the request's shape are tested against a strict fake (tests/cause/test_kube_logs.py)."""
+    read = await PodLog(client, pod=workspace.pod, namespace=workspace.namespace).read(
+        until_wall_s=WALL_S, wanted=Wanted.DIED
+    )
+    assert [(run.label, run.text) for run in read.runs] == [("previous instance", ""), ("current instance", "")]
+
+
+async def test_without_get_pods_log_the_cause_names_the_missing_rule(apiserver: ApiServer, admin: httpx.Client) -> None:
+    (permission,) = LOG_PERMISSIONS
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(without=(permission.verb, permission.resource, permission.group))
+    space.create_workload()
+    kube = KubeClient(space.credentials(space.sidecar_token()))
+    try:
+        with pytest.raises(LogUnreadableError) as caught:
+            await PodLog(kube, pod=space.pod, namespace=space.namespace).read(until_wall_s=WALL_S, wanted=Wanted.LAST)
+    finally:
+        await kube.close()
+    assert str(caught.value) == (
+        f"forbidden: cannot get pods/log in namespace {space.namespace} as "
+        f"system:serviceaccount:{space.namespace}:vllm-sidecar; the Role must grant verb get on resource pods/log "
+        'in API group "" (core) (see deploy/kubernetes/add-sidecar/rbac.yaml)'
+    )
 
 
 async def test_missing_pod_fails_with_not_found(workspace: Workspace, client: KubeClient) -> None:

@@ -25,6 +25,7 @@ from sidecar.actuators.kube_credentials import (
     kubeconfig_credentials,
     own_pod,
 )
+from sidecar.actuators.kube_logs import LOG_PERMISSIONS
 from sidecar.actuators.kube_names import KubeNameError, event_name
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents
 from tests.loopback import Behaviour, LoopbackServer, closed_port, respond, slow
@@ -107,6 +108,7 @@ def test_rbac_yaml_grants_exactly_what_the_adapter_uses() -> None:
     }
     used = {(p.verb, p.resource, p.group) for needed in PERMISSIONS.values() for p in needed}
     used |= {(p.verb, p.resource, p.group) for p in EVENT_PERMISSIONS}
+    used |= {(p.verb, p.resource, p.group) for p in LOG_PERMISSIONS}
     assert granted == used
     assert all("resourceNames" not in rule for rule in role["rules"])
     (binding,) = (doc for doc in documents if doc["kind"] == "RoleBinding")

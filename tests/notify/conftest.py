@@ -7,10 +7,34 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from sidecar.model.cause import CrashCause, FlagChange
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.notify.payload import Origin
 
 ORIGIN = Origin(host="gpu-node-7", pod="vllm-0")
+OOM_CAUSE = CrashCause(
+    cause="configuration_overshoot",
+    severity="critical",
+    summary="vLLM died of a CUDA out-of-memory error while serving: another process took the memory",
+    evidence=("CUDA out of memory while serving: tried to allocate 2.00 GiB", "another process on the GPU: pid 7"),
+    recommendations=(
+        FlagChange(
+            flag="--gpu-memory-utilization", value=0.87, why="(80 - 6 - 4) / 80", pasted="--gpu-memory-utilization 0.87"
+        ),
+        FlagChange(flag="--enforce-eager", value="", why="no CUDA graphs", pasted="--enforce-eager"),
+    ),
+    source="journal of vllm.service (system manager), invocation 2a14, 13 lines",
+    read_wall_time_s=1_700_000_001.25,
+)
+UNKNOWN_CAUSE = CrashCause(
+    cause=None,
+    severity=None,
+    summary="cannot read file /var/log/vllm.log: Permission denied",
+    evidence=(),
+    recommendations=(),
+    source="file /var/log/vllm.log",
+    read_wall_time_s=1_700_000_001.25,
+)
 
 
 def note(
@@ -20,6 +44,7 @@ def note(
     reason: str = "kv_cache_usage",
     dry_run: bool = False,
     details: dict[str, str] | None = None,
+    cause: CrashCause | None = None,
 ) -> Notification:
     return Notification(
         kind=kind,
@@ -28,6 +53,7 @@ def note(
         wall_time_s=1_700_000_000.5,
         dry_run=dry_run,
         details=details if details is not None else {"kv_cache_usage_ratio": "0.93"},
+        cause=cause,
     )
 
 

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from sidecar.notify.dispatcher import Notifier, SinkStats
 from sidecar.notify.message import NotificationKind
 from sidecar.notify.sink import DeliveryStatus
-from tests.notify.conftest import note
+from tests.notify.conftest import OOM_CAUSE, note
 from tests.notify.fakes import FakeSink, Sleeps, named
 
 R = DeliveryStatus.RETRYABLE
@@ -39,6 +39,15 @@ async def test_notify_logs_the_record_first_even_before_start() -> None:
         "details": {"gpu": "0"},
     }
     assert sink.sent == []
+
+
+def test_the_record_says_why_vllm_died_when_the_notification_does() -> None:
+    with capture_logs() as logs:
+        notifier([]).notify(note(NotificationKind.VLLM_RECOVERED, cause=OOM_CAUSE))
+    [record] = logs
+    assert record["cause"] == OOM_CAUSE.line()
+    assert record["cause"].startswith("cause configuration_overshoot: vLLM died of a CUDA out-of-memory error")
+    assert record["cause_source"] == OOM_CAUSE.source
 
 
 @pytest.mark.parametrize(

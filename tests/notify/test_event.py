@@ -10,7 +10,7 @@ from sidecar.notify.dispatcher import Notifier
 from sidecar.notify.event import MAX_MESSAGE_CHARS, EventNotificationSink
 from sidecar.notify.message import NotificationKind
 from sidecar.notify.sink import DeliveryStatus
-from tests.notify.conftest import note
+from tests.notify.conftest import OOM_CAUSE, note
 from tests.notify.fakes import FakeEvents, Sleeps
 
 
@@ -40,6 +40,23 @@ async def test_a_dry_run_event_says_would_and_a_long_message_is_cut() -> None:
     assert events.emitted[0][1].startswith("[dry run] would: restart vLLM")
     assert len(events.emitted[1][1]) == MAX_MESSAGE_CHARS
     assert events.emitted[1][1].endswith("…")
+
+
+async def test_the_event_says_why_vllm_died_and_stays_bounded() -> None:
+    events = FakeEvents()
+    sink = EventNotificationSink(events)
+    await sink.send(
+        note(NotificationKind.VLLM_RECOVERED, summary="vLLM is back", reason="engine_dead", cause=OOM_CAUSE)
+    )
+    await sink.send(note(summary="x" * 900, cause=OOM_CAUSE))
+    assert events.emitted[0] == (
+        "VllmRecovered",
+        "vLLM is back (reason engine_dead). cause configuration_overshoot: vLLM died of a CUDA out-of-memory "
+        "error while serving: another process took the memory; change --gpu-memory-utilization 0.87, "
+        "--enforce-eager",
+        True,
+    )
+    assert len(events.emitted[1][1]) == MAX_MESSAGE_CHARS
 
 
 async def test_an_emit_that_raises_is_retryable() -> None:

@@ -23,7 +23,7 @@ from sidecar.notify.payload import (
     slack_document,
     verify_signature,
 )
-from tests.notify.conftest import ORIGIN, note
+from tests.notify.conftest import OOM_CAUSE, ORIGIN, UNKNOWN_CAUSE, note
 
 KEY = b"receiver-shared-key"
 
@@ -40,7 +40,45 @@ def test_json_document_has_the_documented_shape() -> None:
         "details": {"gpu": "0", "used_bytes": "123"},
         "host": "gpu-node-7",
         "pod": "vllm-0",
+        "cause": None,
     }
+
+
+def test_json_document_carries_why_vllm_died_with_the_flags_to_change() -> None:
+    document = json_document(note(NotificationKind.RESTART_BEGIN, reason="engine_dead", cause=OOM_CAUSE), ORIGIN)
+    assert document["cause"] == {
+        "cause": "configuration_overshoot",
+        "severity": "critical",
+        "summary": "vLLM died of a CUDA out-of-memory error while serving: another process took the memory",
+        "evidence": [
+            "CUDA out of memory while serving: tried to allocate 2.00 GiB",
+            "another process on the GPU: pid 7",
+        ],
+        "recommendations": [
+            {"flag": "--gpu-memory-utilization", "value": 0.87, "why": "(80 - 6 - 4) / 80"},
+            {"flag": "--enforce-eager", "value": "", "why": "no CUDA graphs"},
+        ],
+        "source": "journal of vllm.service (system manager), invocation 2a14, 13 lines",
+        "read_at": "2023-11-14T22:13:21.250Z",
+    }
+    parsed = json.loads(render_body(note(cause=UNKNOWN_CAUSE), ORIGIN, WebhookFormat.JSON))
+    assert parsed["cause"]["cause"] is None
+    assert parsed["cause"]["summary"] == "cannot read file /var/log/vllm.log: Permission denied"
+    assert parsed["cause"]["recommendations"] == []
+
+
+def test_slack_says_the_cause_and_the_flags_on_one_more_line() -> None:
+    text = slack_document(note(NotificationKind.RESTART_END, summary="vLLM healthy\nagain", cause=OOM_CAUSE), ORIGIN)[
+        "text"
+    ]
+    first, second = text.split("\n")
+    assert first.endswith("vLLM healthy again (kv_cache_usage)")
+    assert second == (
+        "cause configuration_overshoot: vLLM died of a CUDA out-of-memory error while serving: another process "
+        "took the memory; change --gpu-memory-utilization 0.87, --enforce-eager"
+    )
+    unknown = slack_document(note(cause=UNKNOWN_CAUSE), ORIGIN)["text"]
+    assert unknown.split("\n")[1] == "cause unknown: cannot read file /var/log/vllm.log: Permission denied"
 
 
 def test_json_body_is_compact_utf8_json_of_the_document_and_pod_may_be_null() -> None:

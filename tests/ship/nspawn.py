@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,8 +159,9 @@ class Container:
         remove_leftovers(self.machine)
 
 
-def boot(root: Path, *, machine: str, bus_dir: Path, log_path: Path) -> Container:
-    """Boot the system in `root` and wait until its manager has finished starting up."""
+def boot(root: Path, *, machine: str, bus_dir: Path, log_path: Path, options: Sequence[str] = ()) -> Container:
+    """Boot the system in `root` and wait until its manager has finished starting up; `options` go to nspawn
+    (`--volatile=overlay` boots a shared root file system without changing it)."""
     bus_dir.mkdir(parents=True, exist_ok=True)
     command = [
         *("systemd-nspawn", f"--directory={root}", f"--machine={machine}", "--boot"),
@@ -168,6 +170,7 @@ def boot(root: Path, *, machine: str, bus_dir: Path, log_path: Path) -> Containe
         # the host's journal folder is no business of the test; its console goes to the log file
         *("--link-journal=no", "--console=pipe", "--resolv-conf=off", "--timezone=off"),
         f"--bind={bus_dir}:/run/dbus",
+        *options,
     ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

@@ -27,6 +27,7 @@ import yaml
 
 from sidecar import __version__
 from sidecar.actuators.kube_credentials import POD_NAME_ENV, POD_NAMESPACE_ENV, SERVICE_ACCOUNT_DIR
+from sidecar.actuators.kube_logs import LOG_PERMISSIONS
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS
 from sidecar.shell.settings import ENV_PREFIX, Settings, load_settings
 from tests.actuators.kube_apiserver import ApiServer, StartError, UnavailableError, start_apiserver
@@ -282,6 +283,8 @@ def test_sidecar_settings_are_accepted_and_wired(base: list[Manifest], monkeypat
     assert (settings.actuator, settings.kubernetes_mode, settings.kubernetes_events) == ("kubernetes", "evict", True)
     assert settings.dry_run is False
     assert settings.vllm_url == f"http://127.0.0.1:{port_number(vllm, 'http')}"
+    # why vLLM died is read from this container's log; the setting's default names it too
+    assert settings.vllm_container == vllm["name"] == Settings.model_fields["vllm_container"].default
     assert settings.listen_address == ("0.0.0.0", port_number(sidecar, "metrics"))
     # The adapter finds its pod through the downward API.
     assert env_source(sidecar, POD_NAME_ENV) == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -528,6 +531,7 @@ def test_role_allows_exactly_the_requests_the_adapter_makes(admin: httpx.Client,
     account = pod_spec(find(rendered, "Deployment"))["serviceAccountName"]
     used = {(p.verb, p.resource, p.group) for needed in PERMISSIONS.values() for p in needed}
     used |= {(p.verb, p.resource, p.group) for p in EVENT_PERMISSIONS}
+    used |= {(p.verb, p.resource, p.group) for p in LOG_PERMISSIONS}
     probed = {(verb, resource, group) for group, resource in PROBED_RESOURCES for verb in PROBED_VERBS}
     assert used <= probed, "every request the adapter makes is among those asked about"
 

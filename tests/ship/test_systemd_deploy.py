@@ -232,6 +232,11 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
     assert ledger_path.stat().st_uid == deployment.uid(SIDECAR_USER)
     assert [record["reason"] for record in json.loads(ledger_path.read_text())["restarts"]] == ["manual"]
     _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to see vLLM back")
+    # The restart's notifications say what vLLM's journal said: the shipped unit (its group, its sandbox) may
+    # read it. The simulator prints vLLM's start lines and no crash: the log was read, and holds no cause.
+    cause = deployment.get("/status").json()["policy"]["crash_cause"]
+    assert cause["source"].startswith(f"journal of {VLLM_UNIT} (system manager), invocation "), cause
+    assert cause["summary"] == "vLLM's log shows no crash (no CUDA out-of-memory error, refused start or dead engine)"
 
 
 def test_the_polkit_rule_allows_restarting_vllm_and_nothing_else(deployment: Deployment) -> None:

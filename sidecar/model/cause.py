@@ -1,0 +1,42 @@
+"""Why vLLM died, as its own last log lines say it (read with the doctor's log reader). Pure data.
+
+A `CrashCause` travels with the notifications about a death or a restart (webhook, Slack, Kubernetes Event)
+and is shown in /status. When the log could not be read, or says nothing the doctor recognises, `cause`
+is None and `summary` is the one line that says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlagChange:
+    """One recommended change to vLLM's command line, environment or pod spec, as the doctor gives it."""
+
+    flag: str  # "--gpu-memory-utilization", "PYTORCH_CUDA_ALLOC_CONF", "terminationGracePeriodSeconds"
+    value: int | float | str  # "" for a switch that takes no value (--enforce-eager)
+    why: str  # the arithmetic
+    pasted: str  # ready to paste: "--gpu-memory-utilization 0.87", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashCause:
+    cause: str | None  # the doctor's cause ("configuration_overshoot", "kv_cache_blowout", ...); None: unknown
+    severity: str | None  # the finding's severity ("critical", "warning"); None when the cause is unknown
+    summary: str  # one line: the finding's summary, or why the cause is unknown
+    evidence: tuple[str, ...]  # the lines of the log (and of the platform) the finding rests on
+    recommendations: tuple[FlagChange, ...]
+    source: str  # where the log was read: "journal of vllm.service (system), invocation 2a14…", "file /x.log"
+    read_wall_time_s: float  # when it was read (Unix seconds)
+
+    @property
+    def known(self) -> bool:
+        return self.cause is not None
+
+    def line(self) -> str:
+        """One line for chat and Events: `cause <name>: <summary>; change <flags>`, or `cause unknown: <why>`."""
+        if self.cause is None:
+            return f"cause unknown: {self.summary}"
+        change = "; change " + ", ".join(r.pasted for r in self.recommendations) if self.recommendations else ""
+        return f"cause {self.cause}: {self.summary}{change}"
