@@ -1,10 +1,12 @@
 """The sidecar itself killed with `kill -9` in the middle of a drain, and in the middle of a restart, then
 started again on the same --state-dir.
 
-The simulator's `hang` scenario under load gives an engine that stops with requests running; the exec adapter
-restarts it through `restart_sim.py`, whose witness file counts every restart that really happened, whatever
-the sidecar believes. The budget is one restart an hour: the ledger must hold it across sidecar restarts (no
-restart beyond it), the state must come back sane, and admission must not stay paused.
+The simulator's `hang` scenario under load gives an engine that stops with requests running (a completion sent
+to it is never answered, so the engine probe proves the wedge); the exec adapter restarts it through
+`restart_sim.py`, whose witness file counts every restart that really happened, whatever the sidecar believes.
+The budget is one restart an hour: the ledger must hold it across sidecar restarts (no restart beyond it), the
+state must come back sane, and admission must not stay paused. A hung engine is restarted without a drain, so
+the drain that is killed is a manual restart's, by a first sidecar that would not restart the hang itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.adapters.daemon_process import SidecarProcess
@@ -35,6 +38,8 @@ from .chaos import (
 )
 
 HUNG_AFTER_S = 2.0
+PROBE_TIMEOUT_S = 1.0  # the simulator's hang never answers the probe: proven in 1 s
+TOKEN = "chaos-admin-token-0123456789"  # noqa: S105 - a test fixture, not a secret
 
 
 @pytest.fixture
@@ -49,14 +54,16 @@ def sim_folder(tmp_path: Path) -> Iterator[Path]:
         os.kill(pid, signal.SIGKILL)  # the last simulator the restart command started (its pid file)
 
 
-def _sidecar(sim: SimUnderExec, state: Path, log: Path, *, drain_timeout_s: float) -> SidecarProcess:
+def _sidecar(
+    sim: SimUnderExec, state: Path, log: Path, *, drain_timeout_s: float, args: tuple[str, ...] = ()
+) -> SidecarProcess:
     sidecar = SidecarProcess(
         [
             *("--vllm-url", sim.url, "--gpu-source", "sim", "--interval", "0.5", "--state-dir", str(state)),
             *("--actuator", "exec", "--exec-command", sim.command, "--max-restarts-per-hour", "1"),
             *("--hung-after", f"{HUNG_AFTER_S:g}", "--drain-timeout", f"{drain_timeout_s:g}"),
-            "--startup-timeout",
-            "30",
+            *("--probe-timeout", f"{PROBE_TIMEOUT_S:g}", "--startup-timeout", "30"),
+            *args,
         ],
         log,
     )
@@ -86,8 +93,14 @@ def test_killed_mid_drain_the_new_sidecar_restarts_once_and_the_ledger_then_hold
     load = Load(sim.url).start()
     first = second = third = None
     try:
-        # 1. Hung under load: the first sidecar drains (the drain cannot finish: the engine is stopped) ...
-        first = _sidecar(sim, state, tmp_path / "first.log", drain_timeout_s=3)
+        # 1. Hung under load: the first sidecar (which would not restart a hang for 10 minutes, nor end a drain
+        # for a stall) drains for a manual restart; the drain cannot finish: the engine is stopped ...
+        token = tmp_path / "admin-token"
+        token.write_text(TOKEN)
+        patient = ("--hung-after", "600", "--stall-pause-after", "300", "--admin-token-file", str(token))
+        first = _sidecar(sim, state, tmp_path / "first.log", drain_timeout_s=60, args=patient)
+        asked = httpx.post(first.url + "/admin/restart", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        assert asked.status_code == 200, asked.text
         wait_until(lambda: _state(first) == "draining", 30, "the first sidecar to drain", sim.log_tail)
         assert first.get("/readyz").status_code == 503
         first.process.kill()  # ... and is killed with SIGKILL in the middle of it
@@ -143,9 +156,12 @@ def test_killed_mid_drain_the_new_sidecar_restarts_once_and_the_ledger_then_hold
     assert notified[:2] == ["pause", "restart_begin"], notified
     assert "restart_end" in notified, notified
     assert "budget_exhausted" in notified, notified
-    assert third_policy["state"] == "pressure", third_policy
+    # The engine is wedged and the budget refuses its restart: out of rotation on this sidecar's own proof (its
+    # probe got no answer), not held by anything the killed ones left behind.
+    assert third_policy["state"] == "paused", third_policy
+    assert str(third_policy["readiness"]).startswith("paused: a 1-token probe completion got no answer"), third_policy
     assert third_policy["restarts_in_budget_window"] == 1, third_policy
-    assert third_readyz == 200
+    assert third_readyz == 503
     assert value(third_metrics, "vllm_sidecar_restart_budget_remaining") == 0.0
     third_events = read_events(third.log_path)
     assert named(third_events, "restart_ledger_unreadable") == []
@@ -193,6 +209,8 @@ def test_killed_while_the_adapter_restarts_the_restart_still_counts_against_the_
     assert [r["reason"] for r in ledger] == ["engine_hung"], ledger
     assert "sidecar stopped" in str(ledger[0]["detail"]), ledger
     assert second_policy["restarts_in_budget_window"] == 1, second_policy
-    assert second_readyz == 200
+    # Out of rotation on its own proof of the wedge (the budget refuses the restart), nothing left by the first.
+    assert str(second_policy["readiness"]).startswith("paused: a 1-token probe completion got no answer"), second_policy
+    assert second_readyz == 503
     recovered = named(read_events(second.log_path), "restart_in_flight_at_stop")
     assert len(recovered) == 1, recovered
