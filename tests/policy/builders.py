@@ -29,6 +29,10 @@ def engine(
     stalled_s: float | None = 0.0,
     name: str = "0",
     model: str = "m",
+    waiting_capacity: float | None = None,
+    waiting_deferred: float | None = None,
+    healthy: bool | None = None,
+    unhealthy_s: float | None = None,
 ) -> EngineDerived:
     return EngineDerived(
         model_name=model,
@@ -46,6 +50,10 @@ def engine(
         prefix_cache_hit_ratio_lifetime=None,
         preemptions_per_second=preemptions_per_s,
         engine_stalled_seconds=stalled_s,
+        requests_waiting_capacity=waiting_capacity,
+        requests_waiting_deferred=waiting_deferred,
+        engine_healthy=healthy,
+        engine_unhealthy_seconds=unhealthy_s,
     )
 
 
