@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -43,8 +43,8 @@ def _until(check: object, timeout_s: float = 15.0) -> None:
     raise AssertionError(f"not within {timeout_s} s")
 
 
-def first_done(futures: list[object]) -> list[httpx.Response]:
-    return [future.result(timeout=30) for future in futures]  # type: ignore[attr-defined]
+def first_done(futures: list[Future[httpx.Response]]) -> list[httpx.Response]:
+    return [future.result(timeout=30) for future in futures]
 
 
 def test_vllm_refusing_above_its_queue_cap_is_counted_and_exported(
