@@ -20,6 +20,12 @@ class DeriveSettings:
     min_trend_r2: float = 0.5  # below this the line explains too little of the variation to forecast from
     gpu_memory_utilization: float | None = None  # overrides vLLM's own cache_config_info value
 
+    def __post_init__(self) -> None:
+        if self.short_horizon_polls < 1:
+            raise ValueError(
+                f"short_horizon_polls must be at least 1 (a rate needs two polls), got {self.short_horizon_polls}"
+            )
+
     @property
     def span_s(self) -> float:
         """How much history the window must keep for every derivation."""

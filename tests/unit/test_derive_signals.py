@@ -136,3 +136,8 @@ def test_no_rejection_counter_before_vllm_032() -> None:
 def test_used_blocks_follow_the_version_of_the_reading(version: str | None, schema: MetricSchema, used: float) -> None:
     derived = Run().poll(engine(kv_cache_usage_ratio=64 / 127), version=version, schema=schema)
     assert derived.engines[0].kv_cache_used_blocks == pytest.approx(used)
+
+
+def test_the_short_horizon_needs_at_least_one_poll_interval() -> None:
+    with pytest.raises(ValueError, match="short_horizon_polls must be at least 1"):
+        DeriveSettings(short_horizon_polls=0)
