@@ -21,6 +21,7 @@ from typing import Any
 
 from sidecar.exporter import names
 from sidecar.exporter.names import Kind, MetricSpec
+from sidecar.policy.settings import PolicySettings
 
 HERE = Path(__file__).resolve().parent
 OUTPUT = HERE / "vllm-sidecar.json"
@@ -36,17 +37,20 @@ PAUSE_KV_USAGE = 0.9
 RESUME_KV_USAGE = 0.8
 OOM_FORECAST_S = 900.0
 HUNG_AFTER_S = 120.0
+PREEMPTIONS_PER_S = PolicySettings().preemptions_per_s  # the preemption pause's threshold, from the policy itself
 
 # The sidecar's own series carry the sidecar's scrape `instance`; vLLM's series come from another target (another
 # instance label), so vLLM panels select by model and engine only. V0 vLLM has no engine label at all (the sidecar
 # calls it engine "0"), hence the empty alternative: choosing engine 0 must not hide a V0 server.
 SIDECAR = 'instance=~"$instance"'
 ENGINE = SIDECAR + ', model_name=~"$model_name", engine=~"$engine"'
+MODEL = SIDECAR + ', model_name=~"$model_name"'  # server-level series of one served model (no engine label)
 GPU = SIDECAR + ', gpu=~"$gpu"'
 VLLM = 'model_name=~"$model_name", engine=~"$engine|"'
 
 LEGEND_SIDECAR = "{{instance}}"
 LEGEND_ENGINE = "{{model_name}}/{{engine}} {{instance}}"
+LEGEND_MODEL = "{{model_name}} {{instance}}"
 LEGEND_GPU = "GPU {{gpu}} {{instance}}"
 
 # vLLM renamed its KV-usage gauge in 0.9.2 and dropped the old name in 0.12; both exist in 0.9.2-0.11.
@@ -294,13 +298,21 @@ KV_CACHE = Row(
         Panel(
             title="KV blocks: used and capacity",
             what="Blocks of this engine (num_gpu_blocks of vllm:cache_config_info shared by the data-parallel "
-            "engines) and how many are in use.",
+            "engines) and how many requests hold, counted the way this vLLM version counts its null block.",
             queries=(
                 Query(sel(names.KV_USED, ENGINE), "used " + LEGEND_ENGINE),
                 Query(sel(names.KV_CAPACITY, ENGINE), "capacity " + LEGEND_ENGINE),
             ),
-            width=9,
+            width=6,
             min=0,
+        ),
+        Panel(
+            title="KV capacity",
+            what="Tokens the KV cache of each engine holds: vLLM's own figure (0.24+) or blocks x block size.",
+            queries=(Query(sel(names.KV_CAPACITY_TOKENS, ENGINE), LEGEND_ENGINE, instant=True),),
+            viz=Viz.STAT,
+            unit="short",
+            width=3,
         ),
         Panel(
             title="Block size",
@@ -473,17 +485,22 @@ VLLM_ENGINE = Row(
         Panel(
             title="Preemptions",
             what="Requests vLLM evicted from the KV cache to make room (recomputed later): the cache is too small "
-            "for the concurrency.",
+            "for the concurrency. 'judged' is the sidecar's rate over its last 5 polls: above "
+            f"the policy's {PREEMPTIONS_PER_S:g}/s (drawn) it pauses admission, and the pause ends when the "
+            "storm has left those polls. 'vLLM' is vLLM's counter over the panel's rate window.",
             queries=(
                 Query(
                     "sum by (instance, model_name, engine) "
                     f"(rate(vllm:num_preemptions_total{{{VLLM}}}[$__rate_interval]))",
-                    "{{model_name}}/{{engine}}",
+                    "vLLM {{model_name}}/{{engine}}",
                 ),
+                Query(sel(names.PREEMPTIONS_RATE, ENGINE), "judged " + LEGEND_ENGINE),
             ),
             unit="ops",
             width=8,
             min=0,
+            steps=(Step(None, "green"), Step(PREEMPTIONS_PER_S, "red")),
+            threshold_lines=True,
         ),
         Panel(
             title="Engine stalled",
@@ -530,6 +547,84 @@ VLLM_ENGINE = Row(
             ),
             width=8,
             min=0,
+        ),
+    ),
+)
+
+# vLLM's own shedding (--max-num-queued-*, 0.29+, counted from 0.32), its queue split by reason (0.20+) and its
+# fault tolerance's engine health (main after 0.33.0): what the sidecar reads of vLLM's own admission control.
+VLLM_ADMISSION = Row(
+    "vLLM's own admission: shedding, queue reasons, fault tolerance",
+    (
+        Panel(
+            title="vLLM refusing requests",
+            what="Requests vLLM itself answered 503 because its --max-num-queued-reqs or --max-num-queued-tokens "
+            "cap was full (vLLM 0.32+), per served model, over the sidecar's last 5 polls. Clients should retry on "
+            "another instance; a steady rate means this replica is full (alert VllmShedding).",
+            queries=(Query(sel(names.VLLM_REJECTIONS_RATE, MODEL), LEGEND_MODEL),),
+            unit="reqps",
+            width=8,
+            min=0,
+        ),
+        Panel(
+            title="Refused over the window",
+            what="vLLM's refusals over the sidecar's --window; GET /status splits them by reason.",
+            queries=(Query(sel(names.VLLM_REJECTIONS_IN_WINDOW, MODEL), LEGEND_MODEL, instant=True),),
+            viz=Viz.STAT,
+            unit="none",
+            width=4,
+            steps=(Step(None, "green"), Step(1, "orange")),
+            color_by_value=True,
+        ),
+        Panel(
+            title="Waiting: for capacity or deferred",
+            what="vLLM's queue by reason (0.20+): 'capacity' waits for KV blocks or a batch slot, which a pause "
+            "helps free; 'deferred' waits on a LoRA slot, a KV transfer or another transient constraint. The "
+            "sidecar's queue rule counts only capacity. Older vLLM does not split: its whole queue shows as 'all'.",
+            queries=(
+                Query(
+                    "max by (instance, model_name, engine, reason) "
+                    f"(vllm:num_requests_waiting_by_reason{{{VLLM}}}) or on (instance, model_name, engine) "
+                    "label_replace(max by (instance, model_name, engine) (vllm:num_requests_waiting{"
+                    + VLLM
+                    + '}), "reason", "all", "", "")',
+                    "{{reason}} {{model_name}}/{{engine}}",
+                ),
+            ),
+            width=8,
+            min=0,
+        ),
+        Panel(
+            title="Deferred share of waiting",
+            what="Share of the waiting requests vLLM defers rather than holds for capacity. Empty while nothing "
+            "waits, or before vLLM 0.20.",
+            queries=(Query(sel(names.WAITING_DEFERRED_RATIO, ENGINE), LEGEND_ENGINE),),
+            unit="percentunit",
+            width=4,
+            min=0,
+            max=1,
+        ),
+        Panel(
+            title="Engine held unhealthy (fault tolerance)",
+            what="Seconds vLLM's fault tolerance (--enable-fault-tolerance) has reported the engine unhealthy "
+            "(vllm:engine_healthy 0): vLLM answers 503 and the sidecar pauses admission until it is healthy "
+            "again. 0 while healthy; empty without fault tolerance.",
+            queries=(Query(sel(names.ENGINE_UNHEALTHY, ENGINE), LEGEND_ENGINE),),
+            unit="s",
+            width=12,
+            min=0,
+            steps=(Step(None, "green"), Step(60, "red")),
+            threshold_lines=True,
+        ),
+        Panel(
+            title="Preemptions over the window",
+            what="Requests vLLM preempted over the sidecar's --window (the rate it judges is on the Preemptions "
+            "panel).",
+            queries=(Query(sel(names.PREEMPTIONS_IN_WINDOW, ENGINE), LEGEND_ENGINE),),
+            unit="none",
+            width=12,
+            min=0,
+            stepped=True,
         ),
     ),
 )
@@ -606,7 +701,7 @@ SIDECAR_SELF = Row(
     ),
 )
 
-ROWS = (OVERVIEW, KV_CACHE, GPU_MEMORY, VLLM_ENGINE, SIDECAR_SELF)
+ROWS = (OVERVIEW, KV_CACHE, GPU_MEMORY, VLLM_ENGINE, VLLM_ADMISSION, SIDECAR_SELF)
 
 ANNOTATIONS = (
     Annotation(

@@ -1,15 +1,17 @@
-"""Per-engine derived values: KV arithmetic now, prefix-cache hit ratio and preemption rate over the window.
+"""Per-engine derived values: KV arithmetic now; prefix-cache hit ratio and preemptions over the window; the
+preemption rate over the short horizon (the last few polls); how long vLLM has reported the engine unhealthy.
 
-Pure: the window and `now_s` come from the caller.
+Pure: the window, its positions and `now_s` come from the caller.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from sidecar.derive.counter import increase
-from sidecar.derive.kv import derive_kv
+from sidecar.derive.kv import NullBlock, derive_kv
 from sidecar.derive.progress import EngineProgress
 from sidecar.derive.running import CounterSteps
 from sidecar.model.derived import EngineDerived
@@ -19,13 +21,27 @@ from sidecar.model.vllm import EngineMetrics
 EngineKey = tuple[str, str]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineWindow:
+    """What one engine's readings in the window say beyond its latest one."""
+
+    hit_ratio: float | None  # `windowed_hit_ratio` of the window
+    preemptions_per_s: float | None  # `preemption_rate` of the short horizon
+    preemptions_in_window: float | None  # `preemptions_in` of the window
+    unhealthy_s: float | None = None  # since vLLM first reported it unhealthy (in a row); 0 healthy; None unknown
+
+
 def derive_engine(
-    engine: EngineMetrics, windowed: tuple[float | None, float | None], progress: EngineProgress | None
+    engine: EngineMetrics,
+    window: EngineWindow,
+    progress: EngineProgress | None,
+    *,
+    null_block: NullBlock = NullBlock.EXCLUDED,
 ) -> EngineDerived:
-    """`windowed` is (`windowed_hit_ratio`, `preemption_rate`) of this engine's readings in the window, oldest
-    first, ending with `engine` itself (EngineHistory.windowed keeps them)."""
-    hit_ratio, preemptions_per_s = windowed
-    kv = derive_kv(engine)
+    """`window` is what EngineHistory.windowed says of this engine's readings, which end with `engine` itself;
+    `null_block` how its vLLM counts the null block (`sidecar.derive.kv.null_block_of`)."""
+    kv = derive_kv(engine, null_block=null_block)
+    waiting, deferred = engine.requests_waiting, engine.requests_waiting_deferred
     return EngineDerived(
         model_name=engine.model_name,
         engine=engine.engine,
@@ -38,11 +54,19 @@ def derive_engine(
         kv_cache_blocks_per_request=kv.blocks_per_request,
         kv_cache_request_headroom=kv.request_headroom,
         kv_cache_fragmentation_ratio=kv.fragmentation_ratio,
-        prefix_cache_hit_ratio=hit_ratio,
+        prefix_cache_hit_ratio=window.hit_ratio,
         prefix_cache_hit_ratio_lifetime=lifetime_hit_ratio(engine),
-        preemptions_per_second=preemptions_per_s,
+        preemptions_per_second=window.preemptions_per_s,
         engine_stalled_seconds=None if progress is None else progress.stalled_s,
         seconds_since_progress=None if progress is None else progress.quiet_s,
+        requests_waiting_capacity=engine.requests_waiting_capacity,
+        requests_waiting_deferred=deferred,
+        requests_waiting_deferred_ratio=_clamp_ratio(deferred / waiting) if deferred is not None and waiting else None,
+        engine_healthy=engine.engine_healthy,
+        engine_unhealthy_seconds=window.unhealthy_s,
+        preemptions_in_window=window.preemptions_in_window,
+        kv_cache_capacity_tokens=kv.capacity_tokens,
+        kv_cache_free_blocks=kv.free_blocks,
     )
 
 
@@ -68,6 +92,7 @@ class _Track:
         self.queries = CounterSteps()  # readings with both prefix-cache counters, as windowed_hit_ratio takes
         self.hits = CounterSteps()
         self.preemptions = CounterSteps()
+        self.unhealthy_since_s: float | None = None  # first of the latest readings in a row with engine_healthy 0
 
     def add(self, number: int, time_s: float, engine: EngineMetrics) -> None:
         self.numbers.append(number)
@@ -79,6 +104,13 @@ class _Track:
             self.hits.add(number, time_s, hits)
         if engine.preemptions_total is not None:
             self.preemptions.add(number, time_s, engine.preemptions_total)
+        # Not bound to the window: an engine unhealthy for longer than the window has been so all along. A reading
+        # without the metric (fault tolerance turned off) or saying healthy ends the run.
+        if engine.engine_healthy is False:
+            if self.unhealthy_since_s is None:
+                self.unhealthy_since_s = time_s
+        else:
+            self.unhealthy_since_s = None
 
     def drop_before(self, oldest: int) -> None:
         gone = bisect_left(self.numbers, oldest)
@@ -89,8 +121,9 @@ class _Track:
 
 
 class EngineHistory:
-    """What `engine_history(window.since(start_s))` holds, kept up to date one snapshot at a time, and the two
-    windowed values derived from it (`windowed_hit_ratio`, `preemption_rate`) without walking it.
+    """What `engine_history(window.since(start_s))` holds, kept up to date one snapshot at a time, and the values
+    derived from it (`windowed_hit_ratio`, `preemptions_in`, and `preemption_rate` of the short horizon) without
+    walking it.
 
     Rebuilding the history scanned the whole window every tick (300 snapshots x every engine at a 1 s
     interval), and the windowed values walked it again; this appends each new snapshot's engines once, cuts
@@ -130,15 +163,26 @@ class EngineHistory:
                 history[key] = track.entries[first:]
         return history
 
-    def windowed(self, start_s: float, oldest: int) -> dict[EngineKey, tuple[float | None, float | None]]:
-        """Per engine with entries in the window, `windowed_hit_ratio` and `preemption_rate` of them."""
-        values: dict[EngineKey, tuple[float | None, float | None]] = {}
+    def windowed(self, start_s: float, oldest: int, recent: int | None = None) -> dict[EngineKey, EngineWindow]:
+        """Per engine with entries in the window (from `start_s`, among the snapshots numbered `oldest` and later):
+        its `EngineWindow`. The short horizon is the entries of the snapshots numbered `recent` and later (None:
+        the whole window)."""
+        values: dict[EngineKey, EngineWindow] = {}
         for key, track in self._in_window(oldest):
             first = bisect_left(track.times, start_s)
             if first == len(track.entries):
                 continue
             position = track.numbers[first]
-            values[key] = (_hit_ratio(track, position), _preemption_rate(track.preemptions, position))
+            short = position if recent is None else max(position, recent)
+            since = track.unhealthy_since_s
+            latest_s, latest = track.entries[-1]
+            unhealthy = None if latest.engine_healthy is None else latest_s - (latest_s if since is None else since)
+            values[key] = EngineWindow(
+                hit_ratio=_hit_ratio(track, position),
+                preemptions_per_s=_rate(track.preemptions, short),
+                preemptions_in_window=_increase(track.preemptions, position),
+                unhealthy_s=unhealthy,
+            )
         return values
 
 
@@ -153,12 +197,18 @@ def _hit_ratio(track: _Track, position: int) -> float | None:
     return _clamp_ratio(gauge) if gauge is not None and gauge >= 0 else None
 
 
-def _preemption_rate(preemptions: CounterSteps, position: int) -> float | None:
-    """`preemption_rate` of the readings from `position` on."""
-    first = preemptions.first_at(position)
-    if len(preemptions) - first < 2 or preemptions.times[-1] <= preemptions.times[first]:
+def _rate(counter: CounterSteps, position: int) -> float | None:
+    """`preemption_rate` (of any counter) of the readings from `position` on."""
+    first = counter.first_at(position)
+    if len(counter) - first < 2 or counter.times[-1] <= counter.times[first]:
         return None
-    return preemptions.increase_from(first) / (preemptions.times[-1] - preemptions.times[first])
+    return counter.increase_from(first) / (counter.times[-1] - counter.times[first])
+
+
+def _increase(counter: CounterSteps, position: int) -> float | None:
+    """`preemptions_in` (of any counter) of the readings from `position` on."""
+    first = counter.first_at(position)
+    return counter.increase_from(first) if len(counter) - first >= 2 else None
 
 
 def windowed_hit_ratio(history: list[tuple[float, EngineMetrics]]) -> float | None:
@@ -191,6 +241,13 @@ def preemption_rate(history: list[tuple[float, EngineMetrics]]) -> float | None:
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
     return increase([value for _, value in points if value is not None]) / (points[-1][0] - points[0][0])
+
+
+def preemptions_in(history: list[tuple[float, EngineMetrics]]) -> float | None:
+    """Preemptions counted over `history` (through resets); None with fewer than two readings: one reading has
+    no increase to tell."""
+    values = [engine.preemptions_total for _, engine in history if engine.preemptions_total is not None]
+    return increase([value for value in values if value is not None]) if len(values) >= 2 else None
 
 
 def _clamp_ratio(value: float) -> float:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from sidecar.derive.engine import EngineHistory, derive_engine
 from sidecar.derive.gpu import MemoryHistory, derive_gpu
+from sidecar.derive.kv import null_block_of
 from sidecar.derive.progress import ProgressTracker
+from sidecar.derive.rejections import RejectionHistory
 from sidecar.derive.restart import RestartTracker
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.window import Follower, Window
-from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived, ModelDerived
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import VllmReading
 
@@ -27,6 +29,7 @@ class Deriver:
         self._engines = EngineHistory()
         self._memory = MemoryHistory()
         self._restarts = RestartTracker()
+        self._rejections = RejectionHistory()
 
     def _follow(self, window: Window) -> None:
         newer, start_over = self._follower.advance(window)
@@ -34,11 +37,13 @@ class Deriver:
             self._engines.reset()
             self._memory.reset()
             self._restarts.reset()
+            self._rejections.reset()
         first = self._follower.count - len(newer)
         for number, snapshot in enumerate(newer, start=first):
             self._engines.add(snapshot, number)
             self._memory.add(snapshot, number)
             self._restarts.add(snapshot, number)
+            self._rejections.add(snapshot, number)
 
     def derive(self, window: Window) -> Derived:
         latest = window.latest()
@@ -49,18 +54,24 @@ class Deriver:
         now_s = latest.monotonic_s
         problems = list(_source_problems(latest))
         engines: tuple[EngineDerived, ...] = ()
+        models: tuple[ModelDerived, ...] = ()
         reading = latest.vllm.value if latest.vllm.error is None else None
         if reading is not None:
             progress = self._progress.observe(reading.engines, now_s, reading.server_load)
-            history = self._engines.windowed(now_s - self.settings.window_s, oldest)
+            window_start_s = now_s - self.settings.window_s
+            recent = self._follower.count - 1 - self.settings.short_horizon_polls  # first poll of the short horizon
+            history = self._engines.windowed(window_start_s, oldest, recent)
+            null_block = null_block_of(reading.schema, reading.version)
             engines = tuple(
                 derive_engine(
                     engine,
                     history[(engine.model_name, engine.engine)],
                     progress[(engine.model_name, engine.engine)],
+                    null_block=null_block,
                 )
                 for engine in reading.engines
             )
+            models = self._rejections.derive(reading.models, window_start_s, oldest, recent)
         gpus: tuple[GpuDerived, ...] = ()
         if latest.gpu is not None and latest.gpu.value is not None and latest.gpu.error is None:
             utilization = self._gpu_memory_utilization(window, problems)
@@ -71,7 +82,7 @@ class Deriver:
                 derive_gpu(device, memory.get(device.index, []), utilization, self.settings)
                 for device in latest.gpu.value.devices
             )
-        return Derived(engines=engines, gpus=gpus, problems=tuple(problems))
+        return Derived(engines=engines, gpus=gpus, problems=tuple(problems), models=models)
 
     def _gpu_memory_utilization(self, window: Window, problems: list[str]) -> float | None:
         if self.settings.gpu_memory_utilization is not None:

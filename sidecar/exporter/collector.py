@@ -83,6 +83,7 @@ class SidecarCollector(Collector):
             labels = (engine.model_name, engine.engine)
             add(names.KV_USAGE, engine.kv_cache_usage_ratio, *labels)
             add(names.KV_CAPACITY, engine.kv_cache_capacity_blocks, *labels)
+            add(names.KV_CAPACITY_TOKENS, engine.kv_cache_capacity_tokens, *labels)
             add(names.KV_BLOCK_SIZE, engine.kv_cache_block_size_tokens, *labels)
             add(names.KV_USED, engine.kv_cache_used_blocks, *labels)
             add(names.KV_PER_REQUEST, engine.kv_cache_blocks_per_request, *labels)
@@ -90,6 +91,13 @@ class SidecarCollector(Collector):
             add(names.KV_FRAGMENTATION, engine.kv_cache_fragmentation_ratio, *labels)
             add(names.PREFIX_HIT_RATIO, engine.prefix_cache_hit_ratio, *labels)
             add(names.ENGINE_STALLED, engine.engine_stalled_seconds, *labels)
+            add(names.PREEMPTIONS_RATE, engine.preemptions_per_second, *labels)
+            add(names.PREEMPTIONS_IN_WINDOW, engine.preemptions_in_window, *labels)
+            add(names.WAITING_DEFERRED_RATIO, engine.requests_waiting_deferred_ratio, *labels)
+            add(names.ENGINE_UNHEALTHY, engine.engine_unhealthy_seconds, *labels)
+        for model in derived.models:
+            add(names.VLLM_REJECTIONS_RATE, model.admission_rejections_per_second, model.model_name)
+            add(names.VLLM_REJECTIONS_IN_WINDOW, model.admission_rejections_in_window, model.model_name)
         for gpu in derived.gpus:
             index = str(gpu.gpu)
             add(names.GPU_TOTAL, gpu.memory_total_bytes, index)

@@ -26,7 +26,9 @@ class MetricSpec:
 
 
 ENGINE = ("model_name", "engine")
+MODEL = ("model_name",)
 GPU = ("gpu",)
+SHORT_HORIZON = "the last 5 polls"  # DeriveSettings.short_horizon_polls; a test holds them together
 
 UP = MetricSpec("vllm_sidecar_up", Kind.GAUGE, (), "1 when the last poll of vLLM's /metrics succeeded, else 0.")
 SOURCE_SUCCESS = MetricSpec(
@@ -80,8 +82,21 @@ KV_CAPACITY = MetricSpec(
 KV_BLOCK_SIZE = MetricSpec(
     "vllm_sidecar_kv_cache_block_size_tokens", Kind.GAUGE, ENGINE, "Tokens per KV-cache block (block_size)."
 )
+KV_CAPACITY_TOKENS = MetricSpec(
+    "vllm_sidecar_kv_cache_capacity_tokens",
+    Kind.GAUGE,
+    ENGINE,
+    "KV-cache capacity of this engine in tokens: kv_cache_size_tokens of vllm:cache_config_info where vLLM "
+    "reports it (0.24+, per engine, right for hybrid models whose blocks differ in size), else capacity blocks x "
+    "block_size.",
+)
 KV_USED = MetricSpec(
-    "vllm_sidecar_kv_cache_used_blocks", Kind.GAUGE, ENGINE, "KV-cache blocks in use: usage times capacity."
+    "vllm_sidecar_kv_cache_used_blocks",
+    Kind.GAUGE,
+    ENGINE,
+    "KV-cache blocks requests hold, by vLLM's own arithmetic for its version: usage x (capacity - 1) from 0.10.2 "
+    "(vLLM leaves its null block out), usage x capacity - 1 on 0.8.3-0.10.1 (it counts it as used), usage x "
+    "capacity before and on V0.",
 )
 KV_PER_REQUEST = MetricSpec(
     "vllm_sidecar_kv_cache_blocks_per_request",
@@ -93,7 +108,8 @@ KV_HEADROOM = MetricSpec(
     "vllm_sidecar_kv_cache_request_headroom",
     Kind.GAUGE,
     ENGINE,
-    "How many more requests of today's average size fit in the free KV blocks; absent when nothing runs.",
+    "How many more requests of today's average size fit in the free KV blocks (as vLLM counts them): free blocks "
+    "/ blocks per request; absent when nothing runs.",
 )
 KV_FRAGMENTATION = MetricSpec(
     "vllm_sidecar_kv_cache_fragmentation_ratio",
@@ -115,6 +131,51 @@ ENGINE_STALLED = MetricSpec(
     ENGINE,
     "Seconds since the engine last advanced its token or step counters while requests were running; 0 when "
     "idle or progressing.",
+)
+
+PREEMPTIONS_RATE = MetricSpec(
+    "vllm_sidecar_preemptions_per_second",
+    Kind.GAUGE,
+    ENGINE,
+    f"Requests vLLM preempted per second over {SHORT_HORIZON} (increase of vllm:num_preemptions_total): the rate "
+    "the preemption pause rule judges; absent until two polls have read the counter.",
+)
+PREEMPTIONS_IN_WINDOW = MetricSpec(
+    "vllm_sidecar_preemptions_in_window",
+    Kind.GAUGE,
+    ENGINE,
+    "Requests vLLM preempted over the sidecar's --window (increase of vllm:num_preemptions_total, through "
+    "restarts); absent until two polls have read the counter.",
+)
+WAITING_DEFERRED_RATIO = MetricSpec(
+    "vllm_sidecar_requests_waiting_deferred_ratio",
+    Kind.GAUGE,
+    ENGINE,
+    "Share of waiting requests vLLM defers for a transient constraint (LoRA budget, KV transfer, blocked) rather "
+    "than for scheduling capacity (vllm:num_requests_waiting_by_reason, 0.20+); the queue pause rule counts only "
+    "those waiting for capacity. Absent when nothing waits or vLLM does not split its queue.",
+)
+ENGINE_UNHEALTHY = MetricSpec(
+    "vllm_sidecar_engine_unhealthy_seconds",
+    Kind.GAUGE,
+    ENGINE,
+    "Seconds since vLLM's fault tolerance first reported this engine unhealthy or dead (vllm:engine_healthy 0; "
+    "admission is paused meanwhile); 0 while healthy; absent without --enable-fault-tolerance.",
+)
+VLLM_REJECTIONS_RATE = MetricSpec(
+    "vllm_sidecar_vllm_rejections_per_second",
+    Kind.GAUGE,
+    MODEL,
+    f"Requests vLLM itself refused with 503 per second over {SHORT_HORIZON}, all reasons "
+    "(--max-num-queued-reqs, --max-num-queued-tokens: increase of vllm:admission_rejections_total); absent "
+    "before vLLM 0.32.",
+)
+VLLM_REJECTIONS_IN_WINDOW = MetricSpec(
+    "vllm_sidecar_vllm_rejections_in_window",
+    Kind.GAUGE,
+    MODEL,
+    "Requests vLLM itself refused with 503 over the sidecar's --window, all reasons (increase of "
+    "vllm:admission_rejections_total); absent before vLLM 0.32.",
 )
 
 GPU_TOTAL = MetricSpec("vllm_sidecar_gpu_memory_total_bytes", Kind.GAUGE, GPU, "GPU memory in total (NVML).")
@@ -240,6 +301,7 @@ ALL = (
     PROBLEMS,
     KV_USAGE,
     KV_CAPACITY,
+    KV_CAPACITY_TOKENS,
     KV_BLOCK_SIZE,
     KV_USED,
     KV_PER_REQUEST,
@@ -247,6 +309,12 @@ ALL = (
     KV_FRAGMENTATION,
     PREFIX_HIT_RATIO,
     ENGINE_STALLED,
+    PREEMPTIONS_RATE,
+    PREEMPTIONS_IN_WINDOW,
+    WAITING_DEFERRED_RATIO,
+    ENGINE_UNHEALTHY,
+    VLLM_REJECTIONS_RATE,
+    VLLM_REJECTIONS_IN_WINDOW,
     GPU_TOTAL,
     GPU_USED,
     GPU_BUDGET,

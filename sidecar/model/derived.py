@@ -20,10 +20,19 @@ class EngineDerived:
     kv_cache_fragmentation_ratio: float | None
     prefix_cache_hit_ratio: float | None  # over the window
     prefix_cache_hit_ratio_lifetime: float | None  # since vLLM started
-    preemptions_per_second: float | None  # over the window
+    preemptions_per_second: float | None  # over the short horizon (the last few polls): what the policy judges
     engine_stalled_seconds: float | None  # None when progress cannot be judged (no counters)
     # Since the counters last moved, work or not (an engine wedged while idle looks idle); None without counters.
     seconds_since_progress: float | None = None
+    # vLLM's split of requests_waiting (0.20+); None when vLLM does not split its queue.
+    requests_waiting_capacity: float | None = None  # waiting for scheduling capacity (KV blocks, max_num_seqs)
+    requests_waiting_deferred: float | None = None  # held back by a transient constraint (LoRA, KV transfer)
+    requests_waiting_deferred_ratio: float | None = None  # deferred / waiting; None when nothing waits
+    engine_healthy: bool | None = None  # vLLM's fault tolerance (vllm:engine_healthy); None without it
+    engine_unhealthy_seconds: float | None = None  # since vLLM first reported it unhealthy; 0 while healthy
+    preemptions_in_window: float | None = None  # preemptions counted over the window
+    kv_cache_capacity_tokens: int | None = None  # kv_cache_size_tokens where vLLM reports it, else blocks x size
+    kv_cache_free_blocks: float | None = None  # blocks a new request can get, as vLLM counts them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +56,19 @@ class GpuDerived:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDerived:
+    """Server-level values of one served model: vLLM's own admission control (--max-num-queued-*, 0.32+)."""
+
+    model_name: str
+    admission_rejections_total: float | None  # vLLM's counter, all reasons, since vLLM started
+    admission_rejections_by_reason: tuple[tuple[str, float], ...]  # vLLM's counter per reason label
+    admission_rejections_per_second: float | None  # over the short horizon (the last few polls)
+    admission_rejections_in_window: float | None  # counted over the window
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Derived:
     engines: tuple[EngineDerived, ...]
     gpus: tuple[GpuDerived, ...]
     problems: tuple[str, ...]
+    models: tuple[ModelDerived, ...] = ()

@@ -50,6 +50,24 @@ class EngineMetrics:
     prompt_tokens_total: float | None
     generation_tokens_total: float | None
     iterations_total: float | None  # the count of vllm:iteration_tokens_total: one per engine step
+    # vllm:num_requests_waiting_by_reason (0.20+): waiting for scheduling capacity, and deferred by a transient
+    # constraint (LoRA budget, KV transfer, blocked); they add up to requests_waiting. None before 0.20.
+    requests_waiting_capacity: float | None = None
+    requests_waiting_deferred: float | None = None
+    # vllm:engine_healthy (vLLM main after 0.33.0, only with --enable-fault-tolerance): False while vLLM's fault
+    # tolerance reports the engine unhealthy or dead (vLLM then answers 503 itself); None when not exported.
+    engine_healthy: bool | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelMetrics:
+    """The server-level vLLM values of one served model (no engine label): vLLM's own admission control."""
+
+    model_name: str
+    # vllm:admission_rejections_total (0.32+): requests vLLM refused with 503 by its --max-num-queued-reqs /
+    # --max-num-queued-tokens caps, summed over reasons, and per reason as vLLM labels them.
+    admission_rejections_total: float | None
+    admission_rejections_by_reason: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,3 +83,4 @@ class VllmReading:
     # only while the engines' gauges read idle, where it tells a quiet engine from one whose requests hang.
     # None when not asked or not offered.
     server_load: int | None = None
+    models: tuple[ModelMetrics, ...] = ()  # server-level values per model_name (vLLM 0.32+); () before

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 
 from sidecar.model.exposition import Exposition, Sample
-from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, VllmReading
+from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, ModelMetrics, VllmReading
 from sidecar.parse.pick import SamplePicker
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -29,6 +29,11 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 ITERATIONS = "vllm:iteration_tokens_total_count"
 CPU_CACHE_USAGE_V0 = "vllm:cpu_cache_usage_perc"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # 0.20+: reason="capacity" | "deferred"
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"  # 0.32+: model_name and reason, no engine label
+ENGINE_HEALTHY = "vllm:engine_healthy"  # main after 0.33.0, with --enable-fault-tolerance: engine label only
+WAITING_CAPACITY = "capacity"
+WAITING_DEFERRED = "deferred"
 
 KEPT_SAMPLES = frozenset(
     {
@@ -47,6 +52,9 @@ KEPT_SAMPLES = frozenset(
         PROMPT_TOKENS,
         GENERATION_TOKENS,
         ITERATIONS,
+        WAITING_BY_REASON,
+        ADMISSION_REJECTIONS,
+        ENGINE_HEALTHY,
     }
 )
 """The sample names the sidecar reads: the daemon's picker parses these lines only (`vllm_sample_picker`), the
@@ -83,9 +91,9 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
         )
     cache_configs = _read_cache_configs(exposition.get(CACHE_CONFIG), problems)
     values = _ValuesByEngine(exposition)
-    engines = tuple(
-        _read_engine(values, key, cache_configs) for key in sorted(_engine_keys(exposition), key=_engine_sort_key)
-    )
+    keys = sorted(_engine_keys(exposition), key=_engine_sort_key)
+    healthy = _engine_health(exposition.get(ENGINE_HEALTHY), {engine for _, engine in keys}, problems)
+    engines = tuple(_read_engine(values, key, cache_configs, healthy) for key in keys)
     if not exposition.get(CACHE_CONFIG) and engines:
         problems.append(f"vLLM /metrics has no {CACHE_CONFIG}: KV-cache capacity and block size unknown")
     for engine in engines:
@@ -96,7 +104,10 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
                 f"vLLM reports num_gpu_blocks=None for engine {engine.engine!r} (vLLM 0.8.x publishes it before "
                 "the engine has sized its cache): KV-cache capacity unknown"
             )
-    return VllmReading(url=url, version=version, schema=schema, engines=engines, problems=tuple(problems))
+    models = _read_models(exposition.get(ADMISSION_REJECTIONS))
+    return VllmReading(
+        url=url, version=version, schema=schema, engines=engines, problems=tuple(problems), models=models
+    )
 
 
 def detect_schema(exposition: Exposition) -> MetricSchema:
@@ -147,6 +158,7 @@ class _ValuesByEngine:
     def __init__(self, exposition: Exposition) -> None:
         self._exposition = exposition
         self._by_name: dict[str, dict[EngineKey, list[float]]] = {}
+        self._by_reason: dict[str, dict[tuple[str, str, str], list[float]]] = {}
 
     def of(self, name: str, key: EngineKey) -> list[float]:
         table = self._by_name.get(name)
@@ -157,9 +169,22 @@ class _ValuesByEngine:
             self._by_name[name] = table
         return table.get(key, [])
 
+    def of_reason(self, name: str, key: EngineKey, reason: str) -> list[float]:
+        """The values of `name` for this engine whose `reason` label is `reason`."""
+        table = self._by_reason.get(name)
+        if table is None:
+            table = {}
+            for sample in self._exposition.get(name):
+                table.setdefault((*_key(sample), sample.label("reason") or ""), []).append(sample.value)
+            self._by_reason[name] = table
+        return table.get((*key, reason), [])
+
 
 def _read_engine(
-    values_of: _ValuesByEngine, key: EngineKey, cache_configs: dict[str | None, CacheConfig]
+    values_of: _ValuesByEngine,
+    key: EngineKey,
+    cache_configs: dict[str | None, CacheConfig],
+    healthy: dict[str, bool],
 ) -> EngineMetrics:
     def first_found(names: tuple[str, ...]) -> list[float]:
         """This engine's values under the first candidate name that has any; NaN means vLLM does not know, and
@@ -181,6 +206,11 @@ def _read_engine(
         values = first_found(names)
         return sum(values) if values else None
 
+    def waiting(reason: str) -> float | None:
+        # Like any gauge: the highest of several series (one per API-server process, see `gauge`).
+        values = [value for value in values_of.of_reason(WAITING_BY_REASON, key, reason) if math.isfinite(value)]
+        return max(values) if values else None
+
     current_prefix = counter(PREFIX_QUERIES) is not None
     queries_name, hits_name = (PREFIX_QUERIES, PREFIX_HITS) if current_prefix else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)
     return EngineMetrics(
@@ -198,6 +228,47 @@ def _read_engine(
         prompt_tokens_total=counter(PROMPT_TOKENS),
         generation_tokens_total=counter(GENERATION_TOKENS),
         iterations_total=counter(ITERATIONS),
+        requests_waiting_capacity=waiting(WAITING_CAPACITY),
+        requests_waiting_deferred=waiting(WAITING_DEFERRED),
+        engine_healthy=healthy.get(key[1]),
+    )
+
+
+def _engine_health(samples: Iterable[Sample], engines: set[str], problems: list[str]) -> dict[str, bool]:
+    """vllm:engine_healthy per engine label (it has no model_name: it applies to that engine of every model).
+
+    vLLM writes 1 (healthy) or 0 (unhealthy or dead); several series for one engine (not seen in vLLM) count as
+    unhealthy when any says so. A series for an engine that exports nothing else cannot be tied to a model: it is
+    reported, not judged.
+    """
+    health: dict[str, bool] = {}
+    for sample in samples:
+        if not math.isfinite(sample.value):
+            continue
+        engine = sample.label("engine") or "0"
+        health[engine] = health.get(engine, True) and sample.value > 0
+    problems.extend(
+        f"{ENGINE_HEALTHY} reports engine {engine!r}, which exports no other vLLM metric here: not judged"
+        for engine in sorted(set(health) - engines)
+    )
+    return health
+
+
+def _read_models(samples: Iterable[Sample]) -> tuple[ModelMetrics, ...]:
+    """vllm:admission_rejections_total per model_name: the sum over reasons and each reason's count."""
+    by_model: dict[str, dict[str, float]] = {}
+    for sample in samples:
+        reasons = by_model.setdefault(sample.label("model_name") or "", {})
+        if math.isfinite(sample.value):
+            reason = sample.label("reason") or ""
+            reasons[reason] = reasons.get(reason, 0.0) + sample.value  # label splits add up, as counters do
+    return tuple(
+        ModelMetrics(
+            model_name=model,
+            admission_rejections_total=sum(reasons.values()) if reasons else None,
+            admission_rejections_by_reason=tuple(sorted(reasons.items())),
+        )
+        for model, reasons in sorted(by_model.items())
     )
 
 

@@ -46,6 +46,7 @@ class PauseRule(StrEnum):
     PREEMPTIONS = "preemptions"
     GPU_FREE_MEMORY = "gpu_free_memory"
     ENGINE_STALLED = "engine_stalled"
+    ENGINE_UNHEALTHY = "engine_unhealthy"  # vLLM's fault tolerance reports the engine unhealthy (engine_healthy 0)
     MANUAL = "manual"
 
 

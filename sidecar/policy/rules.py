@@ -6,7 +6,8 @@ evidence (the policy holds everything when the data as a whole is stale or missi
 
 Pressure, exactly: admission is open and at least one of
 - an engine's KV usage is above resume_kv_usage_ratio (inside the hysteresis band, below the pause threshold);
-- an engine has waiting > waiting_ratio x running on fewer than waiting_ticks consecutive polls so far;
+- an engine has waiting > waiting_ratio x running on fewer than waiting_ticks consecutive polls so far (waiting for
+  capacity only, where vLLM splits its queue by reason: see `queued`);
 - a GPU's forecast time to OOM is under oom_forecast_s (fewer than oom_forecast_ticks polls so far, or a guard
   blocks the restart);
 - an engine made no progress with requests waiting or running for some time, still under stall_pause_after_s
@@ -65,8 +66,26 @@ def seconds(value: float) -> str:
     return f"{value:.0f} s"
 
 
+def queued(engine: EngineDerived) -> float | None:
+    """The waiting requests the queue rule counts: those waiting for scheduling capacity where vLLM splits its
+    queue by reason (0.20+), all waiting requests where it does not. Deferred requests (LoRA budget, KV transfer,
+    blocked) wait on something a pause does not free: more capacity elsewhere would not serve them sooner."""
+    if engine.requests_waiting_capacity is not None:
+        return engine.requests_waiting_capacity
+    return engine.requests_waiting
+
+
+def _waiting_text(engine: EngineDerived) -> str:
+    """'waiting 12' (no split by reason) or 'waiting for capacity 10' (with ', 2 deferred not counted')."""
+    if engine.requests_waiting_capacity is None:
+        return f"waiting {_count(engine.requests_waiting or 0.0)}"
+    deferred = engine.requests_waiting_deferred
+    more = f" ({_count(deferred)} deferred not counted)" if deferred else ""
+    return f"waiting for capacity {_count(engine.requests_waiting_capacity)}{more}"
+
+
 def _waiting_exceeds(engine: EngineDerived, settings: PolicySettings) -> bool:
-    waiting, running = engine.requests_waiting, engine.requests_running
+    waiting, running = queued(engine), engine.requests_running
     return waiting is not None and running is not None and waiting > settings.waiting_ratio * running
 
 
@@ -125,7 +144,7 @@ def pause_findings(
 ) -> list[Finding]:
     """The pause conditions met now, most telling first. `probe_line`: the engine probe's pause line, while its
     completion has waited stall_pause_after_s for an answer or proved a wedge (see `probe`)."""
-    found: list[Finding] = []
+    found = _unhealthy(derived)
     for e in derived.engines:
         usage = e.kv_cache_usage_ratio
         if usage is not None and usage >= settings.pause_kv_usage_ratio:
@@ -134,9 +153,9 @@ def pause_findings(
             found.append(Finding(rule=PauseRule.KV_CACHE_USAGE, text=text))
     for e in derived.engines:
         ticks = waiting_streaks.get(engine_key(e), 0)
-        if ticks >= settings.waiting_ticks and e.requests_waiting is not None and e.requests_running is not None:
+        if ticks >= settings.waiting_ticks and queued(e) is not None and e.requests_running is not None:
             text = (
-                f"waiting {_count(e.requests_waiting)} > {settings.waiting_ratio:g} x running "
+                f"{_waiting_text(e)} > {settings.waiting_ratio:g} x running "
                 f"{_count(e.requests_running)} for {ticks} ticks on {engine_label(e, derived)}"
             )
             found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
@@ -172,6 +191,18 @@ def _work(engine: EngineDerived) -> str:
     return "requests in flight at vLLM's API server while its engine reads idle"
 
 
+def _unhealthy(derived: Derived) -> list[Finding]:
+    """Engines vLLM's fault tolerance reports unhealthy: vLLM already answers 503 for them, and the pod must leave
+    the load balancer's rotation too (a router that does not read vllm:engine_healthy keeps sending traffic)."""
+    found: list[Finding] = []
+    for e in derived.engines:
+        if e.engine_healthy is False:
+            # How long is said by the pause that it holds ("since N s"; see `admission`), not here a second time.
+            text = f"vLLM reports {engine_label(e, derived)} unhealthy (fault tolerance: vllm:engine_healthy 0)"
+            found.append(Finding(rule=PauseRule.ENGINE_UNHEALTHY, text=text))
+    return found
+
+
 def _stalled_for(engine: EngineDerived, derived: Derived, limit_s: float) -> str | None:
     """The line for an engine with work (requests waiting or running) and no progress for at least `limit_s`;
     None otherwise. The stall is 0 without work (see sidecar.derive.progress)."""
@@ -193,13 +224,13 @@ def resume_blockers(derived: Derived, settings: PolicySettings, probe_line: str 
             text = f"KV cache usage {shown} > {limit} resume threshold on {engine_label(e, derived)}"
             found.append(Finding(rule=PauseRule.KV_CACHE_USAGE, text=text))
     for e in derived.engines:
-        if _waiting_exceeds(e, settings) and e.requests_waiting is not None and e.requests_running is not None:
+        if _waiting_exceeds(e, settings) and e.requests_running is not None:
             text = (
-                f"waiting {_count(e.requests_waiting)} > {settings.waiting_ratio:g} x running "
+                f"{_waiting_text(e)} > {settings.waiting_ratio:g} x running "
                 f"{_count(e.requests_running)} on {engine_label(e, derived)}"
             )
             found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
-    # Preemptions and GPU memory have no band of their own: clear means back on the right side of the line.
+    # Preemptions, GPU memory and an unhealthy engine have no band of their own: clear means back on the right side.
     found.extend(f for f in pause_findings(derived, settings, {}, probe_line) if f.rule != PauseRule.KV_CACHE_USAGE)
     return found
 
@@ -217,8 +248,9 @@ def pressure_findings(
             found.append(Finding(rule=None, text=text))
         ticks = waiting_streaks.get(engine_key(e), 0)
         if 0 < ticks < settings.waiting_ticks:
+            what = "waiting" if e.requests_waiting_capacity is None else "waiting for capacity"
             text = (
-                f"waiting > {settings.waiting_ratio:g} x running for {ticks} of {settings.waiting_ticks} ticks "
+                f"{what} > {settings.waiting_ratio:g} x running for {ticks} of {settings.waiting_ticks} ticks "
                 f"on {engine_label(e, derived)}"
             )
             found.append(Finding(rule=None, text=text))

@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from sidecar.model.acting import ActingView
 from sidecar.model.cause import CrashCause
-from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.model.derived import Derived, EngineDerived, GpuDerived, ModelDerived
 from sidecar.model.gpu import GpuDevice
 from sidecar.model.snapshot import Snapshot
 
@@ -59,6 +59,12 @@ def engine_once_document(engine: EngineDerived) -> JsonObject:
         "kv_cache_request_headroom": engine.kv_cache_request_headroom,
         "kv_cache_fragmentation_ratio": engine.kv_cache_fragmentation_ratio,
         "prefix_cache_hit_ratio_lifetime": engine.prefix_cache_hit_ratio_lifetime,
+        # Beyond the contract's fields: vLLM's queue split (0.20+), its fault tolerance's verdict, token capacity.
+        "requests_waiting_capacity": count(engine.requests_waiting_capacity),
+        "requests_waiting_deferred": count(engine.requests_waiting_deferred),
+        "engine_healthy": engine.engine_healthy,
+        "kv_cache_capacity_tokens": engine.kv_cache_capacity_tokens,
+        "kv_cache_free_blocks": engine.kv_cache_free_blocks,
     }
 
 
@@ -68,6 +74,29 @@ def engine_status_document(engine: EngineDerived) -> JsonObject:
         prefix_cache_hit_ratio=engine.prefix_cache_hit_ratio,
         preemptions_per_second=engine.preemptions_per_second,
         engine_stalled_seconds=engine.engine_stalled_seconds,
+        preemptions_in_window=count(engine.preemptions_in_window),
+        requests_waiting_deferred_ratio=engine.requests_waiting_deferred_ratio,
+        engine_unhealthy_seconds=engine.engine_unhealthy_seconds,
+    )
+    return document
+
+
+def model_once_document(model: ModelDerived) -> JsonObject:
+    """vLLM's own admission control for one served model (0.32+): what a single poll can know."""
+    return {
+        "model_name": model.model_name,
+        "admission_rejections_total": count(model.admission_rejections_total),
+        "admission_rejections_by_reason": {
+            reason: count(value) for reason, value in model.admission_rejections_by_reason
+        },
+    }
+
+
+def model_status_document(model: ModelDerived) -> JsonObject:
+    document = model_once_document(model)
+    document.update(
+        admission_rejections_per_second=model.admission_rejections_per_second,
+        admission_rejections_in_window=count(model.admission_rejections_in_window),
     )
     return document
 
@@ -99,6 +128,7 @@ def once_document(snapshot: Snapshot, derived: Derived, url: str) -> JsonObject:
         "engines": [engine_once_document(engine) for engine in derived.engines],
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
+        "models": [model_once_document(model) for model in derived.models],
     }
 
 
@@ -115,6 +145,7 @@ def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: 
         "engines": [engine_status_document(engine) for engine in derived.engines],
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
+        "models": [model_status_document(model) for model in derived.models],
     }
 
 

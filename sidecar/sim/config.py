@@ -18,7 +18,7 @@ class VllmVersion(StrEnum):
     """The release lines whose metrics, log lines and KV usage formula the simulator reproduces."""
 
     V0_6 = "0.6"  # V0 engine: no null block, `# GPU blocks` log line, swap space (CPU blocks)
-    V0_10 = "0.10"  # V1 engine: one null block counted as used
+    V0_10 = "0.10"  # V1 engine, 0.10.2: the null block excluded from the usage denominator (since 0.10.2)
     V0_32 = "0.32"  # V1 engine: the null block excluded from the usage denominator
 
 
@@ -71,6 +71,14 @@ class SimConfig:
     tenant_bytes_per_s: float = float(GIB)
     tenant_max_bytes: int = 6 * GIB
     hang_after_s: float | None = None  # seconds after the first request; None: never hangs
+    # vLLM's own admission control (0.29+ flag; counted in vllm:admission_rejections_total from 0.32): in-flight
+    # requests (waiting + running, a request with n > 1 counts n) above which a new one is answered 503.
+    max_num_queued_reqs: int | None = None
+    # --enable-fault-tolerance (0.29+): /metrics shows vllm:engine_healthy (vLLM main after 0.33.0; the simulator
+    # shows it on its newest profile); an engine that dies waits engine_recovery_timeout_s for recovery, unhealthy,
+    # answering 503 and /health 200, before the server stops as it does without fault tolerance.
+    enable_fault_tolerance: bool = False
+    engine_recovery_timeout_s: float = 120.0  # vLLM's FaultToleranceConfig.engine_recovery_timeout_sec default
     engine_pid: int = 4242  # engine i has pid engine_pid + i
     api_server_pid: int = 4100
     wall_offset_s: float = 1_763_784_000.0  # added to now_s to stamp log lines (the shell passes its own)
@@ -83,6 +91,12 @@ class SimConfig:
         if not self.model_name:
             raise ValueError("model_name must not be empty")
         self._check_ranges()
+        if self.vllm_version != VllmVersion.V0_32 and self.max_num_queued_reqs is not None:
+            raise ValueError(f"vLLM {self.vllm_version} has no --max-num-queued-reqs (0.29+): use --vllm-version 0.32")
+        if self.vllm_version != VllmVersion.V0_32 and self.enable_fault_tolerance:
+            raise ValueError(
+                f"vLLM {self.vllm_version} has no --enable-fault-tolerance (0.29+): use --vllm-version 0.32"
+            )
         if self.vllm_version == VllmVersion.V0_6 and self.data_parallel > 1:
             raise ValueError("vLLM 0.6 (V0 engine) has no data parallelism: data_parallel must be 1")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
@@ -122,6 +136,8 @@ class SimConfig:
             "prefill_s_per_token": self.prefill_s_per_token,
             "tenant_start_s": self.tenant_start_s,
             "hang_after_s": self.hang_after_s,
+            "max_num_queued_reqs": self.max_num_queued_reqs,
+            "engine_recovery_timeout_s": self.engine_recovery_timeout_s,
         }
         for name, optional in non_negative.items():
             if optional is not None and optional < 0:

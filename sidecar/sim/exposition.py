@@ -38,10 +38,14 @@ __all__ = ["CONTENT_TYPE", "CacheSettings", "MetricsWriter"]
 class MetricsWriter:
     """Keeps one simulated vLLM's metrics. Not thread-safe beyond what prometheus_client guarantees."""
 
-    def __init__(self, version: str, *, model_name: str, cache: CacheSettings, engines: int = 1) -> None:
+    def __init__(
+        self, version: str, *, model_name: str, cache: CacheSettings, engines: int = 1, fault_tolerance: bool = False
+    ) -> None:
         self.version = parse_version(version)
         if engines < 1 or (self.version is Version.V0_6 and engines != 1):
             raise ValueError(f"vLLM {self.version} cannot run {engines} engines behind one server")
+        if fault_tolerance and self.version is not Version.V0_32:
+            raise ValueError(f"vLLM {self.version} has no --enable-fault-tolerance")
         self._v1 = self.version is not Version.V0_6
         self._model_name = model_name
         self._engines = engines
@@ -52,7 +56,7 @@ class MetricsWriter:
             GCCollector(registry=self._registry)
             PlatformCollector(registry=self._registry)
             ProcessCollector(registry=self._registry)
-        self._families = families(self.version, cache.max_model_len)
+        self._families = families(self.version, cache.max_model_len, fault_tolerance=fault_tolerance)
         self._by_name = {family.name: family for family in self._families}
         self._engine_cache = {
             engine: EngineCache(
@@ -139,6 +143,14 @@ class MetricsWriter:
         computed = record.prompt_tokens - record.cached_prompt_tokens
         self._observe("vllm:request_prefill_kv_computed_tokens", engine, computed)
 
+    def admission_rejected(self, reason: str) -> None:
+        """The API server refused a request by a queue cap (HTTP 503); `reason` is vLLM's label value."""
+        self._inc("vllm:admission_rejections_total", 0, 1, reason)
+
+    def engine_health(self, engine: int, *, healthy: bool) -> None:
+        """What fault tolerance reports for `engine` (shown only with fault tolerance on)."""
+        self._set("vllm:engine_healthy", self._check_engine(engine), 1 if healthy else 0)
+
     def render(self, gauges: Sequence[EngineGauges], *, now_s: float | None = None) -> bytes:
         """Set the gauges from the engines' state and return the text exposition.
 
@@ -213,6 +225,8 @@ class MetricsWriter:
             return list(_LORA_LABELS)
         if family.scope is Scope.CACHE_CONFIG:
             return self._cache_labelnames
+        if family.scope is Scope.ENGINE_ONLY:
+            return ["engine"]
         names = ["model_name"]
         if family.scope is Scope.ENGINE and self._v1:
             names.append("engine")
@@ -234,7 +248,7 @@ class MetricsWriter:
         for family in self._families:
             if family.scope in (Scope.LORA, Scope.CACHE_CONFIG):
                 continue
-            engines = range(self._engines) if family.scope is Scope.ENGINE else range(1)
+            engines = range(self._engines) if family.scope in (Scope.ENGINE, Scope.ENGINE_ONLY) else range(1)
             values: tuple[str | None, ...] = family.precreated or (None,)
             if family.value_major:
                 pairs = [(engine, value) for value in values for engine in engines]
@@ -245,6 +259,7 @@ class MetricsWriter:
                 metric.labels(*self._label_values(family, engine, value))
         for engine in range(self._engines):
             self._set("vllm:engine_sleep_state", engine, 1, "awake")  # the simulated engines never sleep
+            self._set("vllm:engine_healthy", engine, 1)  # absent without fault tolerance: then this does nothing
 
     def _publish_cache_config(self) -> None:
         """One series per engine; `num_gpu_blocks` is the sum over engines, as V1's handshake adds them up."""
@@ -263,6 +278,8 @@ class MetricsWriter:
             self._cache_series[engine] = labels
 
     def _label_values(self, family: Family, engine: int, extra: str | None) -> list[str]:
+        if family.scope is Scope.ENGINE_ONLY:
+            return [str(engine)]
         values = [self._model_name]
         if family.scope is Scope.ENGINE and self._v1:
             values.append(str(engine))

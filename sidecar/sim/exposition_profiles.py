@@ -39,6 +39,7 @@ class Kind(StrEnum):
 class Scope(StrEnum):
     ENGINE = "engine"  # model_name (+ engine on V1) + extra labels; one series per engine
     MODEL = "model"  # model_name + extra labels, no engine even on V1 (admission_rejections)
+    ENGINE_ONLY = "engine_only"  # engine alone, no model_name (engine_healthy, collected from the API server)
     LORA = "lora"  # V0 lora_requests_info: only the adapter labels
     CACHE_CONFIG = "cache_config"  # CacheConfig fields (+ engine on V1); built by the writer
 
@@ -302,10 +303,18 @@ def _families_0_32(max_model_len: int) -> tuple[Family, ...]:
     )
 
 
-def families(version: Version, max_model_len: int) -> tuple[Family, ...]:
-    """The families a plain `vllm serve` of `version` shows, in the order its /metrics lists them."""
+# vLLM main after 0.33.0, vllm/entrypoints/serve/instrumentator/metrics.py: a collector registered when /metrics is
+# mounted, after every engine metric; one series per engine of this API server, only with --enable-fault-tolerance.
+ENGINE_HEALTHY = _g(
+    "vllm:engine_healthy", "Whether the engine reports healthy under fault tolerance.", scope=Scope.ENGINE_ONLY
+)
+
+
+def families(version: Version, max_model_len: int, *, fault_tolerance: bool = False) -> tuple[Family, ...]:
+    """The families a plain `vllm serve` of `version` shows, in the order its /metrics lists them; with
+    `fault_tolerance` (--enable-fault-tolerance, newest profile only) also vllm:engine_healthy, last."""
     if version is Version.V0_6:
         return _families_0_6(max_model_len)
     if version is Version.V0_10:
         return _families_0_10(max_model_len)
-    return _families_0_32(max_model_len)
+    return (*_families_0_32(max_model_len), *((ENGINE_HEALTHY,) if fault_tolerance else ()))

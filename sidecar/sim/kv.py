@@ -60,10 +60,9 @@ class BlockPool:
         """KV cache usage as the version's gauge shows it."""
         if self._version == VllmVersion.V0_6:
             return self.num_used / self.num_gpu_blocks
-        if self._version == VllmVersion.V0_10:
-            # BlockPool.get_usage() = 1 - free/total: the null block is never free, so it reads as used.
-            return 1.0 - self.num_free / self.num_gpu_blocks
-        return self.num_used / (self.num_gpu_blocks - 1)  # 0.32 excludes the null block
+        # BlockPool.get_usage() since 0.10.2: 1 - free / (num_gpu_blocks - 1), "Subtract 1 to account for null
+        # block". (0.8.3-0.10.1.1 divided by num_gpu_blocks, so the null block, never free, read as used.)
+        return self.num_used / (self.num_gpu_blocks - 1)
 
     def refcount(self, block: int) -> int:
         return self._refcount[block]

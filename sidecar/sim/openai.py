@@ -82,7 +82,9 @@ def output_text(start: int, count: int) -> str:
 
 
 def error_document(message: str, status: int) -> bytes:
-    kind = "BadRequestError" if status == 400 else "NotFoundError" if status == 404 else "InternalServerError"
+    # vLLM names a GracefulHTTPError (its queue caps' 503) by the status's phrase.
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "Service Unavailable"}
+    kind = kinds.get(status, "InternalServerError")
     return json.dumps({"object": "error", "message": message, "type": kind, "param": None, "code": status}).encode()
 
 

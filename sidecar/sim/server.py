@@ -42,11 +42,13 @@ from sidecar.sim.openai import (
     usage_event,
 )
 from sidecar.sim.records import TokenEvent
-from sidecar.sim.simulation import Simulation
+from sidecar.sim.simulation import QueueOverflowError, Simulation
 
 VERSIONS = {str(version): release for version, release in RELEASES.items()}  # what /version answers per profile
 EXIT_AFTER_DEATH_S = 2.0  # vLLM's watchdog notices a dead engine and stops the API server within seconds
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# The simulator's wording (vLLM answers 503 while fault tolerance holds an engine unhealthy; its text varies).
+ENGINE_FAULTED_MESSAGE = "The engine is unhealthy and waiting for fault-tolerance recovery; retry on another instance."
 
 
 def metrics_writer(config: SimConfig) -> MetricsWriter:
@@ -55,6 +57,7 @@ def metrics_writer(config: SimConfig) -> MetricsWriter:
         str(config.vllm_version),
         model_name=config.model_name,
         engines=config.data_parallel,
+        fault_tolerance=config.enable_fault_tolerance,
         cache=CacheSettings(
             max_model_len=config.max_model_len,
             num_gpu_blocks_per_engine=max(1, config.derived_num_gpu_blocks),
@@ -148,15 +151,23 @@ class SimServer:
             if outcome.hung and self._frozen_metrics is None:
                 self._frozen_metrics = self._render_metrics()  # a hung engine's /metrics stop changing
             if outcome.death is not None:
-                await self._die(outcome.death.log_lines)
+                await self._die(outcome.death.log_lines, outcome.death.engine)
                 return
             await asyncio.sleep(outcome.duration_s)
 
-    async def _die(self, log_lines: tuple[str, ...]) -> None:
+    async def _die(self, log_lines: tuple[str, ...], engine: int = 0) -> None:
         self._dead = True
         self._raw(log_lines)
         for stream in self._streams.values():
             stream.queue.put_nowait(ENGINE_DEAD_MESSAGE)
+        if self.config.enable_fault_tolerance:
+            # vLLM's fault tolerance holds the faulted engine UNHEALTHY, waiting for a recovery instruction, for
+            # engine_recovery_timeout_sec before it raises; meanwhile /health stays 200 (liveness only), new
+            # requests get 503, and vllm:engine_healthy reads 0. No recovery is simulated.
+            self._writer.engine_health(engine, healthy=False)
+            self._say(f"[FT] Engine {engine} status -> UNHEALTHY", where="engine_core_sentinel.py:1")
+            await asyncio.sleep(self.config.engine_recovery_timeout_s)
+            self._say(f"[FT] No recovery within {self.config.engine_recovery_timeout_s:.0f}s timeout.")
         await asyncio.sleep(EXIT_AFTER_DEATH_S)
         self._say("Shutting down FastAPI HTTP server.", where="launcher.py:1")
         self._exit_code = 1
@@ -184,7 +195,7 @@ class SimServer:
         return _json(HTTPStatus.NOT_FOUND, error_document(f"Not Found: {request.path}", 404))
 
     def _health(self, _: Request) -> Response:
-        if self._dead:
+        if self._dead and not self.config.enable_fault_tolerance:
             # vLLM >= 0.11 answers 503 on EngineDeadError; older versions let the error surface as 500.
             status = (
                 HTTPStatus.SERVICE_UNAVAILABLE
@@ -210,6 +221,8 @@ class SimServer:
 
     async def _complete(self, request: Request, api: Api) -> Response:
         if self._dead:
+            if self.config.enable_fault_tolerance:
+                return _json(HTTPStatus.SERVICE_UNAVAILABLE, error_document(ENGINE_FAULTED_MESSAGE, 503))
             return _json(HTTPStatus.INTERNAL_SERVER_ERROR, error_document(ENGINE_DEAD_MESSAGE, 500))
         try:
             parsed = parse_request(request.body, api, served_model=self.config.model_name, default_max_tokens=16)
@@ -218,6 +231,9 @@ class SimServer:
         except (BadRequestError, RequestRejectedError) as error:
             message = error.message if isinstance(error, RequestRejectedError) else str(error)
             return _json(HTTPStatus.BAD_REQUEST, error_document(message, 400))
+        except QueueOverflowError as error:
+            self._writer.admission_rejected(error.reason)
+            return _json(HTTPStatus.SERVICE_UNAVAILABLE, error_document(str(error), 503))
         stream = _Stream()
         self._streams[request_id] = stream
         if parsed.stream:

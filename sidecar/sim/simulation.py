@@ -23,6 +23,17 @@ class EngineDeadError(RuntimeError):
     """The engine died or never started: vLLM answers every request with an error."""
 
 
+class QueueOverflowError(RuntimeError):
+    """Admitting the request would exceed --max-num-queued-reqs: vLLM answers 503 and counts the rejection."""
+
+    reason = "max_num_queued_reqs"  # the `reason` label of vllm:admission_rejections_total
+    # vLLM 0.32's QueueOverflowError message (vllm/exceptions.py).
+    message = (
+        "The engine is currently busy and cannot accept new requests. "
+        "Please try again later or on a different instance."
+    )
+
+
 class Simulation:
     def __init__(self, config: SimConfig, recorder: Recorder) -> None:
         self.config = config
@@ -56,6 +67,11 @@ class Simulation:
         return any(engine.has_work for engine in self._engines)
 
     @property
+    def in_flight(self) -> int:
+        """Sequences waiting or running on every engine: what vLLM's API server counts against its queue cap."""
+        return sum(engine.load for engine in self._engines)
+
+    @property
     def alive(self) -> bool:
         return self._refusal is None and self.death is None
 
@@ -82,7 +98,8 @@ class Simulation:
     ) -> int:
         """Queue a request on the least-loaded engine and return that engine's index.
 
-        Raises RequestRejectedError (vLLM's HTTP 400 message), EngineDeadError, or ValueError for a duplicate id.
+        Raises RequestRejectedError (vLLM's HTTP 400 message), EngineDeadError, QueueOverflowError (vLLM's 503 of
+        `max_num_queued_reqs`), or ValueError for a duplicate id.
         """
         self._touch(now_s)
         if self._refusal is not None:
@@ -92,6 +109,9 @@ class Simulation:
         check_request(self.config, prompt_token_ids, max_tokens, n)
         if request_id in self._route:
             raise ValueError(f"Request id {request_id} already running.")
+        cap = self.config.max_num_queued_reqs
+        if cap is not None and self.in_flight + n > cap:  # AsyncLLM.check_admission: a request with n counts n
+            raise QueueOverflowError(QueueOverflowError.message)
         count = len(self._engines)
         # Least loaded first; ties go round robin so equal engines share the work.
         engine = min(self._engines, key=lambda e: (e.load, (e.index - self._next_engine) % count))

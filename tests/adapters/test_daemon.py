@@ -247,7 +247,7 @@ def test_once_json_follows_the_contract(vllm: LoopbackServer) -> None:
     result = _cli("once", "--json", "--vllm-url", vllm.url)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert set(document) == {"vllm", "engines", "gpus", "problems"}
+    assert set(document) == {"vllm", "engines", "gpus", "problems", "models"}
     assert document["vllm"] == {
         "url": vllm.url,
         "reachable": True,
@@ -269,9 +269,28 @@ def test_once_json_follows_the_contract(vllm: LoopbackServer) -> None:
         "kv_cache_request_headroom",
         "kv_cache_fragmentation_ratio",
         "prefix_cache_hit_ratio_lifetime",
+        # beyond the contract's fields
+        "requests_waiting_capacity",
+        "requests_waiting_deferred",
+        "engine_healthy",
+        "kv_cache_capacity_tokens",
+        "kv_cache_free_blocks",
     }
     assert engine["kv_cache_capacity_blocks"] == 128
     assert engine["prefix_cache_hit_ratio_lifetime"] == pytest.approx(1440 / 2708)
+    # The capture's 0.8189 = 104 / 127: vLLM 0.32 leaves its null block out of the usage denominator.
+    assert engine["kv_cache_used_blocks"] == pytest.approx(104)
+    assert engine["kv_cache_free_blocks"] == pytest.approx(23)
+    assert (engine["requests_waiting_capacity"], engine["requests_waiting_deferred"]) == (4, 0)
+    assert engine["engine_healthy"] is None  # no fault tolerance: unknown, not healthy
+    assert engine["kv_cache_capacity_tokens"] == 4096
+    assert document["models"] == [
+        {
+            "model_name": "tiny-llama",
+            "admission_rejections_total": 0,
+            "admission_rejections_by_reason": {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0},
+        }
+    ]
     assert any("NVML" in problem for problem in document["problems"])
 
 

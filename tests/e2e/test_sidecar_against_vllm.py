@@ -135,11 +135,18 @@ def test_sidecar_sees_vllm_load_and_agrees_with_vllm_at_rest(vllm_server: VllmSe
         assert round(engine["kv_cache_usage_ratio"] * 127, 6) == pytest.approx(
             round(engine["kv_cache_usage_ratio"] * 127)
         )
+        # ... and the sidecar counts blocks the same way: used = usage x 127, free = 127 - used (whole blocks).
+        assert engine["kv_cache_used_blocks"] == pytest.approx(round(engine["kv_cache_usage_ratio"] * 127))
+        assert engine["kv_cache_free_blocks"] == pytest.approx(127 - engine["kv_cache_used_blocks"])
+        assert engine["kv_cache_capacity_tokens"] == 128 * BLOCK_SIZE  # vLLM's own kv_cache_size_tokens label
+        # vLLM 0.32 splits its queue: capacity + deferred = waiting (the sidecar's polls read one scrape each).
+        assert engine["requests_waiting_capacity"] + engine["requests_waiting_deferred"] == engine["requests_waiting"]
+        assert engine["engine_healthy"] is None  # no --enable-fault-tolerance: unknown, not healthy
         if engine["kv_cache_used_blocks"]:
             assert engine["kv_cache_blocks_per_request"] == pytest.approx(
                 engine["kv_cache_used_blocks"] / engine["requests_running"]
             )
-            free = 128 - engine["kv_cache_used_blocks"]
+            free = 127 - engine["kv_cache_used_blocks"]
             assert engine["kv_cache_request_headroom"] == pytest.approx(free / engine["kv_cache_blocks_per_request"])
             assert 0 < engine["kv_cache_fragmentation_ratio"] <= 1
         assert engine["engine_stalled_seconds"] < 30  # progressing, on a box this busy
@@ -162,6 +169,9 @@ def test_sidecar_sees_vllm_load_and_agrees_with_vllm_at_rest(vllm_server: VllmSe
     assert metrics["vllm_sidecar_prefix_cache_hit_ratio"][labels] == pytest.approx(hits / queries)
     assert metrics["vllm_sidecar_prefix_cache_hit_ratio"][labels] > 0
     assert 'vllm_sidecar_vllm_info{metric_schema="v1",version="0.32.0"}' in sidecar.get("/metrics").text
+    # No --max-num-queued-reqs: vLLM refused nothing, and says so (its counter exists at 0 from the start).
+    assert metrics["vllm_sidecar_vllm_rejections_in_window"][(("model_name", "tiny-llama"),)] == 0.0
+    assert metrics["vllm_sidecar_preemptions_in_window"][labels] >= 0
 
     once = subprocess.run(
         [sys.executable, "-m", "sidecar", "once", "--json", "--vllm-url", vllm_server.base_url],

@@ -32,6 +32,10 @@ def engine(
     quiet_s: float | None = None,
     name: str = "0",
     model: str = "m",
+    waiting_capacity: float | None = None,
+    waiting_deferred: float | None = None,
+    healthy: bool | None = None,
+    unhealthy_s: float | None = None,
 ) -> EngineDerived:
     return EngineDerived(
         model_name=model,
@@ -50,6 +54,10 @@ def engine(
         preemptions_per_second=preemptions_per_s,
         engine_stalled_seconds=stalled_s,
         seconds_since_progress=quiet_s,
+        requests_waiting_capacity=waiting_capacity,
+        requests_waiting_deferred=waiting_deferred,
+        engine_healthy=healthy,
+        engine_unhealthy_seconds=unhealthy_s,
     )
 
 

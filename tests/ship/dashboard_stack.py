@@ -6,7 +6,8 @@ load, and a Prometheus scraping all four every second. Also the command that red
 What runs, and why each part is there (every panel and annotation must have data):
 - sim `leak` (vLLM 0.32 names) with a slow leak (32 MiB/s) and a small KV cache: GPU memory grows steadily, so
   growth and time to OOM exist (about 30 minutes of it, so nothing runs out), and 12 clients fill the KV cache
-  to where the sidecar pauses admission and resumes it.
+  to where the sidecar pauses admission and resumes it. `--max-num-seqs 10` keeps two of them waiting for
+  capacity (vLLM's queue split by reason has data), and `--enable-fault-tolerance` shows `vllm:engine_healthy`.
 - sim `healthy` as vLLM 0.6 (V0: `gpu_cache_usage_perc`, no engine label): the vLLM panels must work on both name
   schemes. Light load, so its histograms exist (V0 creates them on the first request).
 - sidecar A on the leak sim, acting through the `exec` adapter with a script that fails once and then works,
@@ -41,9 +42,11 @@ ADMIN_TOKEN = "dashboard-stack-admin-token"  # noqa: S105 - a loopback test daem
 NEW_MODEL = "sim-llama"
 OLD_MODEL = "sim-llama-v0"
 XID = 79
-# Small enough that 12 requests of ~1,100 tokens fill 80-90 % of it: admission pauses at the default 0.9 and resumes
-# at 0.8, so the KV panels and annotations show the sidecar at work (the preset's ~28k blocks would read ~2 %).
-KV_BLOCKS = 1024
+# Small enough that the 10 running requests of ~1,100 tokens fill 80-90 % of it: admission pauses at the default 0.9
+# and resumes at 0.8, so the KV panels and annotations show the sidecar at work (the preset's ~28k blocks would read
+# ~2 %).
+KV_BLOCKS = 864
+MAX_NUM_SEQS = 10  # of the 12 clients: 2 wait for capacity
 
 # The exec adapter's command: fails the first time (as a missing unit would), succeeds after.
 RESTART_SCRIPT = """#!/bin/sh
@@ -92,8 +95,9 @@ class DashboardStack:
         leak = SimProcess(
             "leak",
             d / "sim-leak.log",
-            *("--model-name", NEW_MODEL, "--num-gpu-blocks", str(KV_BLOCKS)),
+            *("--model-name", NEW_MODEL, "--num-gpu-blocks", str(KV_BLOCKS), "--max-num-seqs", str(MAX_NUM_SEQS)),
             *("--leak-bytes-per-request", "0", "--leak-bytes-per-s", str(32 * MIB)),
+            *("--enable-fault-tolerance", "true"),
         )
         self._stoppers.append(leak.stop)
         old = SimProcess(
@@ -198,6 +202,7 @@ class DashboardStack:
             "a failed restart": 'vllm_sidecar_action_failures_total{action="restart"} > 0',
             "a manual restart": 'vllm_sidecar_restarts_total{reason="manual"} > 0',
             "an Xid": "vllm_sidecar_gpu_last_xid",
+            "requests waiting, split by reason": "vllm_sidecar_requests_waiting_deferred_ratio",
             "TTFT on both vLLM versions": "count(count by (model_name) (vllm:time_to_first_token_seconds_count)) == 2",
         }
         deadline = time.monotonic() + timeout_s

@@ -149,7 +149,22 @@ def test_it_imports_into_current_grafana() -> None:
     for annotation in dashboard["annotations"]["list"][1:]:
         assert annotation["datasource"] == DATASOURCE
     rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
-    assert rows == ["Overview: admission and policy", "KV cache", "GPU memory", "vLLM engine", "Sidecar self"]
+    assert rows == [
+        "Overview: admission and policy",
+        "KV cache",
+        "GPU memory",
+        "vLLM engine",
+        "vLLM's own admission: shedding, queue reasons, fault tolerance",
+        "Sidecar self",
+    ]
+
+
+def test_the_preemption_threshold_drawn_is_the_policys() -> None:
+    from sidecar.policy.settings import PolicySettings
+
+    (panel,) = [p for p in queries.panels(_dashboard()) if p["title"] == "Preemptions"]
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [step["value"] for step in steps] == [None, PolicySettings().preemptions_per_s]
 
 
 def test_panels_tile_the_grid_without_overlapping() -> None:
@@ -364,6 +379,12 @@ def test_the_panels_show_what_happened(live: Live) -> None:
     assert _peak(_panel_results(live, "Xid errors")) >= 0.9
     assert _peak(_panel_results(live, "Last Xid")) == XID
     assert _peak(_panel_results(live, "Time to OOM (soonest GPU)")) > 0
+    waiting = _panel_results(live, "Waiting: for capacity or deferred")
+    assert _peak(waiting, model_name=NEW_MODEL, reason="capacity") >= 1, "2 of 12 clients wait for a batch slot"
+    assert _peak(waiting, model_name=NEW_MODEL, reason="deferred") == 0
+    assert _peak(waiting, model_name=OLD_MODEL, reason="all") >= 0, "vLLM 0.6 does not split its queue"
+    assert _peak(_panel_results(live, "Engine held unhealthy (fault tolerance)"), model_name=NEW_MODEL) == 0
+    assert _peak(_panel_results(live, "Refused over the window"), model_name=NEW_MODEL) == 0
     kv = _panel_results(live, "KV-cache usage")
     assert _peak(kv, model_name=NEW_MODEL) > 0.5, "the load fills the small KV cache"
     for title in ("Time to first token", "End-to-end request latency"):

@@ -4,6 +4,12 @@ The expected tables below are written by hand from /work/shared/reference/vllm-m
 families and the versions that have them, section 2 for labels, section 4 for `cache_config_info`), not from
 the simulator's code. For 0.32.0 they are also checked against the real capture, and for 0.6.6 and 0.10.2
 against the hand-written fixtures; HELP texts and bucket bounds must match those files too.
+
+vLLM's own shedding and queue reasons were checked in the released wheels' source (vllm/v1/metrics/loggers.py):
+`num_requests_waiting_by_reason{reason="capacity"|"deferred"}` first appears in 0.20.0 (not in 0.19.0), and
+`admission_rejections_total{model_name,reason}` in 0.32.0 (not in 0.31.0, although `--max-num-queued-reqs`
+exists from 0.29.0). `vllm:engine_healthy{engine}` is in no wheel up to 0.33.0: it comes from vLLM's main branch
+(vllm/entrypoints/serve/instrumentator/metrics.py, `_EngineHealthCollector`), with --enable-fault-tolerance.
 """
 
 from __future__ import annotations
@@ -167,7 +173,11 @@ EXPECTED_0_32: Table = {
     "vllm:cache_config_info": ("gauge", CACHE_0_32 | {"engine"}),
 }  # fmt: skip
 
-EXPECTED = {"0.6": EXPECTED_0_6, "0.10": EXPECTED_0_10, "0.32": EXPECTED_0_32}
+# With --enable-fault-tolerance (the simulator shows vLLM main's collector on its newest profile): one gauge per
+# engine of the API server, labelled `engine` alone, no model_name, no _created (a custom collector's gauge).
+EXPECTED_0_32_FT: Table = {**EXPECTED_0_32, "vllm:engine_healthy": ("gauge", frozenset({"engine"}))}
+
+EXPECTED = {"0.6": EXPECTED_0_6, "0.10": EXPECTED_0_10, "0.32": EXPECTED_0_32, "0.32-ft": EXPECTED_0_32_FT}
 FIXTURES = {
     "0.6": "vllm-0.6.6-v0-prefix-enabled.prom",
     "0.10": "vllm-0.10.2-v1.prom",
@@ -175,12 +185,13 @@ FIXTURES = {
 }
 # The token-count buckets run up to max_model_len: 32768 for the 0.6.6 and 0.10.2 fixtures, 512 in the capture.
 MAX_MODEL_LEN = {"0.6": 32768, "0.10": 32768, "0.32": 512}
-CASES = [("0.6", 1), ("0.10", 1), ("0.10", 2), ("0.32", 1), ("0.32", 2)]
+CASES = [("0.6", 1), ("0.10", 1), ("0.10", 2), ("0.32", 1), ("0.32", 2), ("0.32-ft", 1), ("0.32-ft", 2)]
 
 
-def _exposition(version: str, engines: int) -> str:
+def _exposition(profile: str, engines: int) -> str:
+    version, _, ft = profile.partition("-")
     cache = CacheSettings(max_model_len=MAX_MODEL_LEN[version], num_gpu_blocks_per_engine=2048, block_size=16)
-    writer = MetricsWriter(version, model_name="sim/tiny", cache=cache, engines=engines)
+    writer = MetricsWriter(version, model_name="sim/tiny", cache=cache, engines=engines, fault_tolerance=bool(ft))
     for engine in range(engines):
         writer.step_done(
             StepRecord(

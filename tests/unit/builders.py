@@ -7,7 +7,7 @@ from typing import Any
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.source import SourceResult
-from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, VllmReading
+from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, ModelMetrics, VllmReading
 
 GIB = 2**30
 
@@ -71,13 +71,16 @@ def snapshot(
     devices: tuple[GpuDevice, ...] | None = None,
     vllm_error: str | None = None,
     healthy: bool | None = True,
+    models: tuple[ModelMetrics, ...] = (),
+    version: str | None = "0.32.0",
+    schema: MetricSchema = MetricSchema.V1,
 ) -> Snapshot:
     vllm: SourceResult[VllmReading]
     if vllm_error is not None:
         vllm = SourceResult(source="vllm", duration_s=0.01, error=vllm_error)
     else:
         reading = VllmReading(
-            url="http://vllm", version="0.32.0", schema=MetricSchema.V1, engines=engines or (engine(),)
+            url="http://vllm", version=version, schema=schema, engines=engines or (engine(),), models=models
         )
         vllm = SourceResult(source="vllm", duration_s=0.01, value=reading)
     gpu = None

@@ -1,10 +1,12 @@
 """The Deriver's incremental histories equal the functions they stand in for, and fit_line its old formula.
 
-The Deriver keeps engine readings, GPU memory points and restart signs up to date one snapshot at a time
-(sidecar.derive.engine.EngineHistory, gpu.MemoryHistory, restart.RestartTracker) instead of rescanning the
-window every tick. Oracle: the functions over `window.since(start_s)` (engine_history, memory_history,
-last_restart_s), on generated sequences with failed polls, counter resets, memory drops, GPU errors, equal
-timestamps, windows that forget by age and by count, ticks that skip a derive, and a window swapped for another.
+The Deriver keeps engine readings, GPU memory points, restart signs and vLLM's rejection counters up to date one
+snapshot at a time (sidecar.derive.engine.EngineHistory, gpu.MemoryHistory, restart.RestartTracker,
+rejections.RejectionHistory) instead of rescanning the window every tick. Oracle: the functions over
+`window.since(start_s)` (engine_history, memory_history, last_restart_s, rejections_over), and over the last
+polls of it for the short horizon, on generated sequences with failed polls, counter resets, memory drops, GPU
+errors, equal timestamps, windows that forget by age and by count, ticks that skip a derive, and a window
+swapped for another.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ from collections.abc import Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sidecar.derive.engine import EngineHistory, engine_history, preemption_rate, windowed_hit_ratio
+from sidecar.derive.engine import (
+    EngineHistory,
+    EngineWindow,
+    engine_history,
+    preemption_rate,
+    preemptions_in,
+    windowed_hit_ratio,
+)
 from sidecar.derive.gpu import MemoryHistory, memory_history
+from sidecar.derive.rejections import RejectionHistory, rejections_over
 from sidecar.derive.restart import RestartTracker, last_restart_s
 from sidecar.derive.trend import LineFit, fit_line
 from sidecar.derive.window import Follower, Window
 from sidecar.model.gpu import GpuReading
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.source import SourceResult
+from sidecar.model.vllm import ModelMetrics
 from tests.property.profile import budget
 from tests.unit.builders import GIB, device, engine, snapshot
 
@@ -70,8 +81,16 @@ def sequences(draw: st.DrawFn) -> list[Snapshot]:
         devices = None if gpu_kind in ("none", "error") else tuple(device(i, used=max(0, used[i])) for i in used)
         if gpu_kind == "first" and devices is not None:
             devices = devices[:1]
+        models = tuple(
+            ModelMetrics(model_name=model, admission_rejections_total=draw(COUNTER_VALUES))
+            for model in draw(st.lists(st.sampled_from(["m", "n"]), max_size=2, unique=True))
+        )
         shot = snapshot(
-            t, engines, devices=devices, vllm_error="down" if draw(st.booleans()) and draw(st.booleans()) else None
+            t,
+            engines,
+            devices=devices,
+            vllm_error="down" if draw(st.booleans()) and draw(st.booleans()) else None,
+            models=models,
         )
         if gpu_kind == "error":
             shot = Snapshot(
@@ -91,13 +110,15 @@ def sequences(draw: st.DrawFn) -> list[Snapshot]:
     max_snapshots=st.sampled_from([3, 8, 10_000]),
     steps=st.lists(st.sampled_from(["derive", "derive", "derive", "skip", "swap"]), min_size=40, max_size=40),
     backs=st.lists(st.sampled_from([0.0, 1.0, 3.0, 10.0, 1e9]), min_size=1, max_size=4),
+    horizon=st.sampled_from([1, 2, 5]),
 )
 @budget(2.0)
-def test_trackers_equal_the_functions_over_the_window(
-    shots: list[Snapshot], span_s: float, max_snapshots: int, steps: list[str], backs: list[float]
+def test_trackers_equal_the_functions_over_the_window(  # noqa: PLR0917 - hypothesis passes what it draws
+    shots: list[Snapshot], span_s: float, max_snapshots: int, steps: list[str], backs: list[float], horizon: int
 ) -> None:
     window = Window(span_s=span_s, max_snapshots=max_snapshots)
     follower, engines, memory, restarts = Follower(), EngineHistory(), MemoryHistory(), RestartTracker()
+    rejections = RejectionHistory()
     for shot, step in zip(shots, steps, strict=False):
         window.push(shot)
         if step == "skip":
@@ -112,20 +133,58 @@ def test_trackers_equal_the_functions_over_the_window(
             engines.reset()
             memory.reset()
             restarts.reset()
+            rejections.reset()
         for number, kept in enumerate(newer, start=follower.count - len(newer)):
             engines.add(kept, number)
             memory.add(kept, number)
             restarts.add(kept, number)
+            rejections.add(kept, number)
         now = shot.monotonic_s
+        recent = follower.count - 1 - horizon
         for back in backs:
             start = now - back
             history = engine_history(window.since(start))
             assert engines.since(start, follower.oldest) == history
-            windowed = {key: (windowed_hit_ratio(h), preemption_rate(h)) for key, h in history.items()}
+            # The short horizon: the last `horizon` poll intervals, i.e. the newest horizon + 1 snapshots.
+            recent_history = engine_history(list(window.since(start))[-(horizon + 1) :])
+            windowed = {
+                key: EngineWindow(
+                    hit_ratio=windowed_hit_ratio(h),
+                    preemptions_per_s=preemption_rate(recent_history.get(key, [])),
+                    preemptions_in_window=preemptions_in(h),
+                )
+                for key, h in history.items()
+            }
             # repr: bit for bit, None and NaN included; sorted: the Deriver looks engines up by key.
-            assert repr(sorted(engines.windowed(start, follower.oldest).items())) == repr(sorted(windowed.items()))
+            got = engines.windowed(start, follower.oldest, recent)
+            assert repr(sorted(got.items())) == repr(sorted(windowed.items()))
+            if back == backs[0]:  # one window start is enough for the model counters (and keeps the test fast)
+                _check_rejections(rejections, window, shot, start=start, oldest=follower.oldest, horizon=horizon)
             assert memory.since(start, follower.oldest) == memory_history(window.since(start))
             assert restarts.last_restart_s(start, follower.oldest) == last_restart_s(window.since(start))
+
+
+def _check_rejections(
+    rejections: RejectionHistory, window: Window, shot: Snapshot, *, start: float, oldest: int, horizon: int
+) -> None:
+    recent = oldest + len(window) - 1 - horizon  # the number of the first snapshot of the short horizon
+    reading = shot.vllm.value if shot.vllm.error is None else None
+    if reading is None:
+        return  # the Deriver derives nothing of vLLM without a reading
+    kept = list(window.since(start))
+    by_model: dict[str, list[tuple[int, float, ModelMetrics]]] = {}
+    for index, s in enumerate(kept):
+        if s.vllm.value is not None and s.vllm.error is None:
+            for m in s.vllm.value.models:
+                by_model.setdefault(m.model_name, []).append((index, s.monotonic_s, m))
+    for model in rejections.derive(reading.models, start, oldest, recent):
+        readings = by_model.get(model.model_name, [])
+        in_window, _ = rejections_over([(t, m) for _, t, m in readings])
+        first_recent = len(kept) - (horizon + 1)
+        _, per_s = rejections_over([(t, m) for index, t, m in readings if index >= first_recent])
+        assert repr((model.admission_rejections_in_window, model.admission_rejections_per_second)) == repr(
+            (in_window, per_s)
+        )
 
 
 def _old_fit_line(points: Sequence[tuple[float, float]]) -> LineFit | None:
