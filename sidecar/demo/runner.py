@@ -85,6 +85,7 @@ class Demo:
         self._control = ControlServer(write_token(self._token_path), self._restart_asked)
         self._sidecar: ChildProcess | None = None
         self._sidecar_log_offset = 0
+        self._sidecar_gone = False
         self._blocked_shape: str | None = None  # the held-back restart's line without its numbers, to say it once
         self._back_at: float | None = None
         self._stop = asyncio.Event()
@@ -162,9 +163,11 @@ class Demo:
                 while not self._stop.is_set():
                     now = time.monotonic()
                     self.sim.supervise(now)
+                    self._watch_sidecar()
                     self._read_sidecar_events()
+                    restarted = self.sim.restarts_by_sidecar  # before the request: its answer is at least this new
                     status = await _status(client, self.sidecar_url)
-                    self._follow_policy(status, now)
+                    self._follow_policy(status, now, restarted)
                     live.update(render(self._header(now), status, self._load_line_and_events()))
                     if self._should_stop(now):
                         self._stop.set()
@@ -172,7 +175,16 @@ class Demo:
                         async with asyncio.timeout(1.0):
                             await self._stop.wait()
 
-    def _follow_policy(self, status: dict[str, object] | None, now: float) -> None:
+    def _watch_sidecar(self) -> None:
+        if self._sidecar is not None and not self._sidecar_gone:
+            code = self._sidecar.exit_code()
+            if code is not None:
+                self._sidecar_gone = True
+                self._event(f"the sidecar exited with code {code}: {self._sidecar.cause()}")
+
+    def _follow_policy(self, status: dict[str, object] | None, now: float, restarted: int) -> None:
+        """Say a held-back restart once (its line without numbers changes), and notice the sidecar's restart end
+        (a policy answer given after the demo restarted the simulator for it, neither draining nor restarting)."""
         policy = status.get("policy") if status is not None else None
         if not isinstance(policy, dict):
             return
@@ -182,7 +194,7 @@ class Demo:
             self._event(f"sidecar {policy.get('reason')}")
         self._blocked_shape = shape
         state = str(policy.get("state"))
-        if self.sim.restarts_by_sidecar and self._back_at is None and state not in _RESTARTING_STATES:
+        if restarted and self._back_at is None and state not in _RESTARTING_STATES:
             self._back_at = now
             self._event(f"the sidecar's restart is over (policy {state}): vLLM serves again")
 

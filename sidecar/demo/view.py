@@ -204,6 +204,8 @@ def render(header: Header, status: Mapping[str, object] | None, events: Sequence
             parts.append(Panel("\n".join(problem_lines), title="problems the sidecar reports", expand=True))
         else:
             parts.append(Text("problems the sidecar reports: none", style="dim"))
-    parts.append(Panel("\n".join(events[-9:]) or "none yet", title="what happened", expand=True))
+    # One line per event, cut at the edge, so the screen keeps its height; demo.log has them whole.
+    shown = Text("\n".join(events[-9:]) or "none yet", no_wrap=True, overflow="ellipsis")
+    parts.append(Panel(shown, title="what happened (whole lines in demo.log)", expand=True))
     parts.append(Text(header.ending or "Ctrl-C stops the demo (load, sidecar and simulator).", style="dim"))
     return Group(*parts)

@@ -3,6 +3,8 @@
 Does I/O: serves HTTP and drives the pure simulation on the wall clock (one step, then sleep for the
 step's simulated duration). A death is real: vLLM's log lines, in-flight requests answered 500, /health
 failing, and the process exiting about two seconds later, as vLLM's API server does after EngineDeadError.
+A wedge is real as well: /health stays 200 and requests are held open, never answered, while /metrics stay
+live (hang-queue) or freeze at the step the engine stopped (hang, hang-idle).
 """
 
 from __future__ import annotations

@@ -101,18 +101,18 @@ def _status(state: str, reason: str, blocked: str | None = None) -> dict[str, ob
 
 def test_the_demo_stops_itself_once_vllm_is_back_from_the_sidecars_restart() -> None:
     with _demo(DemoOptions()) as demo:
-        demo._follow_policy(_status("draining", "restart (oom_forecast) begins"), 100.0)
+        demo._follow_policy(_status("draining", "restart (oom_forecast) begins"), 100.0, 0)
         assert not demo._should_stop(200.0), "no restart by the sidecar yet"
-        demo.sim.restarts_by_sidecar = 1
-        demo._follow_policy(_status("restarting", "waiting for vLLM"), 101.0)
+        demo._follow_policy(_status("paused", "an answer from before the restart"), 101.0, 0)
+        assert not demo._should_stop(200.0), "a /status asked for before the demo restarted the simulator"
+        demo._follow_policy(_status("restarting", "waiting for vLLM"), 101.0, 1)
         assert not demo._should_stop(200.0), "still restarting"
-        demo._follow_policy(_status("cooldown", "cooldown: restarts allowed again in 59 s"), 104.0)
+        demo._follow_policy(_status("cooldown", "cooldown: restarts allowed again in 59 s"), 104.0, 1)
         assert not demo._should_stop(104.0 + LINGER_S - 0.5)
         assert demo._should_stop(104.0 + LINGER_S)
         assert demo.events[-1].endswith("the sidecar's restart is over (policy cooldown): vLLM serves again")
     with _demo(DemoOptions(keep_running=True)) as demo:
-        demo.sim.restarts_by_sidecar = 1
-        demo._follow_policy(_status("cooldown", "cooldown"), 104.0)
+        demo._follow_policy(_status("cooldown", "cooldown"), 104.0, 1)
         assert not demo._should_stop(1000.0), "--keep-running"
 
 
@@ -120,9 +120,9 @@ def test_a_held_back_restart_is_told_once_not_on_every_poll() -> None:
     with _demo(DemoOptions()) as demo:
         for uptime in (33, 34, 35):
             blocked = f"vLLM up only {uptime} s < 40 s before a forecast-driven restart"
-            demo._follow_policy(_status("paused", f"would restart (oom_forecast): ...; but {blocked}", blocked), 1.0)
-        demo._follow_policy(_status("paused", "paused", None), 2.0)
-        demo._follow_policy(_status("paused", "would restart; but cooldown 5 s", "cooldown 5 s"), 3.0)
+            demo._follow_policy(_status("paused", f"would restart (oom_forecast): ...; but {blocked}", blocked), 1.0, 0)
+        demo._follow_policy(_status("paused", "paused", None), 2.0, 0)
+        demo._follow_policy(_status("paused", "would restart; but cooldown 5 s", "cooldown 5 s"), 3.0, 0)
         told = [event for event in demo.events if "would restart" in event]
         assert len(told) == 2
         assert told[0].endswith("sidecar would restart (oom_forecast): ...; but vLLM up only 33 s < 40 s before a "
