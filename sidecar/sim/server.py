@@ -49,6 +49,7 @@ from sidecar.sim.simulation import Simulation
 VERSIONS = {str(version): release for version, release in RELEASES.items()}  # what /version answers per profile
 EXIT_AFTER_DEATH_S = 2.0  # vLLM's watchdog notices a dead engine and stops the API server within seconds
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+SHUTDOWN_MESSAGE = "The server is shutting down: request aborted."
 
 
 def metrics_writer(config: SimConfig) -> MetricsWriter:
@@ -133,8 +134,20 @@ class SimServer:
         engine.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await engine
+        await self._answer_held_requests()
         await self._http.stop()
         return self._exit_code
+
+    async def _answer_held_requests(self) -> None:
+        """Abort what is still in flight (a wedged engine holds every request) with an error, as vLLM does on
+        SIGTERM without --shutdown-timeout, and give the handlers a moment to send it: a handler still waiting
+        when the event loop closes would be cancelled mid-request."""
+        for stream in self._streams.values():
+            stream.queue.put_nowait(SHUTDOWN_MESSAGE)
+        for _ in range(100):
+            if not self._streams:
+                return
+            await asyncio.sleep(0.01)
 
     def stop(self) -> None:
         self._say("Shutting down", where="launcher.py:1")

@@ -131,17 +131,18 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[str]:
     config: SimConfig = request.param
     server = SimServer(config, host="127.0.0.1", port=0, log=io.StringIO())
     task = asyncio.create_task(server.run())
-    for _ in range(200):
-        try:
-            port = server.port
-            break
-        except RuntimeError:
-            await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("the simulator did not listen")
-    yield f"http://127.0.0.1:{port}"
+    yield await _url(server)
     server.stop()
     await asyncio.wait_for(task, 10.0)
+
+
+async def _url(server: SimServer) -> str:
+    for _ in range(500):
+        try:
+            return f"http://127.0.0.1:{server.port}"
+        except RuntimeError:
+            await asyncio.sleep(0.01)
+    raise AssertionError("the simulator did not listen")
 
 
 def _metric(text: str, name: str) -> float:
@@ -181,3 +182,17 @@ async def test_a_probe_over_http_hangs_on_a_wedged_server_whose_health_says_200(
     assert _metric(metrics, "vllm:num_requests_running") == 0.0
     assert _metric(metrics, "vllm:num_requests_waiting") == waiting
     assert _metric(metrics, "vllm:generation_tokens_total") == 0.0
+
+
+async def test_a_request_a_wedged_server_holds_is_aborted_cleanly_when_it_stops() -> None:
+    server = SimServer(scenario_config("hang-idle", hang_idle_after_s=0.0), host="127.0.0.1", port=0, log=io.StringIO())
+    run = asyncio.create_task(server.run())
+    async with httpx.AsyncClient(base_url=await _url(server), timeout=10.0) as client:
+        probe = asyncio.create_task(client.post("/v1/completions", json=PROBE))
+        done, _ = await asyncio.wait({probe}, timeout=0.5)
+        assert not done
+        server.stop()
+        response = await probe
+    assert response.status_code == 500
+    assert response.json()["message"] == "The server is shutting down: request aborted."
+    assert await asyncio.wait_for(run, 10.0) == 0
