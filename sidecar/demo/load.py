@@ -1,8 +1,10 @@
 """The demo's traffic: a few workers sending completions the way a router would. Does network I/O.
 
 Like a router or a Kubernetes Service, it sends only while the sidecar's /readyz says 200, so when the
-policy pauses admission the demo's load really stops. Half the prompts share one of a few prefixes so
-the prefix cache has something to hit.
+policy pauses admission the demo's load really stops. Each scenario's load is the one its preset was
+calibrated against (`sidecar.sim.scenarios.scenario_load`: concurrency over time, prompt and output
+lengths, shared prefixes); where a scenario shares no prefix, half the prompts share one of a few, so the
+prefix cache has something to hit.
 """
 
 from __future__ import annotations
@@ -10,9 +12,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import httpx
+
+from sidecar.sim.scenarios import LoadShape as Schedule
+from sidecar.sim.scenarios import scenario_load
+
+SHARED_PREFIX_TOKENS = 256
 
 
 @dataclass(slots=True)
@@ -24,16 +32,48 @@ class LoadCounters:
     last_error: str = ""
     by_status: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.succeeded - self.failed
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadShape:
-    concurrency: int = 24
+    schedule: Schedule = field(default_factory=lambda: Schedule(concurrency=24))  # requests in flight over time
     prompt_tokens: tuple[int, int] = (400, 1600)
     output_tokens: tuple[int, int] = (64, 256)
-    shared_prefix_tokens: int = 256
+    shared_prefix_tokens: int = SHARED_PREFIX_TOKENS
     shared_prefixes: int = 4
     shared_share: float = 0.5
     seed: int = 7
+
+    @property
+    def concurrency(self) -> int:
+        return self.schedule.concurrency
+
+    @classmethod
+    def for_scenario(cls, name: str, concurrency: int | None = None) -> LoadShape:
+        """Scenario `name`'s calibrated load; `concurrency` replaces its (largest) concurrency."""
+        schedule = scenario_load(name)
+        if concurrency is not None:
+            start = schedule.concurrency_start
+            schedule = replace(
+                schedule, concurrency=concurrency, concurrency_start=None if start is None else min(start, concurrency)
+            )
+        jitter = schedule.prompt_jitter_tokens
+        prompt = (schedule.prompt_tokens - jitter, schedule.prompt_tokens + jitter)
+        output = (schedule.max_tokens, schedule.max_tokens)
+        if schedule.prefix_groups:
+            return cls(
+                schedule=schedule,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                shared_prefix_tokens=schedule.prefix_tokens,
+                shared_prefixes=schedule.prefix_groups,
+                shared_share=1.0,
+            )
+        shared = min(SHARED_PREFIX_TOKENS, prompt[0] // 2)
+        return cls(schedule=schedule, prompt_tokens=prompt, output_tokens=output, shared_prefix_tokens=shared)
 
 
 def _prompt(rng: random.Random, shape: LoadShape, serial: int) -> str:
@@ -49,13 +89,17 @@ def _prompt(rng: random.Random, shape: LoadShape, serial: int) -> str:
 async def drive(
     *, vllm_url: str, readiness_url: str, model: str, shape: LoadShape, counters: LoadCounters, stop: asyncio.Event
 ) -> None:
-    """Run `shape.concurrency` workers until `stop` is set."""
+    """Run the shape's workers until `stop` is set; worker i sends while the schedule wants more than i."""
     rng = random.Random(shape.seed)  # noqa: S311 - load shapes, not secrets
     serials = itertools.count()
+    began = time.monotonic()
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=2.0)) as client:
 
-        async def worker() -> None:
+        async def worker(index: int) -> None:
             while not stop.is_set():
+                if index >= shape.schedule.concurrency_at(time.monotonic() - began):
+                    await _pause(stop, 0.25)  # not wanted yet (a ramp) or now (a quiet spell)
+                    continue
                 if not await _admitting(client, readiness_url):
                     counters.held_by_readiness += 1
                     await _pause(stop, 0.5)
@@ -84,7 +128,7 @@ async def drive(
                     counters.last_error = f"HTTP {response.status_code}"
                     await _pause(stop, 0.5)
 
-        workers = [asyncio.create_task(worker()) for _ in range(shape.concurrency)]
+        workers = [asyncio.create_task(worker(index)) for index in range(shape.concurrency)]
         await stop.wait()
         for task in workers:
             task.cancel()

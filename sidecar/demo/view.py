@@ -1,8 +1,9 @@
 """The demo's live view: the daemon's /status document rendered for a terminal. Pure: data in, rich out.
 
 It shows what the sidecar sees (KV usage, hit ratio, blocks per request, GPU headroom, forecast time to
-OOM) and what happened (source failures, problems, vLLM dying and coming back), and nothing the daemon
-did not report: a value it does not know reads "-", never 0.
+OOM), what its policy decides and why (its state, the reason, and the restart a guard holds back: "would
+restart, but ..."), and what happened (source failures, problems, vLLM dying and coming back), and nothing
+the daemon did not report: a value it does not know reads "-", never 0.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ class Header:
     sim_url: str
     sidecar_url: str
     elapsed_s: float
-    vllm_state: str  # "running", "dead (exit 1)", "restarting", ...
+    vllm_state: str  # "running (pid 12, up 30 s)", "dead (exit 1)", "restarting (asked by the sidecar)", ...
+    story: str = ""  # what this scenario does, when
+    settings: str = ""  # what the demo changed from the daemon's defaults, and how restarts happen
+    crashes: int = 0
+    restarts_by_sidecar: int = 0
+    ending: str = ""  # when and why the demo will stop by itself
 
 
 def _number(value: object) -> float | None:
@@ -127,27 +133,64 @@ def gpus_table(gpus: Sequence[Mapping[str, object]]) -> Table:
     return table
 
 
+_STATE_STYLES = {
+    "normal": "bold green",
+    "starting": "bold",
+    "pressure": "bold yellow",
+    "paused": "bold red",
+    "draining": "bold magenta",
+    "restarting": "bold magenta",
+    "cooldown": "bold cyan",
+    "failed": "bold red",
+}
+
+
+def policy_panel(policy: Mapping[str, object] | None) -> Panel:
+    """The policy's state, its reason and the restart a guard holds back, always in the same three lines."""
+    if policy is None:
+        body = Text("state: -  (no /status from the sidecar yet)\nwhy: -\nwould restart, but: -")
+        return Panel(body, title="the sidecar's policy", expand=True)
+    state = str(policy.get("state"))
+    paused = bool(policy.get("admission_paused"))
+    blocked = policy.get("would_restart_but")
+    body = Text.assemble(
+        "state: ",
+        (state.upper(), _STATE_STYLES.get(state, "bold")),
+        "   admission: ",
+        ("PAUSED" if paused else "admitting", "bold red" if paused else "green"),
+        f" (/readyz: {policy.get('readiness')})",
+        "\nwhy: ",
+        str(policy.get("reason")),
+        "\nwould restart, but: ",
+        (str(blocked), "bold yellow") if blocked else ("- (no restart held back)", "dim"),
+    )
+    return Panel(body, title="the sidecar's policy (live, from its /status)", expand=True)
+
+
 def render(header: Header, status: Mapping[str, object] | None, events: Sequence[str]) -> RenderableType:
     """The whole screen for one refresh."""
+    running = header.vllm_state.startswith("running")
     title = Text.assemble(
         ("vllm-sidecar demo", "bold"),
         f"  scenario {header.scenario}  |  vLLM (simulated) {header.sim_url}: ",
-        (header.vllm_state, "green" if header.vllm_state == "running" else "bold red"),
+        (header.vllm_state, "green" if running else "bold red"),
         f"  |  sidecar {header.sidecar_url}  |  {header.elapsed_s:.0f} s",
     )
+    counts = Text.assemble(
+        "vLLM crashed ",
+        (str(header.crashes), "bold red" if header.crashes else "green"),
+        " times, restarted by the sidecar ",
+        (str(header.restarts_by_sidecar), "bold"),
+        " times",
+    )
     parts: list[RenderableType] = [title]
+    if header.story:
+        parts.append(Text(f"scenario: {header.story}", style="cyan"))
+    if header.settings:
+        parts.append(Text(header.settings, style="dim"))
+    parts.append(counts)
     policy = status.get("policy") if status is not None else None
-    if isinstance(policy, dict):
-        paused = bool(policy.get("admission_paused"))
-        parts.append(
-            Text.assemble(
-                "policy: ",
-                (str(policy.get("state")), "bold"),
-                "  |  admission: ",
-                ("PAUSED" if paused else "admitting", "bold red" if paused else "green"),
-                f"  |  {policy.get('readiness')}",
-            )
-        )
+    parts.append(policy_panel(policy if isinstance(policy, dict) else None))
     if status is None:
         parts.append(Text("waiting for the sidecar's first poll..."))
     else:
@@ -157,7 +200,12 @@ def render(header: Header, status: Mapping[str, object] | None, events: Sequence
         parts.append(gpus_table(gpus if isinstance(gpus, list) else []))
         problems = status.get("problems")
         problem_lines = [str(problem) for problem in problems] if isinstance(problems, list) else []
-        parts.append(Panel("\n".join(problem_lines) or "none", title="problems the sidecar reports", expand=True))
-    parts.append(Panel("\n".join(events[-8:]) or "none yet", title="what happened", expand=True))
-    parts.append(Text("Ctrl-C stops the demo (load, sidecar and simulator).", style="dim"))
+        if problem_lines:
+            parts.append(Panel("\n".join(problem_lines), title="problems the sidecar reports", expand=True))
+        else:
+            parts.append(Text("problems the sidecar reports: none", style="dim"))
+    # One line per event, cut at the edge, so the screen keeps its height; demo.log has them whole.
+    shown = Text("\n".join(events[-9:]) or "none yet", no_wrap=True, overflow="ellipsis")
+    parts.append(Panel(shown, title="what happened (whole lines in demo.log)", expand=True))
+    parts.append(Text(header.ending or "Ctrl-C stops the demo (load, sidecar and simulator).", style="dim"))
     return Group(*parts)

@@ -29,6 +29,8 @@ class Scenario(StrEnum):
     TENANT = "tenant"
     PREFIX_THRASH = "prefix-thrash"
     HANG = "hang"
+    HANG_QUEUE = "hang-queue"
+    HANG_IDLE = "hang-idle"
     STARTUP = "startup"
 
 
@@ -79,6 +81,13 @@ class SimConfig:
     # answering 503 and /health 200, before the server stops as it does without fault tolerance.
     enable_fault_tolerance: bool = False
     engine_recovery_timeout_s: float = 120.0  # vLLM's FaultToleranceConfig.engine_recovery_timeout_sec default
+    # The scheduler stops admitting this many seconds after the simulation's first call (vllm#53130): running
+    # requests finish, every other request waits with 0 running; /health 200, gauges live, counters frozen.
+    hang_queue_after_s: float | None = None
+    # The engine stops at the first idle moment this many seconds or more after the simulation's first call, as
+    # an EngineCore SIGSTOPped while idle: /metrics frozen at 0 running and 0 waiting, /health 200, requests
+    # accepted and never answered.
+    hang_idle_after_s: float | None = None
     engine_pid: int = 4242  # engine i has pid engine_pid + i
     api_server_pid: int = 4100
     wall_offset_s: float = 1_763_784_000.0  # added to now_s to stamp log lines (the shell passes its own)
@@ -138,6 +147,8 @@ class SimConfig:
             "hang_after_s": self.hang_after_s,
             "max_num_queued_reqs": self.max_num_queued_reqs,
             "engine_recovery_timeout_s": self.engine_recovery_timeout_s,
+            "hang_queue_after_s": self.hang_queue_after_s,
+            "hang_idle_after_s": self.hang_idle_after_s,
         }
         for name, optional in non_negative.items():
             if optional is not None and optional < 0:
@@ -201,6 +212,12 @@ _PRESETS: dict[Scenario, dict[str, object]] = {
     Scenario.PREFIX_THRASH: {"gpu_memory_utilization": 0.3},
     # The engine stops making progress 10 s after the first request (vllm#15996, #39863).
     Scenario.HANG: {"hang_after_s": 10.0},
+    # The scheduler stops admitting 20 s after the start (vllm#53130; the wedge of vllm#46811 read 0 running with
+    # /health 200 for hours): the requests running then finish, later ones wait with 0 running, counters freeze.
+    Scenario.HANG_QUEUE: {"hang_queue_after_s": 20.0},
+    # The engine stops at its first idle moment from 20 s after the start (an idle EngineCore SIGSTOPped, measured
+    # on vLLM 0.32): /metrics freeze at 0 running and 0 waiting while every later request hangs.
+    Scenario.HANG_IDLE: {"hang_idle_after_s": 20.0},
     # 128k context on the same 0.3 budget: one max-length request needs 16 GiB of KV cache, 6.25 GiB exist.
     Scenario.STARTUP: {"gpu_memory_utilization": 0.3, "max_model_len": 131072},
 }

@@ -56,6 +56,7 @@ class Engine:
         self._waiting: deque[SequenceState] = deque()
         self._running: list[SequenceState] = []
         self._requests: dict[str, RequestState] = {}
+        self.admitting = True  # False: a wedged scheduler that never admits a waiting request again
 
     @property
     def pool(self) -> BlockPool:
@@ -113,7 +114,7 @@ class Engine:
         budget = self._config.max_num_batched_tokens
         work, preemptions, budget = self._schedule_running(budget)
         stats = [0, 0, 0, 0]
-        if preemptions == 0:  # as in vLLM V1: a step that had to preempt admits nobody
+        if preemptions == 0 and self.admitting:  # as in vLLM V1: a step that had to preempt admits nobody
             self._admit_waiting(budget, work, stats)
         return ScheduledBatch(
             work=tuple(work),

@@ -13,11 +13,14 @@ from sidecar.sim.config import Scenario, SimConfig
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadShape:
-    """A closed-loop client load: `concurrency` requests in flight, ramping linearly from `concurrency_start`."""
+    """A closed-loop client load: `concurrency` requests in flight, ramping linearly from `concurrency_start`,
+    with an optional quiet spell (nothing new sent from `quiet_from_s` for `quiet_s`)."""
 
     concurrency: int
     concurrency_start: int | None = None  # None: full concurrency from the start
     ramp_s: float = 0.0
+    quiet_from_s: float | None = None  # None: no quiet spell
+    quiet_s: float = 0.0
     prompt_tokens: int = 1000
     prompt_jitter_tokens: int = 0  # each prompt is prompt_tokens +- up to this many
     max_tokens: int = 128
@@ -29,8 +32,13 @@ class LoadShape:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.prefix_tokens >= self.prompt_tokens - self.prompt_jitter_tokens:
             raise ValueError("prefix_tokens must leave room for a unique suffix in every prompt")
+        if self.quiet_s < 0 or (self.quiet_from_s is not None and self.quiet_from_s < 0):
+            raise ValueError("quiet_from_s and quiet_s must not be negative")
 
     def concurrency_at(self, elapsed_s: float) -> int:
+        """Requests to keep in flight `elapsed_s` after the load began (0 during the quiet spell)."""
+        if self.quiet_from_s is not None and self.quiet_from_s <= elapsed_s < self.quiet_from_s + self.quiet_s:
+            return 0
         if self.concurrency_start is None or self.ramp_s <= 0 or elapsed_s >= self.ramp_s:
             return self.concurrency
         start = self.concurrency_start
@@ -49,6 +57,11 @@ _LOADS: dict[Scenario, LoadShape] = {
         concurrency=16, prompt_tokens=1792, max_tokens=32, prefix_tokens=1536, prefix_groups=128
     ),
     Scenario.HANG: LoadShape(concurrency=16, prompt_tokens=1000, prompt_jitter_tokens=500, max_tokens=128),
+    Scenario.HANG_QUEUE: LoadShape(concurrency=16, prompt_tokens=1000, prompt_jitter_tokens=500, max_tokens=128),
+    # A lull from 20 s to 30 s: the engine runs dry, stops while idle, and the requests after the lull hang.
+    Scenario.HANG_IDLE: LoadShape(
+        concurrency=16, prompt_tokens=1000, prompt_jitter_tokens=500, max_tokens=128, quiet_from_s=20.0, quiet_s=10.0
+    ),
     Scenario.STARTUP: LoadShape(concurrency=1, prompt_tokens=500, max_tokens=16),
 }
 
@@ -74,3 +87,13 @@ def is_hung(config: SimConfig, first_request_s: float | None, now_s: float) -> b
     if config.hang_after_s is None or first_request_s is None:
         return False
     return now_s - first_request_s >= config.hang_after_s
+
+
+def admits(config: SimConfig, elapsed_s: float) -> bool:
+    """Whether the scheduler still admits waiting requests `elapsed_s` after the simulation's first call."""
+    return config.hang_queue_after_s is None or elapsed_s < config.hang_queue_after_s
+
+
+def stops_when_idle(config: SimConfig, elapsed_s: float) -> bool:
+    """Whether the engine stops at its next idle moment, `elapsed_s` after the simulation's first call."""
+    return config.hang_idle_after_s is not None and elapsed_s >= config.hang_idle_after_s

@@ -3,6 +3,8 @@
 Does I/O: serves HTTP and drives the pure simulation on the wall clock (one step, then sleep for the
 step's simulated duration). A death is real: vLLM's log lines, in-flight requests answered 500, /health
 failing, and the process exiting about two seconds later, as vLLM's API server does after EngineDeadError.
+A wedge is real as well: /health stays 200 and requests are held open, never answered, while /metrics stay
+live (hang-queue) or freeze at the step the engine stopped (hang, hang-idle).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ EXIT_AFTER_DEATH_S = 2.0  # vLLM's watchdog notices a dead engine and stops the 
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 # The simulator's wording (vLLM answers 503 while fault tolerance holds an engine unhealthy; its text varies).
 ENGINE_FAULTED_MESSAGE = "The engine is unhealthy and waiting for fault-tolerance recovery; retry on another instance."
+SHUTDOWN_MESSAGE = "The server is shutting down: request aborted."
 
 
 def metrics_writer(config: SimConfig) -> MetricsWriter:
@@ -134,8 +137,20 @@ class SimServer:
         engine.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await engine
+        await self._answer_held_requests()
         await self._http.stop()
         return self._exit_code
+
+    async def _answer_held_requests(self) -> None:
+        """Abort what is still in flight (a wedged engine holds every request) with an error, as vLLM does on
+        SIGTERM without --shutdown-timeout, and give the handlers a moment to send it: a handler still waiting
+        when the event loop closes would be cancelled mid-request."""
+        for stream in self._streams.values():
+            stream.queue.put_nowait(SHUTDOWN_MESSAGE)
+        for _ in range(100):
+            if not self._streams:
+                return
+            await asyncio.sleep(0.01)
 
     def stop(self) -> None:
         self._say("Shutting down", where="launcher.py:1")

@@ -1,8 +1,14 @@
 """The simulated vLLM server: its engines (one per GPU), their GPUs and the scenario. Pure and synchronous.
 
 The caller owns the clock: every method that depends on time takes `now_s`, and `step(now_s)` says how long the
-step takes. Scenario times count from the first call that passes a time (`tenant_start_s`) or from the first
-request (`hang_after_s`). Log lines are stamped with `now_s + config.wall_offset_s`.
+step takes. Scenario times count from the first call that passes a time (`tenant_start_s`, `hang_queue_after_s`,
+`hang_idle_after_s`) or from the first request (`hang_after_s`). Log lines are stamped with
+`now_s + config.wall_offset_s`.
+
+Three wedges, none of which `/health` shows: `hang_after_s` stops the engine with requests running;
+`hang_queue_after_s` stops the scheduler admitting (requests wait with 0 running, the engine loop and its gauges
+live on); `hang_idle_after_s` stops the engine at an idle moment. A stopped engine publishes no more stats, so
+`engine_gauges` then repeats what it last published.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from sidecar.sim.engine import Engine, check_request
 from sidecar.sim.logs import death_lines, kv_capacity_lines, refusal_lines, refusal_message
 from sidecar.sim.memory import GpuMemory, OutOfMemory
 from sidecar.sim.records import Death, DeathCause, EngineGauges, GpuState, Recorder, StepOutcome, TokenEvent
-from sidecar.sim.scenarios import is_hung, tenant_wanted_bytes
+from sidecar.sim.scenarios import admits, is_hung, stops_when_idle, tenant_wanted_bytes
 
 HUNG_UTILIZATION_RATIO = 1.0  # a stuck collective or kernel spins: NVML shows the GPU busy while nothing advances
+STOPPED_UTILIZATION_RATIO = 0.0  # a stopped (SIGSTOPped) idle engine runs no kernel
 
 
 class EngineDeadError(RuntimeError):
@@ -56,6 +63,8 @@ class Simulation:
         self._next_engine = 0
         self.death: Death | None = None
         self.hung = False
+        self.stopped_idle = False  # hang_idle_after_s: the engine stopped at an idle moment
+        self._published: tuple[EngineGauges, ...] | None = None  # the last stats a stopped engine published
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -138,11 +147,19 @@ class Simulation:
             for gpu in self._gpus:
                 gpu.idle(now_s, utilization_ratio=0.0)
             return StepOutcome(duration_s=idle_s)
-        self.hung = is_hung(self.config, self._first_request_s, now_s)
+        elapsed_s = now_s - (now_s if self._origin_s is None else self._origin_s)
+        if not self.hung and not self.has_work and stops_when_idle(self.config, elapsed_s):
+            self.stopped_idle = True
+        self.hung = self.stopped_idle or is_hung(self.config, self._first_request_s, now_s)
         if self.hung:
+            if self._published is None:
+                self._published = self.engine_gauges()
+            utilization = STOPPED_UTILIZATION_RATIO if self.stopped_idle else HUNG_UTILIZATION_RATIO
             for gpu in self._gpus:
-                gpu.idle(now_s, utilization_ratio=HUNG_UTILIZATION_RATIO)
+                gpu.idle(now_s, utilization_ratio=utilization)
             return StepOutcome(duration_s=idle_s, hung=True)
+        for engine in self._engines:
+            engine.admitting = admits(self.config, elapsed_s)
         batches = [engine.schedule() for engine in self._engines]
         for engine, gpu, batch in zip(self._engines, self._gpus, batches, strict=True):
             activation = gpu.activation_bytes(
@@ -177,7 +194,15 @@ class Simulation:
         return tuple(gpu.state() for gpu in self._gpus)
 
     def engine_gauges(self) -> tuple[EngineGauges, ...]:
+        """What the engines publish; a stopped engine's last stats (it publishes nothing new)."""
+        if self._published is not None:
+            return self._published
         return tuple(engine.gauges() for engine in self._engines)
+
+    @property
+    def admitting(self) -> bool:
+        """False once the scheduler stopped admitting (`hang_queue_after_s`)."""
+        return all(engine.admitting for engine in self._engines)
 
     def _touch(self, now_s: float) -> None:
         if self._origin_s is None:

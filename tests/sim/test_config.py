@@ -9,7 +9,17 @@ from sidecar.sim.scenarios import LoadShape, scenario_load
 
 
 def test_every_scenario_has_a_preset_and_a_load() -> None:
-    assert SCENARIOS == ("healthy", "burst", "leak", "tenant", "prefix-thrash", "hang", "startup")
+    assert SCENARIOS == (
+        "healthy",
+        "burst",
+        "leak",
+        "tenant",
+        "prefix-thrash",
+        "hang",
+        "hang-queue",
+        "hang-idle",
+        "startup",
+    )
     for name in SCENARIOS:
         config = scenario_config(name)
         assert config.scenario == Scenario(name)
@@ -43,6 +53,8 @@ def test_defaults_describe_an_8b_model_on_an_h100() -> None:
         ("healthy", {"decode_step_s": 0.0}, "decode_step_s must be positive"),
         ("healthy", {"leak_bytes_per_s": -1.0}, "leak_bytes_per_s must not be negative"),
         ("healthy", {"hang_after_s": -1.0}, "hang_after_s must not be negative"),
+        ("healthy", {"hang_queue_after_s": -1.0}, "hang_queue_after_s must not be negative"),
+        ("healthy", {"hang_idle_after_s": -0.5}, "hang_idle_after_s must not be negative"),
         ("healthy", {"num_gpu_blocks": 1}, "num_gpu_blocks must be at least 2"),
         ("healthy", {"max_num_batched_tokens": 32}, "must be greater than or equal to max_num_seqs"),
         ("healthy", {"vllm_version": "0.6", "data_parallel": 2}, "no data parallelism"),
@@ -66,3 +78,10 @@ def test_load_shape_ramps_linearly() -> None:
     assert [shape.concurrency_at(t) for t in (0.0, 10.0, 20.0, 99.0)] == [16, 40, 64, 64]
     with pytest.raises(ValueError, match="unique suffix"):
         LoadShape(concurrency=1, prompt_tokens=100, prefix_tokens=100)
+
+
+def test_load_shape_goes_quiet_for_its_spell() -> None:
+    shape = LoadShape(concurrency=16, quiet_from_s=20.0, quiet_s=10.0)
+    assert [shape.concurrency_at(t) for t in (0.0, 19.9, 20.0, 29.9, 30.0, 99.0)] == [16, 16, 0, 0, 16, 16]
+    with pytest.raises(ValueError, match="must not be negative"):
+        LoadShape(concurrency=1, quiet_from_s=1.0, quiet_s=-1.0)

@@ -162,7 +162,7 @@ def test_no_memory_left_for_the_cache_at_all() -> None:
 
 
 def test_other_scenarios_start() -> None:
-    for name in ("healthy", "burst", "leak", "tenant", "prefix-thrash", "hang"):
+    for name in ("healthy", "burst", "leak", "tenant", "prefix-thrash", "hang", "hang-queue", "hang-idle"):
         for version in VllmVersion:
             assert Simulation(scenario_config(name, vllm_version=version), ListRecorder()).startup_check() is None
 
