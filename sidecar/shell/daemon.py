@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from structlog.typing import FilteringBoundLogger
 
 from sidecar import __version__
@@ -201,6 +201,7 @@ class Daemon:
         self.registry.register(
             SidecarCollector(version=__version__, latest_view=lambda: self.poller.view, acting_view=self.acting.view)
         )
+        ProcessCollector(registry=self.registry)  # the sidecar's own process_* (CPU, memory, descriptors, start)
         host, port = settings.listen_address
         endpoints = Endpoints(
             registry=self.registry,

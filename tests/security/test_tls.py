@@ -300,7 +300,7 @@ def _clean_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("VLLM_SIDECAR_")}
 
 
-def test_a_real_prometheus_scrapes_the_metrics_over_tls(
+def test_a_real_prometheus_scrapes_the_metrics_over_tls_in_openmetrics_with_the_process_metrics(
     tls_daemon: SidecarProcess, pki: tuple[Pair, Pair], tmp_path: Path
 ) -> None:
     missing = prometheus_missing()
@@ -321,5 +321,17 @@ def test_a_real_prometheus_scrapes_the_metrics_over_tls(
         prometheus.wait_targets_up()
         [up] = prometheus.query('vllm_sidecar_up{job="vllm-sidecar"}')
         assert up["value"][1] == "1"
+        # The sidecar's own process, from prometheus_client's process collector in its registry.
+        [memory] = prometheus.query('process_resident_memory_bytes{job="vllm-sidecar"}')
+        assert float(memory["value"][1]) > 0
+        # Prometheus asks for OpenMetrics first, and the metadata it keeps shows it got it: families named
+        # without their sample suffixes, and `info` as a type (the text format has neither).
+        metadata = httpx.get(
+            prometheus.url + "/api/v1/targets/metadata", params={"match_target": '{job="vllm-sidecar"}'}, timeout=10
+        ).json()["data"]
+        types = {entry["metric"]: entry["type"] for entry in metadata}
+        assert types.get("vllm_sidecar_build") == "info", types
+        assert types.get("process_cpu_seconds") == "counter", types
+        assert "vllm_sidecar_build_info" not in types
     finally:
         prometheus.stop()
