@@ -9,6 +9,8 @@ new file (EACCES) and no new directory (EPERM) from anyone.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +195,54 @@ def test_a_missing_state_dir_is_created_and_the_daemon_starts(tmp_path: Path) ->
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def _read_only_mount_missing() -> str | None:
+    """Why a read-only file system cannot be mounted in a private mount namespace here, or None."""
+    if shutil.which("unshare") is None:
+        return "no unshare command"
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs -o ro none /mnt"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return None if probe.returncode == 0 else f"cannot mount in a new mount namespace: {probe.stderr.strip()}"
+
+
+def test_a_read_only_file_system_stops_a_sidecar_that_restarts_and_not_a_dry_run(tmp_path: Path) -> None:
+    # What `docker run --read-only` without a volume on the state dir gives: EROFS, for root too.
+    missing = _read_only_mount_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    command = [sys.executable, "-m", "sidecar", "run", "--listen", f"127.0.0.1:{closed_port()}"]
+    command += ["--vllm-url", f"http://127.0.0.1:{closed_port()}", "--gpu-source", "none", "--state-dir", str(mount)]
+    # In the namespace: mount a read-only tmpfs, run the sidecar that would write there (exit 2 expected), then
+    # a dry run on the same directory, stopped by `timeout` with SIGTERM after 4 s (its own exit code kept).
+    dry_run = shlex.join([*command, "--dry-run", "--log-format", "json"])
+    script = (
+        f"mount -t tmpfs -o ro none {shlex.quote(str(mount))} && "
+        f"{shlex.join([*command, *ACTING])}; echo exit=$?; "
+        f"timeout --preserve-status -s TERM 4 {dry_run}; echo exit=$?"
+    )
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_SIDECAR_")}
+    result = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=environment,
+    )
+    assert result.stdout.splitlines()[0] == "exit=2", result
+    assert (
+        f"vllm-sidecar: error: invalid setting state_dir='{mount}': cannot write in it: Read-only file system; "
+        in result.stderr
+    ), result.stderr
+    assert result.stdout.splitlines()[1] == "exit=0", result  # the dry run ran, and stopped cleanly on SIGTERM
+    assert '"event": "started"' in result.stderr
+    assert '"dry_run": true' in result.stderr
+    assert result.stderr.rstrip("\n").splitlines()[-1].startswith('{"event": "stopped"')
