@@ -259,8 +259,8 @@ def _encrypted_pair(folder: Path) -> Pair:
         ("key of another certificate", "key values mismatch"),
         ("a key where the certificate goes", "holds no PEM certificate"),
         ("encrypted key", "encrypted key"),
-        ("certificate without key", "--tls-cert-file is set but --tls-key-file is not"),
-        ("key without certificate", "--tls-key-file is set but --tls-cert-file is not"),
+        ("certificate without key", "is set but --tls-key-file is not"),  # blames the file given: the certificate
+        ("key without certificate", "is set but --tls-cert-file is not"),
     ],
 )
 def test_a_bad_certificate_or_key_stops_the_start_with_one_line(
@@ -287,6 +287,12 @@ def test_a_bad_certificate_or_key_stops_the_start_with_one_line(
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("vllm-sidecar: error: ")
     assert expected in lines[0]
+    if case.endswith("without key"):
+        assert lines[0].startswith("vllm-sidecar: error: invalid setting tls_cert_file=")
+        assert lines[0].endswith("(flag --tls-cert-file)")
+    if case.endswith("without certificate"):
+        assert lines[0].startswith("vllm-sidecar: error: invalid setting tls_key_file=")
+        assert lines[0].endswith("(flag --tls-key-file)")
 
 
 def test_server_context_names_the_file_that_is_wrong(server_pair: Pair) -> None:
