@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from sidecar import __version__
-from sidecar.shell.arguments import apply_defaults
-from sidecar.shell.settings import Settings, SettingsError, load_settings
+from sidecar.shell.arguments import apply_defaults, check_environment, option_actions
+from sidecar.shell.setting_origin import closest
+from sidecar.shell.settings import BOOLEAN_FORMS, Settings, SettingsError, load_settings
 
 EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with every usage error on one line (the usage itself is one --help away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -24,15 +33,18 @@ def _settings_flags(parser: argparse.ArgumentParser) -> None:
         # argparse formats help with %: a literal percent sign must be doubled.
         help_text = f"{field.description} ({extra.get('allowed', '')}; default {field.default!s})".replace("%", "%%")
         if field.annotation is bool:
+            # `--dry-run`, `--dry-run=true`, `--dry-run false`: the text goes to pydantic like the environment's.
+            default = str(field.default).lower()
+            help_text = f"{field.description} ({flag} alone means true; {flag}={BOOLEAN_FORMS}; default {default})"
             parser.add_argument(
-                flag, dest=name, action="store_const", const=True, default=argparse.SUPPRESS, help=help_text
+                flag, dest=name, nargs="?", const="true", metavar="BOOL", default=argparse.SUPPRESS, help=help_text
             )
         else:
             parser.add_argument(flag, dest=name, metavar=name.upper(), default=argparse.SUPPRESS, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vllm-sidecar",
         description="Watches a vLLM server and its GPUs, derives what vLLM does not export, and re-exports it.",
     )
@@ -74,24 +86,52 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return None
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, with a flag argparse does not know answered by the closest one the command has."""
+    namespace, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _subparser(parser, argv[0]) if argv else None
+        where = command if command is not None else parser
+        unknown = extras[0].split("=", 1)[0]
+        if not unknown.startswith("-"):
+            where.error(f"unexpected argument {extras[0]!r}")
+        flags = [flag for action in where._actions for flag in action.option_strings]
+        match = closest(unknown, flags)
+        where.error(f"unknown flag {unknown}" + (f"; did you mean {match}?" if match is not None else ""))
+    return namespace
+
+
+def _check_environment(parser: argparse.ArgumentParser, command: str) -> None:
+    """A misspelt VLLM_SIDECAR_* variable of this command: the option names of every command are known."""
+    everything: dict[str, set[str]] = {}
+    for action in parser._actions:  # argparse offers no public way to reach a subparser
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                everything[name] = set(option_actions(sub))
+    own = everything.get(command, set())
+    check_environment(os.environ, own, set().union(*everything.values()) - own)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     tool = _subparser(parser, argv[0]) if argv and argv[0] in {name for name, _, _ in _TOOL_COMMANDS} else None
     if tool is not None:
         try:
+            _check_environment(parser, argv[0])
             apply_defaults(tool, argv[1:])
         except SettingsError as error:
             print(f"vllm-sidecar: error: {error}", file=sys.stderr)
             return EXIT_USAGE
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         modules = {name: module for name, _, module in _TOOL_COMMANDS}
         return int(importlib.import_module(modules[argv[0]]).run(args))
-    arguments = vars(parser.parse_args(argv))
+    arguments = vars(_parse(parser, argv))
     command = arguments.pop("command")
     as_json = bool(arguments.pop("json", False))
     flags: dict[str, Any] = arguments
     try:
+        _check_environment(parser, command)
         settings = load_settings(flags)
     except SettingsError as error:
         print(f"vllm-sidecar: error: {error}", file=sys.stderr)

@@ -1,4 +1,9 @@
-"""Routes of the daemon's HTTP server: /metrics, /healthz, /readyz, /status. No I/O of its own."""
+"""Routes of the daemon's HTTP server: /metrics, /healthz, /readyz, /status. No I/O of its own.
+
+/metrics speaks the format the scraper asks for: OpenMetrics when its Accept header names
+`application/openmetrics-text` (Prometheus does by default), else the Prometheus text format; prometheus_client
+chooses and writes both.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.exporter.admin import AdminAuth
@@ -91,10 +97,13 @@ class Endpoints:
             return Response.text(HTTPStatus.NOT_FOUND, f"no such endpoint: {request.path}")
         if request.method not in ("GET", "HEAD"):
             return Response(status=HTTPStatus.METHOD_NOT_ALLOWED, body=b"use GET\n", headers={"Allow": "GET, HEAD"})
+        if request.path == "/metrics":
+            return self._metrics(request.headers.get("accept", ""))
         return route()
 
-    def _metrics(self) -> Response:
-        return Response(status=HTTPStatus.OK, body=generate_latest(self._registry), content_type=CONTENT_TYPE_LATEST)
+    def _metrics(self, accept: str = "") -> Response:
+        encoder, content_type = _encoder(accept)
+        return Response(status=HTTPStatus.OK, body=encoder(self._registry), content_type=content_type)
 
     def _healthz(self) -> Response:
         liveness = self._liveness()
@@ -159,3 +168,14 @@ class Endpoints:
             body=json.dumps(finite(body), indent=2, allow_nan=False, default=str).encode() + b"\n",
             content_type="application/json",
         )
+
+
+def _encoder(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """prometheus_client's choice of format for an Accept header; the text format for one it cannot read."""
+    try:
+        encoder, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):  # a version it cannot compare ("version=abc"): the library raises
+        return choose_encoder("")
+    if not (content_type.isascii() and content_type.isprintable()):  # it echoes the version it was sent
+        return choose_encoder("")
+    return encoder, content_type

@@ -76,6 +76,9 @@ class HttpServer:
         self._max_body_bytes = max_body_bytes
         self._max_connections = max_connections
         self._connections = 0
+        # Connections being served, with their handler tasks, so stop() can end them and wait for the handlers.
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[None] | None] = {}
+        self._answering: set[asyncio.StreamWriter] = set()  # those whose request was read
         self._tls = tls
         self._server: asyncio.Server | None = None
 
@@ -103,9 +106,22 @@ class HttpServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        """Stop listening and end the connections still open (a half-sent request, a slow reader): each
+        handler sees its connection gone and returns, so none is left for the event loop's end to cancel."""
         if self._server is not None:
             self._server.close()
-            # Connections are one request each and bounded by READ_TIMEOUT_S; don't wait on stragglers.
+            open_now = dict(self._open)
+            for writer in open_now:
+                if writer not in self._answering:
+                    writer.transport.abort()  # nothing owed to a client that has not finished its request
+            handlers = {task for task in open_now.values() if task is not None and task is not asyncio.current_task()}
+            # An answer being written gets a second to go out (a stream never ends by itself); then its
+            # connection is cut too, and its handler returns within a few loop turns.
+            if handlers:
+                _, late = await asyncio.wait(handlers, timeout=1.0)
+                for writer, task in open_now.items():
+                    if task in late:
+                        writer.transport.abort()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._server.wait_closed()
@@ -116,9 +132,17 @@ class HttpServer:
             writer.transport.abort()  # over the cap: dropped at once, costing nothing while the flood lasts
             return
         self._connections += 1
+        self._open[writer] = asyncio.current_task()
         try:
             await self._serve_one(reader, writer)
+        except asyncio.CancelledError:
+            # Cancelled from outside (the event loop's end cancels what is left): the connection just ends.
+            # Nothing awaits this task, and Python 3.11's asyncio.streams logs a handler task that ends
+            # cancelled as an error with a traceback (fixed in 3.12), so it must end quietly instead.
+            writer.transport.abort()
         finally:
+            self._open.pop(writer, None)
+            self._answering.discard(writer)
             self._connections -= 1
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -133,6 +157,7 @@ class HttpServer:
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                 return
             else:
+                self._answering.add(writer)
                 response = await self._handler(request)
                 method = request.method
             writer.write(_encode(response, head_only=method == "HEAD"))

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from structlog.typing import FilteringBoundLogger
 
 from sidecar import __version__
@@ -38,11 +38,11 @@ from sidecar.policy.machine import Policy
 from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings, read_api_key
 from sidecar.shell.crash_cause import CrashCauseStep
-from sidecar.shell.ledger_store import read_boot_id
+from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
 from sidecar.shell.schedule import LoopScheduler, OnTime, add_tick_job
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
-from sidecar.shell.settings import Settings, SettingsError
+from sidecar.shell.settings import Settings, SettingsError, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.gpu import GpuSource
@@ -162,11 +162,21 @@ def build_tls(settings: Settings, logger: FilteringBoundLogger) -> ReloadingServ
         raise SettingsError(str(error)) from None
 
 
+def check_state_dir(settings: Settings) -> None:
+    """An unusable --state-dir stops the start (exit 2) rather than run with the restart budget assumed spent.
+    Written to only when the sidecar may restart vLLM: a dry run, or --actuator none, just reads a ledger there."""
+    writable = not settings.dry_run and settings.actuator != "none"
+    problem = state_dir_problem(settings.state_dir, writable=writable)
+    if problem is not None:
+        raise setting_error(settings, "state_dir", problem)
+
+
 class Daemon:
     def __init__(self, settings: Settings, *, logger: FilteringBoundLogger | None = None) -> None:
         self._settings = settings
         self._log = logger if logger is not None else structlog.get_logger()
         self.tls = build_tls(settings, self._log)  # first: a bad certificate stops the start before anything opens
+        check_state_dir(settings)
         self._client = build_http_client(settings)
         self._vllm_client = build_vllm_client(settings, self._client)
         self._gpu = build_gpu_source(settings, self._vllm_client)  # the simulator's GPUs live at --vllm-url
@@ -177,7 +187,7 @@ class Daemon:
         self.acting = Acting(
             policy=Policy(policy_settings(settings)),
             actuator=parts.actuator,
-            ledger_file=StateFile(settings.state_dir / "restart-ledger.json"),
+            ledger_file=StateFile(settings.state_dir / LEDGER_FILE),
             notify=self.crash_cause.notify,
             logger=self._log,
             dry_run=settings.dry_run,
@@ -205,6 +215,7 @@ class Daemon:
         self.registry.register(
             SidecarCollector(version=__version__, latest_view=lambda: self.poller.view, acting_view=self.acting_view)
         )
+        ProcessCollector(registry=self.registry)  # the sidecar's own process_* (CPU, memory, descriptors, start)
         host, port = settings.listen_address
         endpoints = Endpoints(
             registry=self.registry,

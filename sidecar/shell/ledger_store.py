@@ -7,6 +7,9 @@ Three things make the hourly budget hold across the sidecar's own restarts, kill
   counts that restart, which the platform most likely carried out without it;
 - the host's boot id beside the records' monotonic times: a process started later on the same boot ages
   those records by the monotonic clock, which a wall-clock jump while no sidecar ran cannot move.
+A --state-dir that cannot hold the ledger at all (a path under a regular file, no permission, a read-only
+file system) is refused at start (`state_dir_problem`): "budget spent" is for a ledger that went bad, not for
+a deployment that never had one.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.ledger import RestartLedger, RestartLedgerError, RestartRecord
-from sidecar.shell.state_file import StateFile
+from sidecar.shell.state_file import StateFile, directory_problem
 
+LEDGER_FILE = "restart-ledger.json"
 IN_FLIGHT_FILE = "restart-in-flight.json"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -31,6 +35,16 @@ def read_boot_id(path: Path = BOOT_ID) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def state_dir_problem(state_dir: Path, *, writable: bool) -> str | None:
+    """Why --state-dir cannot hold the ledger, or None; checked at start so the daemon stops (exit 2) instead
+    of running on with the budget assumed spent. `writable`: the daemon will write there (not a dry run, and an
+    adapter that restarts); otherwise it only reads a ledger that is there, and a missing directory is fine."""
+    problem = directory_problem(state_dir, create=writable)
+    for name in (LEDGER_FILE, IN_FLIGHT_FILE):
+        problem = problem or StateFile(state_dir / name).access_problem()
+    return problem
 
 
 class LedgerStore:

@@ -1,28 +1,36 @@
 """Settings from flags, `VLLM_SIDECAR_*` environment, a TOML/YAML file and defaults, in that precedence.
 
-Reads the environment and the config file. A bad value is reported as one line naming the setting and
-what it accepts (`SettingsError`), so the CLI can stop with exit code 2 before anything starts.
+Reads the environment and the config file. A bad value is reported as one line naming the setting, what it
+accepts and where the value came from (the flag, the environment variable or the config file: the one the user
+wrote, also when a rule between two settings breaks), as a `SettingsError`, so the CLI can stop with exit
+code 2 before anything starts. A misspelt key in the config file gets the closest known one suggested.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
 from sidecar.file_cap import read_capped_file
 from sidecar.policy.settings import PolicySettings
+from sidecar.shell import setting_origin
+from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
+from sidecar.shell.setting_origin import Origin, closest, flag_of, origins
 
-ENV_PREFIX = "VLLM_SIDECAR_"
+ENV_PREFIX = setting_origin.ENV_PREFIX
+BOOLEAN_FORMS = "true|false, 1|0, yes|no, on|off"  # what pydantic reads as a bool (also t|f, y|n)
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
 SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status
 
@@ -344,6 +352,7 @@ class Settings(BaseSettings):
             _ = parts.port
         except ValueError:
             raise ValueError("invalid port") from None
+        _check_url_root(parts)
         return value.rstrip("/")
 
     @field_validator("listen")
@@ -369,14 +378,6 @@ class Settings(BaseSettings):
             raise ValueError(f"invalid regular expression: {error}") from None
         return value
 
-    @field_validator("resume_kv_usage")
-    @classmethod
-    def _check_resume(cls, value: float, info: ValidationInfo) -> float:
-        pause = info.data.get("pause_kv_usage")
-        if isinstance(pause, float) and value >= pause:
-            raise ValueError(f"must be below --pause-kv-usage ({pause:g}), or admission flaps around one value")
-        return value
-
     @field_validator("webhook_url")
     @classmethod
     def _check_webhook(cls, value: str | None) -> str | None:
@@ -392,17 +393,6 @@ class Settings(BaseSettings):
     def _check_rate_limit(cls, value: str) -> str:
         parse_rate_limit(value)
         return value.strip()
-
-    @field_validator("tls_key_file")
-    @classmethod
-    def _check_tls_pair(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        cert = info.data.get("tls_cert_file")
-        if (value is None) != (cert is None):
-            given, missing = (
-                ("--tls-key-file", "--tls-cert-file") if cert is None else ("--tls-cert-file", "--tls-key-file")
-            )
-            raise ValueError(f"{given} is set but {missing} is not: TLS needs both (or neither, for plain HTTP)")
-        return value
 
     @field_validator("vllm_container")
     @classmethod
@@ -423,13 +413,27 @@ class Settings(BaseSettings):
                 raise ValueError("is empty")
         return value
 
-    @field_validator("timeout")
+    @field_validator("*")
     @classmethod
-    def _check_timeout(cls, value: float | None, info: ValidationInfo) -> float | None:
-        interval = info.data.get("interval")
-        if value is not None and isinstance(interval, float) and value >= interval:
-            raise ValueError(f"must be shorter than the interval ({interval:g} s)")
+    def _check_finite(cls, value: object) -> object:
+        # pydantic takes "inf" for a float with only a lower bound; the policy would refuse it later, unnamed.
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("must be a finite number")
         return value
+
+    @model_validator(mode="after")
+    def _check_pairs(self) -> Settings:
+        # A rule between two settings: `load_settings` words the error against whichever the user gave.
+        conflict = find_conflict(dict(self))
+        if conflict is not None:
+            raise conflict
+        return self
+
+    # Where each value came from, for errors found after loading (an unusable --state-dir); set by load_settings.
+    _origins: dict[str, Origin] = PrivateAttr(default_factory=dict)
+
+    def origin(self, name: str) -> Origin:
+        return self._origins.get(name) or Origin(setting=name, layer=None)
 
     @property
     def poll_timeout_s(self) -> float:
@@ -457,8 +461,13 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
-        path = flags.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
-        return (init_settings, env_settings, ConfigFileSource(settings_cls, Path(path) if path else None))
+        return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))
+
+
+def config_path(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
+    """The config file named by --config, else by VLLM_SIDECAR_CONFIG."""
+    path = flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    return Path(path) if path else None
 
 
 class ConfigFileSource(PydanticBaseSettingsSource):
@@ -499,14 +508,41 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
     for key, value in document.items():
         name = str(key).replace("-", "_")
         if name not in known or name == "config":
-            known_list = ", ".join(sorted(known - {"config"}))
-            raise SettingsError(f"unknown setting {key!r} in config file {path}; known settings: {known_list}")
+            raise SettingsError(f"unknown setting {key!r} in config file {path}; {_suggestion(str(key), known)}")
         values[name] = value
     return values
 
 
+def _suggestion(key: str, known: set[str]) -> str:
+    """'did you mean ...?' in the key's own spelling (dashes or underscores), else the list of known keys."""
+    candidates = sorted(known - {"config"})
+    match = closest(key.replace("-", "_"), candidates)
+    if match is not None:
+        return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}?"
+    return "known settings: " + ", ".join(candidates)
+
+
 def _format_name(path: Path) -> str:
     return "TOML" if path.suffix.lower() == ".toml" else "YAML"
+
+
+# What follows /v1 in the OpenAI API's paths, so /v1/chat/completions is caught but a proxy's /api/v1/... is not.
+_OPENAI_ROUTES = frozenset({"chat", "completions", "models", "embeddings", "responses", "audio", "tokenize"})
+
+
+def _check_url_root(parts: SplitResult) -> None:
+    """The server's root, not an API path: the sidecar reads vLLM's /metrics, /health and /version at its root,
+    and http://host:8000/v1 (the OpenAI API's base URL, which clients are given) is the usual mistake."""
+    segments = parts.path.rstrip("/").split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        openai = segment == "v1" and (last or segments[index + 1] in _OPENAI_ROUTES)
+        if openai or (last and segment in ("metrics", "health", "version")):
+            root = parts._replace(path="/".join(segments[:index]), query="", fragment="").geturl()
+            raise ValueError(
+                f"ends in /{'/'.join(segments[index:])}, but the sidecar reads /metrics, /health and /version "
+                f"at the server's root: drop /{segment}{'' if last else '/...'} and give {root}"
+            )
 
 
 def _check_url_characters(url: str) -> None:
@@ -538,11 +574,23 @@ def parse_gpu_indices(value: str) -> tuple[int, ...] | None:
 
 
 def load_settings(flags: dict[str, Any]) -> Settings:
-    """Build settings; raise `SettingsError` with one line naming the first bad setting."""
+    """Build settings; raise `SettingsError` with one line naming the first bad setting and where it was set."""
+    names = set(Settings.model_fields)
+    path = config_path(flags, os.environ)
+    file_keys = read_config_file(path, names) if path is not None else {}
+    found = origins(names, flags=flags, environ=os.environ, config_file=path, file_keys=set(file_keys))
     try:
-        return Settings(**flags)
+        settings = Settings(**flags)
     except ValidationError as error:
-        raise SettingsError(_describe(error)) from None
+        raise SettingsError(_describe(error, found)) from None
+    settings._origins = found  # the model's own private attribute, set once, by its factory
+    return settings
+
+
+def setting_error(settings: Settings, name: str, why: str) -> SettingsError:
+    """An error about a setting found after loading (a directory that cannot be written), in the same words."""
+    given = "" if name in SECRET_SETTINGS else f"={shown(getattr(settings, name))!r}"
+    return SettingsError(_line(name, given, why, settings.origin(name)))
 
 
 def _without_userinfo(value: object) -> object:
@@ -558,14 +606,27 @@ def _without_userinfo(value: object) -> object:
     return parts._replace(netloc="…@" + parts.netloc.rpartition("@")[2]).geturl()
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError, found: Mapping[str, Origin]) -> str:
     first = error.errors()[0]
-    name = str(first["loc"][0]) if first["loc"] else "settings"
+    conflict = first.get("ctx", {}).get("error")
+    if isinstance(conflict, ConflictError):
+        blamed = blame(conflict, found)
+        name, message = blamed.setting, blamed.message
+        given = "" if name in SECRET_SETTINGS or blamed.value is None else f"={shown(blamed.value)!r}"
+    else:
+        name = str(first["loc"][0]) if first["loc"] else "settings"
+        shown_input = name in Settings.model_fields and name not in SECRET_SETTINGS
+        given = (
+            f"={_without_userinfo(first['input'])!r}" if shown_input and not isinstance(first["input"], dict) else ""
+        )
+        message = str(first["msg"]).removeprefix("Value error, ")
+    return _line(name, given, message, found.get(name) or Origin(setting=name, layer=None))
+
+
+def _line(name: str, given: str, message: str, origin: Origin) -> str:
     field = Settings.model_fields.get(name)
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
     allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
-    shown = name in Settings.model_fields and name not in SECRET_SETTINGS and not isinstance(first["input"], dict)
-    given = f"={_without_userinfo(first['input'])!r}" if shown else ""
-    message = str(first["msg"]).removeprefix("Value error, ")
-    flag = "--" + name.replace("_", "-")
-    return f"invalid setting {name}{given}: {message}{allowed} (flag {flag}, environment {ENV_PREFIX}{name.upper()})"
+    if field is not None and field.annotation is bool:  # the forms pydantic reads, which the help shows too
+        allowed = f"; allowed: {BOOLEAN_FORMS} (a bare {flag_of(name)} means true)"
+    return f"invalid setting {name}{given}: {message}{allowed} ({origin.describe()})"

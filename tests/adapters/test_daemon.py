@@ -58,6 +58,13 @@ def test_serves_metrics_health_readiness_and_status(sidecar: SidecarProcess) -> 
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "vllm_sidecar_up 1.0" in metrics.text
     assert 'vllm_sidecar_kv_cache_capacity_blocks{engine="0",model_name="tiny-llama"} 128.0' in metrics.text
+    assert "\nprocess_resident_memory_bytes " in metrics.text  # the sidecar's own process
+    openmetrics = httpx.get(
+        sidecar.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=5
+    )
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert openmetrics.text.endswith("# EOF\n")
+    assert "vllm_sidecar_up 1.0" in openmetrics.text
     assert 'vllm_sidecar_source_success{source="nvml"}' in metrics.text  # no GPU here: reported, not fatal
     assert sidecar.get("/healthz").status_code == 200
     ready = sidecar.get("/readyz")
@@ -189,9 +196,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["run"], {"VLLM_SIDECAR_INTERVAL": "fast"}, "environment VLLM_SIDECAR_INTERVAL"),
         (["once", "--gpus", "0,0"], {}, "invalid setting gpus='0,0'"),
         (["run", "--log-level", "loud"], {}, "allowed: debug, info, warning or error"),
-        (["run", "--resume-kv-usage", "0.95"], {}, "must be below --pause-kv-usage (0.9)"),
+        (["run", "--resume-kv-usage", "0.95"], {}, "must be below --pause-kv-usage (0.9, the default)"),
         (["run", "--actuator", "systemd", "--systemd-unit", "../etc/x.service"], {}, "invalid setting systemd_unit"),
-        (["run", "--actuator", "exec"], {}, "--actuator exec needs --exec-command"),
+        (["run", "--actuator", "exec"], {}, "invalid setting actuator='exec': needs --exec-command"),
         (["run", "--exec-command", "'unterminated"], {}, "cannot be split into arguments"),
         (["run", "--webhook-url", "hooks.example/T0KEN"], {}, "invalid setting webhook_url: not an http(s) URL"),
         (["run", "--max-restarts-per-hour", "-1"], {}, "invalid setting max_restarts_per_hour='-1'"),

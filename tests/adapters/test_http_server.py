@@ -122,3 +122,48 @@ async def test_a_silent_client_is_dropped_after_the_read_timeout(server: HttpSer
 async def test_a_truncated_body_is_dropped(server: HttpServer) -> None:
     answer = await _raw(server, b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
     assert answer == b""
+
+
+async def test_stop_ends_half_open_connections_at_once_and_leaves_no_task_to_cancel() -> None:
+    handled: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        handled.append(request.path)
+        return Response.text(200, "ok")
+
+    served = HttpServer(host="127.0.0.1", port=0, handler=handler, read_timeout_s=30.0)
+    await served.start()
+    clients = [await asyncio.open_connection("127.0.0.1", served.port) for _ in range(3)]
+    for (_, writer), data in zip(
+        clients, [b"", b"GET /x HTTP/1.1\r\nHost: x\r\n", b"POST /y HTTP/1.1\r\n"], strict=True
+    ):
+        writer.write(data)
+        await writer.drain()
+    await asyncio.sleep(0.2)  # the server has accepted all three and waits for the rest of each request
+    before = set(asyncio.all_tasks())
+    started = time.monotonic()
+    await served.stop()
+    assert time.monotonic() - started < 1.0  # not the 30 s read timeout
+    await asyncio.sleep(0)
+    leftover = [task for task in asyncio.all_tasks() - {asyncio.current_task()} if task in before and not task.done()]
+    assert leftover == []  # nothing left for asyncio.run() to cancel (a cancelled handler logs a traceback on 3.11)
+    for reader, writer in clients:
+        assert await reader.read() == b""  # closed without an answer
+        writer.close()
+    assert handled == []
+
+
+async def test_stop_gives_an_answer_in_progress_a_second_then_cuts_it_and_closes_the_producer(
+    server: HttpServer,
+) -> None:
+    closed_streams.clear()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    assert (await reader.read(4096)).startswith(b"HTTP/1.1 200")
+    started = time.monotonic()
+    await server.stop()
+    assert time.monotonic() - started < 2.5
+    await asyncio.sleep(0.05)
+    assert closed_streams == ["endless closed"]
+    writer.close()

@@ -317,3 +317,68 @@ def test_an_unknown_flag_is_exit_2(name: str, value: str) -> None:
         main(["run", f"{flag}={value.replace(chr(0), '')}"])
     assert exited.value.code == EXIT_USAGE
     assert flag in stderr.getvalue()
+
+
+# --- A rule between two settings blames the one from the higher layer -------------------------------------------
+
+# The pairs with a rule between them, each with values that are valid alone and break the rule in some mixes.
+_PAIRS: dict[tuple[str, str], tuple[st.SearchStrategy[str], st.SearchStrategy[str]]] = {
+    ("resume_kv_usage", "pause_kv_usage"): (st.sampled_from(["0.5", "0.8", "0.95"]), st.sampled_from(["0.6", "0.9"])),
+    ("timeout", "interval"): (st.sampled_from(["1", "2.5", "9"]), st.sampled_from(["0.5", "2", "10"])),
+}
+_LAYERS = ("flag", "env", "file", None)  # None: left at its default
+_RANK = {"flag": 3, "env": 2, "file": 1, None: 0}
+
+
+@budget(scale=0.5)
+@given(
+    st.sampled_from(sorted(_PAIRS)),
+    st.data(),
+    st.sampled_from(_LAYERS),
+    st.sampled_from(_LAYERS),
+    st.sampled_from([".toml", ".yaml"]),
+)
+def test_a_broken_rule_blames_the_setting_from_the_higher_layer_and_says_where_it_is(
+    pair: tuple[str, str], data: st.DataObject, first_layer: str | None, second_layer: str | None, suffix: str
+) -> None:
+    first_values, second_values = _PAIRS[pair]
+    placed = {pair[0]: (first_layer, data.draw(first_values)), pair[1]: (second_layer, data.draw(second_values))}
+    flags = {name: value for name, (layer, value) in placed.items() if layer == "flag"}
+    env = {name: value for name, (layer, value) in placed.items() if layer == "env"}
+    document = {name.replace("_", "-"): float(value) for name, (layer, value) in placed.items() if layer == "file"}
+    with tempfile.TemporaryDirectory(prefix="property-settings-") as folder:
+        path = Path(folder) / ("sidecar" + suffix)
+        path.write_text(_render(dict(document), suffix))
+        with _environment({**env, "config": str(path)}):
+            try:
+                load_settings(flags)
+            except SettingsError as error:
+                message = str(error).replace(str(path), "FILE")
+            else:
+                return  # the rule holds for these values
+    blamed = message.removeprefix("invalid setting ").split("=", 1)[0]
+    assert blamed in pair, message
+    other = pair[1] if blamed == pair[0] else pair[0]
+    layer_of = {name: layer for name, (layer, _) in placed.items()}
+    # The higher layer is blamed; on a tie the rule's first name (the one conventionally checked against the other).
+    assert _RANK[layer_of[blamed]] >= _RANK[layer_of[other]], message
+    if _RANK[layer_of[blamed]] == _RANK[layer_of[other]]:
+        assert blamed == pair[0], message
+    flag_of_blamed = "--" + blamed.replace("_", "-")
+    ending = {
+        "flag": f"(flag {flag_of_blamed})",
+        "env": f"(environment {ENV_PREFIX}{blamed.upper()})",
+        "file": "(in FILE)",
+        None: f"(the default; set it with flag {flag_of_blamed}, environment {ENV_PREFIX}{blamed.upper()})",
+    }[layer_of[blamed]]
+    assert message.endswith(ending), message
+    # The other setting is quoted with its own origin, so the user finds both values.
+    other_flag = "--" + other.replace("_", "-")
+    quoted = {
+        "flag": ")",
+        "env": f" from environment {ENV_PREFIX}{other.upper()})",
+        "file": " in FILE)",
+        None: ", the default)",
+    }
+    assert other_flag + " (" in message, message
+    assert quoted[layer_of[other]] in message.split(other_flag + " (", 1)[1], message

@@ -259,8 +259,8 @@ def _encrypted_pair(folder: Path) -> Pair:
         ("key of another certificate", "key values mismatch"),
         ("a key where the certificate goes", "holds no PEM certificate"),
         ("encrypted key", "encrypted key"),
-        ("certificate without key", "--tls-cert-file is set but --tls-key-file is not"),
-        ("key without certificate", "--tls-key-file is set but --tls-cert-file is not"),
+        ("certificate without key", "is set but --tls-key-file is not"),  # blames the file given: the certificate
+        ("key without certificate", "is set but --tls-cert-file is not"),
     ],
 )
 def test_a_bad_certificate_or_key_stops_the_start_with_one_line(
@@ -287,6 +287,12 @@ def test_a_bad_certificate_or_key_stops_the_start_with_one_line(
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("vllm-sidecar: error: ")
     assert expected in lines[0]
+    if case.endswith("without key"):
+        assert lines[0].startswith("vllm-sidecar: error: invalid setting tls_cert_file=")
+        assert lines[0].endswith("(flag --tls-cert-file)")
+    if case.endswith("without certificate"):
+        assert lines[0].startswith("vllm-sidecar: error: invalid setting tls_key_file=")
+        assert lines[0].endswith("(flag --tls-key-file)")
 
 
 def test_server_context_names_the_file_that_is_wrong(server_pair: Pair) -> None:
@@ -300,7 +306,7 @@ def _clean_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("VLLM_SIDECAR_")}
 
 
-def test_a_real_prometheus_scrapes_the_metrics_over_tls(
+def test_a_real_prometheus_scrapes_the_metrics_over_tls_in_openmetrics_with_the_process_metrics(
     tls_daemon: SidecarProcess, pki: tuple[Pair, Pair], tmp_path: Path
 ) -> None:
     missing = prometheus_missing()
@@ -321,5 +327,17 @@ def test_a_real_prometheus_scrapes_the_metrics_over_tls(
         prometheus.wait_targets_up()
         [up] = prometheus.query('vllm_sidecar_up{job="vllm-sidecar"}')
         assert up["value"][1] == "1"
+        # The sidecar's own process, from prometheus_client's process collector in its registry.
+        [memory] = prometheus.query('process_resident_memory_bytes{job="vllm-sidecar"}')
+        assert float(memory["value"][1]) > 0
+        # Prometheus asks for OpenMetrics first, and the metadata it keeps shows it got it: families named
+        # without their sample suffixes, and `info` as a type (the text format has neither).
+        metadata = httpx.get(
+            prometheus.url + "/api/v1/targets/metadata", params={"match_target": '{job="vllm-sidecar"}'}, timeout=10
+        ).json()["data"]
+        types = {entry["metric"]: entry["type"] for entry in metadata}
+        assert types.get("vllm_sidecar_build") == "info", types
+        assert types.get("process_cpu_seconds") == "counter", types
+        assert "vllm_sidecar_build_info" not in types
     finally:
         prometheus.stop()
