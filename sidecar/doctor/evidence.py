@@ -42,7 +42,7 @@ class GpuTrend:
 class HistoryFacts:
     source: str
     prefix_hit_ratio_window: float | None  # the lowest engine's, over the daemon's window
-    preemptions_per_second: float | None  # the highest engine's, over the window
+    preemptions_per_second: float | None  # the highest engine's, over the last few polls (what the policy judges)
     gpus: tuple[GpuTrend, ...]
     restarts: tuple[tuple[str, int], ...]  # (reason, count) of the sidecar's restarts of vLLM
 

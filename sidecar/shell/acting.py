@@ -225,7 +225,8 @@ class Acting:
             )
         if action.kind is ActionKind.RESTART:
             reason = decision.restart_reason or RestartReason.MANUAL
-            self._store.note_in_flight(reason, action.reason)  # before the adapter acts: a kill from here on counts
+            if self.actuator.name != "none":  # with no adapter nothing can be in flight (and the dir may be read-only)
+                self._store.note_in_flight(reason, action.reason)  # before the adapter acts: a kill from here on counts
             self._restart_task = asyncio.get_running_loop().create_task(self._restart(reason, action.reason))
 
     async def _restart(self, reason: RestartReason, why: str) -> None:

@@ -119,6 +119,7 @@ class Scene:
     dry_run: bool = False
     healthy_first: int = 0
     probe: ProbeOutcome | None = None  # what the engine probe gets back; None: no probe sender
+    read_only_state: bool = False  # --state-dir on a read-only file system (allowed with --actuator none)
 
 
 @dataclass
@@ -144,6 +145,9 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "vllm down since the start": lambda: Scene(FakeVllm(health=None)),
     "vllm gone after it was healthy": lambda: Scene(FakeVllm(health=None), healthy_first=5),
     "engine dead, no restart adapter": lambda: Scene(FakeVllm(health=503), healthy_first=5),
+    "engine dead, no restart adapter, read-only state": lambda: Scene(
+        FakeVllm(health=503), healthy_first=5, read_only_state=True
+    ),
     "metrics not an exposition": lambda: Scene(FakeVllm(metrics=_malformed)),
     "metrics failing, vllm healthy": lambda: Scene(FakeVllm(metrics=_metrics_500)),
     "kv cache full: paused": lambda: Scene(FakeVllm(kv_usage=0.95)),
@@ -181,7 +185,8 @@ async def _run(scene: Scene) -> list[list[dict[str, object]]]:
         acting = Acting(
             policy=Policy(scene.settings),
             actuator=NoActuator(),
-            ledger_file=StateFile(Path(folder) / "restart-ledger.json"),
+            # /proc takes no new files: a state directory nothing can be written to.
+            ledger_file=StateFile(Path("/proc/vllm-sidecar-test" if scene.read_only_state else folder) / "ledger.json"),
             notify=notes.append,
             logger=structlog.get_logger(),
             dry_run=scene.dry_run,
@@ -225,3 +230,10 @@ async def test_an_abnormal_steady_state_is_logged_once_not_per_poll(name: str) -
     # A restart that fails for want of an adapter is the longest story: pressure, the restart's steps, its
     # outcome, the failed state and the guard that now blocks restarts, one line each.
     assert len(lines) <= 12, f"{name}: {len(lines)} lines in {POLLS} polls:\n{shown}"
+
+
+async def test_with_no_restart_adapter_nothing_is_noted_in_flight_so_a_read_only_state_dir_says_nothing() -> None:
+    per_poll = await _run(SCENES["engine dead, no restart adapter, read-only state"]())
+    events = [line["event"] for poll in per_poll for line in poll]
+    assert "restart_outcome" in events  # the restart was attempted (and refused: no adapter)
+    assert "restart_in_flight_not_saved" not in events
