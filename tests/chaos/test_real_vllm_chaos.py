@@ -190,6 +190,7 @@ def test_vllm_restarted_underneath_is_left_to_its_supervisor_and_the_counter_res
     sidecar = _sidecar(vllm, tmp_path, "underneath", "--hung-after", "5", "--window", "3600")
     started_at = time.monotonic()
     watch = CounterWatch(sidecar.url).start()
+    readiness = Sampler(sidecar.url + "/readyz")
     stalls: list[float] = []
     try:
         time.sleep(1.0)  # the sidecar's window holds an idle poll of the counters as they are now
@@ -250,9 +251,15 @@ def test_vllm_restarted_underneath_is_left_to_its_supervisor_and_the_counter_res
         events = read_events(sidecar.log_path)
         assert_survived(sidecar)
     finally:
+        readiness.stop()
         watch.stop()
         sidecar.kill()
     watch.assert_monotonic()
+    # Readiness fails closed while vLLM is gone, and comes back with it.
+    not_ready_at = readiness.first(lambda status: status == 503, restarted_at)
+    ready_again_at = readiness.first(lambda status: status == 200, not_ready_at or restarted_at)
+    assert not_ready_at is not None, "/readyz never answered 503 while vLLM was gone"
+    assert ready_again_at is not None
 
     # Nothing restarted by the sidecar: the supervisor was at work (down_after is 900 s). Its return is told.
     actions = [(e["action"], e["reason"]) for e in named(events, "action")]
@@ -271,7 +278,9 @@ def test_vllm_restarted_underneath_is_left_to_its_supervisor_and_the_counter_res
     assert engine["prefix_cache_hit_ratio_lifetime"] == pytest.approx(hits_3 / queries_3, rel=1e-9)
     assert hits_2 == 0.0
     print(
-        f"\nrestarted underneath: sidecar saw vLLM go in {down_s:.1f} s, vLLM back after {vllm_back_s:.1f} s; "
+        f"\nrestarted underneath: sidecar saw vLLM go in {down_s:.1f} s, /readyz 503 after "
+        f"{_after(not_ready_at, restarted_at)}, vLLM back after {vllm_back_s:.1f} s, /readyz 200 after "
+        f"{_after(ready_again_at, restarted_at)}; "
         f"hit ratio across the reset {engine['prefix_cache_hit_ratio']:.4f} = expected {expected_ratio:.4f}"
     )
 
