@@ -157,6 +157,7 @@ class Variable:
 
 
 ADMISSION = (Shown("0", "admitting", "green"), Shown("1", "PAUSED", "red"))
+READINESS = (Shown("0", "NOT READY", "red"), Shown("1", "ready", "green"))
 UP_DOWN = (Shown("0", "DOWN", "red"), Shown("1", "OK", "green"))
 
 OVERVIEW = Row(
@@ -168,9 +169,20 @@ OVERVIEW = Row(
             "vLLM; the policy state and the annotations say why.",
             queries=(Query(sel(names.ADMISSION_PAUSED, SIDECAR), LEGEND_SIDECAR, instant=True),),
             viz=Viz.STAT,
-            width=4,
+            width=3,
             height=4,
             mappings=ADMISSION,
+            color_by_value=True,
+        ),
+        Panel(
+            title="Ready (/readyz)",
+            what="Whether /readyz answers 200: vLLM seen healthy within the sidecar's last 3 polls and admission "
+            "not paused. NOT READY while vLLM is unreachable, loading, gone or not vLLM, as well as while paused.",
+            queries=(Query(sel(names.READY, SIDECAR), LEGEND_SIDECAR, instant=True),),
+            viz=Viz.STAT,
+            width=3,
+            height=4,
+            mappings=READINESS,
             color_by_value=True,
         ),
         Panel(
@@ -203,7 +215,7 @@ OVERVIEW = Row(
             "blocked and only a manual one works.",
             queries=(Query(sel(names.RESTART_BUDGET_REMAINING, SIDECAR), LEGEND_SIDECAR, instant=True),),
             viz=Viz.STAT,
-            width=4,
+            width=3,
             height=4,
             steps=(Step(None, "red"), Step(1, "orange"), Step(2, "green")),
             color_by_value=True,
@@ -214,7 +226,7 @@ OVERVIEW = Row(
             queries=(Query(sel(names.LAST_RESTART, SIDECAR) + " * 1000", LEGEND_SIDECAR, instant=True),),
             viz=Viz.STAT,
             unit="dateTimeFromNow",
-            width=4,
+            width=3,
             height=4,
             no_value="never",
         ),
@@ -253,6 +265,20 @@ OVERVIEW = Row(
                 Query(
                     f"sum by (instance, action) (increase({sel(names.ACTION_FAILURES, SIDECAR)}[$__rate_interval]))",
                     "failed {{action}} {{instance}}",
+                ),
+            ),
+            stepped=True,
+            min=0,
+        ),
+        Panel(
+            title="Engine probes",
+            what="The 1-token completions the sidecar sends after a while without engine progress (idle or not): "
+            "answered (the engine works), no_answer (a wedge, unless the engine moved meanwhile), inconclusive "
+            "(an HTTP error: no evidence), per rate window. How long the last one took: /status, last_probe.",
+            queries=(
+                Query(
+                    f"sum by (instance, outcome) (increase({sel(names.PROBES, SIDECAR)}[$__rate_interval]))",
+                    "{{outcome}} {{instance}}",
                 ),
             ),
             stepped=True,

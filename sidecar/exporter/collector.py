@@ -130,4 +130,3 @@ def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:
     add(names.RESTART_BUDGET_REMAINING, float(acting.restart_budget_remaining))
     for outcome in sorted({*acting.probe_outcomes, *acting.probes}):
         add(names.PROBES, float(acting.probes.get(outcome, 0)), outcome)
-    add(names.PROBE_DURATION, acting.last_probe_duration_s)

@@ -270,12 +270,6 @@ PROBES = MetricSpec(
     "Engine probes (one 1-token completion after a while without engine progress) by outcome: answered, "
     "no_answer (a wedge unless the engine moved meanwhile), inconclusive (an HTTP error: no evidence).",
 )
-PROBE_DURATION = MetricSpec(
-    "vllm_sidecar_probe_duration_seconds",
-    Kind.GAUGE,
-    (),
-    "How long the last engine probe took to be answered (or to time out).",
-)
 
 POLICY = (
     ADMISSION_PAUSED,
@@ -287,7 +281,6 @@ POLICY = (
     LAST_RESTART,
     RESTART_BUDGET_REMAINING,
     PROBES,
-    PROBE_DURATION,
 )
 
 ALL = (

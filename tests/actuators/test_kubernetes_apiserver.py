@@ -400,6 +400,7 @@ def test_the_daemon_evicts_its_hung_pod_and_reports_events(workspace: Workspace,
                 *("--actuator", "kubernetes", "--kubernetes-mode", "evict", "--kubeconfig", str(kubeconfig)),
                 *("--pod-name", workspace.pod, "--pod-namespace", workspace.namespace, "--kubernetes-events"),
                 *("--hung-after", "3", "--drain-timeout", "1"),
+                *("--probe-timeout", "2"),  # the engine probe proves the simulator's hang: no answer in 2 s
             ],
             tmp_path / "sidecar.log",
         )
