@@ -146,6 +146,8 @@ class Demo:
             self._stop.set()
             await load
             await self._cleanup()
+        if not self.console.is_terminal:
+            print(flush=True)  # rich's last frame ends without a newline when not on a terminal: the line stands alone
         print(self.exit_line(), flush=True)
         return 0
 

@@ -32,6 +32,8 @@ SHORTENED: tuple[Shortened, ...] = (
     Shortened(setting="forecast_min_uptime", value="40"),
     Shortened(setting="drain_timeout", value="20"),
     Shortened(setting="hung_after", value="30"),
+    Shortened(setting="probe_after", value="20"),
+    Shortened(setting="probe_timeout", value="10"),
     Shortened(setting="startup_timeout", value="60"),
 )
 
@@ -53,13 +55,16 @@ STORIES: dict[str, str] = {
     "budget: pressure, but no pause, since a pause cannot free another process's memory (Ctrl-C ends)",
     "prefix-thrash": "prompts share 128 long prefixes, more than the cache holds: the prefix hit ratio stays low; "
     "nothing to act on (Ctrl-C ends)",
-    "hang": "~15 s: the engine stops with requests running, /health stays 200; ~27 s: paused (no progress for 10 s); "
-    "~46 s: restart due (--hung-after 30), the drain waits --drain-timeout for requests that never finish; ~67 s: "
-    "restarted, back by ~71 s; the demo stops at about 81 s",
+    "hang": "~12 s: the engine stops with requests running, /health stays 200; ~22 s: paused (no progress for 10 s); "
+    "~32 s: the engine probe (a 1-token completion) is sent; ~43 s: it got no answer in 10 s, a wedge: restarted "
+    "at once (no drain: its requests cannot finish), back by ~45 s; the demo stops at about 55 s",
     "hang-queue": "20 s in the scheduler stops admitting: requests wait with 0 running, counters frozen, /health "
-    "200; ~27 s: paused by the queue rule (waiting > 2 x running for 3 polls) (Ctrl-C ends)",
+    "200; ~25 s: paused by the queue rule (waiting for capacity > 2 x running for 3 polls); ~45 s: the probe is "
+    "sent; ~55 s: no answer, restarted, back by ~58 s; the demo stops at about 68 s",
     "hang-idle": "the load lulls from 20 s to 30 s and the engine stops while idle; /metrics freeze at 0 running and "
-    "0 waiting, /health stays 200, and from 30 s every request hangs (watch 'in flight' grow) (Ctrl-C ends)",
+    "0 waiting, /health stays 200, and from 30 s every request hangs (watch 'in flight' grow), unseen by the "
+    "metrics; ~44 s: the probe is sent (20 s without progress); ~54 s: no answer in 10 s: paused and restarted, "
+    "back by ~57 s; the demo stops at about 67 s",
     "startup": "vLLM refuses to start (max seq len larger than the KV cache) and exits at once; the demo starts it "
     "again every ~8 s, as systemd would; the sidecar waits in its startup grace (Ctrl-C ends)",
 }

@@ -76,18 +76,21 @@ class Procedure:
         self.stage, self.reason, self.text, self._since_s = Stage.DRAINING, reason, text, now_s
         self._began_s = now_s
         self.latched = None
+        # A dead engine has nothing to drain; a hung one's requests cannot finish: waiting for them would only keep
+        # a wedged engine up for the drain's whole timeout (measured on a real vLLM: 120 s for a running count that
+        # never moved).
+        undrainable = {
+            RestartReason.ENGINE_DEAD: "engine dead, nothing to drain",
+            RestartReason.ENGINE_HUNG: "engine hung, nothing will finish: no drain",
+        }.get(reason)
+        waits = f"waiting up to {seconds(self._settings.drain_timeout_s)} for running requests to finish"
         drain = Action(
             kind=ActionKind.DRAIN,
-            reason=f"restart ({reason}) begins: {text}; admission paused, waiting up to "
-            f"{seconds(self._settings.drain_timeout_s)} for running requests to finish",
+            reason=f"restart ({reason}) begins: {text}; admission paused, {'no drain' if undrainable else waits}",
             cause=reason,
         )
-        if reason is RestartReason.ENGINE_DEAD:
-            return [drain, *self._request(now_s, "engine dead, nothing to drain").actions]
-        if reason is RestartReason.ENGINE_HUNG:
-            # Its requests cannot finish: waiting for them would only keep a wedged engine up for the drain's
-            # whole timeout (measured on a real vLLM: a drain of 120 s for a running count that never moved).
-            return [drain, *self._request(now_s, "engine hung, nothing will finish: no drain").actions]
+        if undrainable is not None:
+            return [drain, *self._request(now_s, undrainable).actions]
         return [drain]
 
     def retry_block(self, now_s: float) -> str | None:

@@ -225,8 +225,7 @@ def test_a_real_vllm_with_its_engine_core_stopped_is_drained_and_restarted_throu
         load = CompletionLoad(url).start()
         _wait(lambda: _requests_running(url) >= 2, 60, "requests running in vLLM", timeline)
         time.sleep(1.0)  # a few steps in: every client has a request under way
-        os.kill(engine_pid, signal.SIGSTOP)
-        t_stop = time.time()
+        t_stop = _stop_while_busy(engine_pid, url, timeline)
         stopped = process_identity(engine_pid)
         load.stop_sending()  # those in flight hang with the engine; no new ones
         _wait(lambda: process_state(engine_pid) == "T", 5, "the EngineCore to be stopped", timeline)
@@ -386,6 +385,24 @@ def _send_hanging(url: str, count: int) -> list[threading.Thread]:
     for thread in threads:
         thread.start()
     return threads
+
+
+def _stop_while_busy(engine_pid: int, url: str, timeline: Timeline) -> float:
+    """SIGSTOP the EngineCore at a moment its frozen metrics show requests running; the wall time of that stop.
+
+    vLLM's API server shows the stats the engine last sent: a stop just as its requests changed can freeze them
+    at 0 running, which is the idle wedge (phase 2), not this one. Then it goes on and is stopped again.
+    """
+    for _ in range(5):
+        os.kill(engine_pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        time.sleep(0.6)  # stats already on their way to the API server land
+        if _requests_running(url) >= 1:
+            return stopped_at
+        os.kill(engine_pid, signal.SIGCONT)
+        timeline.note("stopped while vLLM's last stats read 0 running: went on and stopped it again")
+        _wait(lambda: _requests_running(url) >= 2, 30, "requests running in vLLM again", timeline)
+    raise AssertionError(f"the EngineCore never stopped with requests running in its metrics{timeline.context()}")
 
 
 def _start_sidecar(user_systemd: UserSystemd, unit: str, url: str, state: Path, log: Path) -> SidecarProcess:
