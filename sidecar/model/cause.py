@@ -40,3 +40,16 @@ class CrashCause:
             return f"cause unknown: {self.summary}"
         change = "; change " + ", ".join(r.pasted for r in self.recommendations) if self.recommendations else ""
         return f"cause {self.cause}: {self.summary}{change}"
+
+    @classmethod
+    def unknown(cls, why: str, *, source: str, wall_time_s: float) -> CrashCause:
+        """A cause that could not be read, and why (one line)."""
+        return cls(
+            cause=None,
+            severity=None,
+            summary=" ".join(why.split()),
+            evidence=(),
+            recommendations=(),
+            source=source,
+            read_wall_time_s=wall_time_s,
+        )

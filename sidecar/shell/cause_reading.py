@@ -44,14 +44,14 @@ class _Start:
 def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
     starts = _starts(read)
     if not starts:
-        return unknown("vLLM's log is empty", source=read.where, wall_time_s=wall_time_s)
+        return CrashCause.unknown("vLLM's log is empty", source=read.where, wall_time_s=wall_time_s)
     start = _choose(starts, wanted)
     source = ", ".join(part for part in (read.where, start.label, f"{start.facts.lines_read} lines") if part)
     finding = _cause(start.facts, source)
     ended = (f"how it ended: {start.ended}",) if start.ended else ()
     if finding is None:
         said = f" ({start.ended})" if start.ended else ""
-        return unknown(_what_it_shows(start.facts) + said, source=source, wall_time_s=wall_time_s)
+        return CrashCause.unknown(_what_it_shows(start.facts) + said, source=source, wall_time_s=wall_time_s)
     return CrashCause(
         cause=finding.cause.value,
         severity=finding.severity.value,
@@ -60,19 +60,6 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
         recommendations=tuple(
             FlagChange(flag=r.flag, value=r.value, why=r.why, pasted=paste(r)) for r in finding.recommendations
         ),
-        source=source,
-        read_wall_time_s=wall_time_s,
-    )
-
-
-def unknown(why: str, *, source: str, wall_time_s: float) -> CrashCause:
-    """A cause that could not be read, and why (one line)."""
-    return CrashCause(
-        cause=None,
-        severity=None,
-        summary=" ".join(why.split()),
-        evidence=(),
-        recommendations=(),
         source=source,
         read_wall_time_s=wall_time_s,
     )
