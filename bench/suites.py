@@ -15,6 +15,7 @@ from bench.efficacy_suites import efficacy_suite, fleet_suite
 from bench.expositions import Exposition, simulated_server, standard_expositions
 from bench.growth import measure_growth
 from bench.options import Options
+from bench.probe_cost import measure_probe_cost
 from bench.process import baseline_rss_mb
 from bench.reaction import measure_reaction
 from bench.report import Results, table
@@ -274,6 +275,38 @@ def reaction_suite(options: Options, results: Results) -> None:
     )
 
 
+def probe_suite(options: Options, results: Results) -> None:
+    cost = measure_probe_cost(repeats=options.repeats)
+    reference = f"{cost.memory_stats_us:.1f} µs" if cost.memory_stats_us is not None else "- (no CUDA here)"
+    ratio = f"{cost.sample_us / cost.memory_stats_us:.2f}x" if cost.memory_stats_us else "-"
+    share = cost.write_us / 2e6  # one sample and write every 2 s, the plugin's default interval
+    print(f"probe: {cost.path}: sample {cost.sample_us:.1f} µs, with the write {cost.write_us:.1f} µs")
+    results.section(
+        "Allocator probe",
+        [
+            "One sample of the vllm_sidecar_probe plugin in this interpreter (median of rounds), with its atomic "
+            "file write, against one torch.cuda.memory_stats() call in the same run. Without torch and a GPU "
+            "this is the path of a vLLM process without CUDA; the CUDA figures come from a GPU machine "
+            "(docs/gpu-runs.md).",
+            "",
+            *table(
+                ["path", "memory_stats (reference)", "sample", "sample / reference", "sample + write", "share at 2 s"],
+                [
+                    (
+                        cost.path,
+                        reference,
+                        f"**{cost.sample_us:.1f} µs**",
+                        ratio,
+                        f"{cost.write_us:.1f} µs",
+                        f"{share * 100:.4f} %",
+                    )
+                ],
+            ),
+        ],
+    )
+    results.target("probe sample + write", "< 1 ms", f"{cost.write_us:.0f} µs", met=cost.write_us < 1000)
+
+
 SUITES: dict[str, Callable[[Options, Results], None]] = {
     "parser": parser_suite,
     "tick": tick_suite,
@@ -281,4 +314,5 @@ SUITES: dict[str, Callable[[Options, Results], None]] = {
     "reaction": reaction_suite,
     "efficacy": efficacy_suite,
     "fleet": fleet_suite,
+    "probe": probe_suite,
 }

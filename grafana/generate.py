@@ -38,6 +38,7 @@ RESUME_KV_USAGE = 0.8
 OOM_FORECAST_S = 900.0
 HUNG_AFTER_S = 120.0
 PREEMPTIONS_PER_S = PolicySettings().preemptions_per_s  # the preemption pause's threshold, from the policy itself
+ALLOC_RETRIES = PolicySettings().pause_alloc_retries  # the allocator pause's threshold, from the policy itself
 
 # The sidecar's own series carry the sidecar's scrape `instance`; vLLM's series come from another target (another
 # instance label), so vLLM panels select by model and engine only. V0 vLLM has no engine label at all (the sidecar
@@ -727,7 +728,55 @@ SIDECAR_SELF = Row(
     ),
 )
 
-ROWS = (OVERVIEW, KV_CACHE, GPU_MEMORY, VLLM_ENGINE, VLLM_ADMISSION, SIDECAR_SELF)
+LEGEND_RANK = "GPU {{gpu}} rank {{rank}} {{instance}}"
+ALLOCATOR = Row(
+    "PyTorch allocator (allocator probe)",
+    (
+        Panel(
+            title="Allocator memory: allocated, reserved, inactive split",
+            what="From the vllm_sidecar_probe plugin inside vLLM (needs --probe-dir). Reserved is what PyTorch holds "
+            "from the driver; inactive split is reserved memory in free pieces too small for a larger tensor.",
+            queries=(
+                Query(sel(names.TORCH_ALLOCATED, GPU), "allocated " + LEGEND_RANK),
+                Query(sel(names.TORCH_RESERVED, GPU), "reserved " + LEGEND_RANK),
+                Query(sel(names.TORCH_INACTIVE_SPLIT, GPU), "inactive split " + LEGEND_RANK),
+            ),
+            unit="bytes",
+            min=0,
+            width=10,
+        ),
+        Panel(
+            title="Allocator fragmentation",
+            what="Inactive split / reserved: PyTorch's own account of fragmentation (not the KV-block estimate). "
+            "With retries, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in vLLM's environment is the remedy.",
+            queries=(Query(sel(names.TORCH_FRAGMENTATION, GPU), LEGEND_RANK),),
+            unit="percentunit",
+            min=0,
+            max=1,
+            width=7,
+        ),
+        Panel(
+            title="Allocator retries and OOMs",
+            what="Allocations that made the allocator free its whole cache and retry (the step before an OOM; the "
+            f"sidecar pauses admission at {ALLOC_RETRIES:g} in 5 polls), and allocations that failed even then.",
+            queries=(
+                Query(
+                    f"sum by (instance, gpu, rank) (increase({sel(names.TORCH_ALLOC_RETRIES, GPU)}[$__rate_interval]))",
+                    "retries " + LEGEND_RANK,
+                ),
+                Query(
+                    f"sum by (instance, gpu, rank) (increase({sel(names.TORCH_OOMS, GPU)}[$__rate_interval]))",
+                    "OOMs " + LEGEND_RANK,
+                ),
+            ),
+            min=0,
+            stepped=True,
+            width=7,
+        ),
+    ),
+)
+
+ROWS = (OVERVIEW, KV_CACHE, GPU_MEMORY, ALLOCATOR, VLLM_ENGINE, VLLM_ADMISSION, SIDECAR_SELF)
 
 ANNOTATIONS = (
     Annotation(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sidecar.derive.allocator import derive_allocators
 from sidecar.derive.engine import EngineHistory, derive_engine
 from sidecar.derive.gpu import MemoryHistory, derive_gpu
 from sidecar.derive.kv import null_block_of
@@ -82,7 +83,8 @@ class Deriver:
                 derive_gpu(device, memory.get(device.index, []), utilization, self.settings)
                 for device in latest.gpu.value.devices
             )
-        return Derived(engines=engines, gpus=gpus, problems=tuple(problems), models=models)
+        allocators = derive_allocators(window.newest_first(), horizon_polls=self.settings.short_horizon_polls)
+        return Derived(engines=engines, gpus=gpus, problems=tuple(problems), models=models, allocators=allocators)
 
     def _gpu_memory_utilization(self, window: Window, problems: list[str]) -> float | None:
         if self.settings.gpu_memory_utilization is not None:
@@ -125,4 +127,9 @@ def _source_problems(snapshot: Snapshot) -> list[str]:
             problems.append(snapshot.gpu.error)
         elif snapshot.gpu.value is not None:
             problems.extend(snapshot.gpu.value.problems)
+    if snapshot.allocator is not None:
+        if snapshot.allocator.error is not None:
+            problems.append(snapshot.allocator.error)
+        elif snapshot.allocator.value is not None:
+            problems.extend(f"probe: {problem}" for problem in snapshot.allocator.value.problems)
     return problems

@@ -14,7 +14,9 @@ from prometheus_client.registry import Collector
 from sidecar.exporter import names
 from sidecar.exporter.names import Kind, MetricSpec
 from sidecar.model.acting import ActingView
+from sidecar.model.derived import AllocatorDerived
 from sidecar.model.gpu import ProcessOwner
+from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
 
 _Family = GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily
@@ -65,11 +67,7 @@ class SidecarCollector(Collector):
     def _add_view(self, view: View, add: Callable[..., None], families: dict[str, _Family]) -> None:
         snapshot, derived = view.snapshot, view.derived
         add(names.UP, 1.0 if snapshot.vllm.ok else 0.0)
-        add(names.SOURCE_SUCCESS, 1.0 if snapshot.vllm.ok else 0.0, snapshot.vllm.source)
-        add(names.SOURCE_DURATION, snapshot.vllm.duration_s, snapshot.vllm.source)
-        if snapshot.gpu is not None:
-            add(names.SOURCE_SUCCESS, 1.0 if snapshot.gpu.ok else 0.0, snapshot.gpu.source)
-            add(names.SOURCE_DURATION, snapshot.gpu.duration_s, snapshot.gpu.source)
+        _add_sources(snapshot, add)
         add(names.LAST_POLL, snapshot.wall_time_s)
         if snapshot.vllm_healthy is not None:
             add(names.VLLM_HEALTHY, 1.0 if snapshot.vllm_healthy else 0.0)
@@ -113,6 +111,31 @@ class SidecarCollector(Collector):
             add(names.GPU_TEMPERATURE, gpu.temperature_celsius, index)
             add(names.GPU_XID, gpu.xid_errors_total, index)
             add(names.GPU_LAST_XID, gpu.last_xid, index)
+        _add_allocators(derived.allocators, add)
+
+
+def _add_sources(snapshot: Snapshot, add: Callable[..., None]) -> None:
+    add(names.SOURCE_SUCCESS, 1.0 if snapshot.vllm.ok else 0.0, snapshot.vllm.source)
+    add(names.SOURCE_DURATION, snapshot.vllm.duration_s, snapshot.vllm.source)
+    if snapshot.gpu is not None:
+        add(names.SOURCE_SUCCESS, 1.0 if snapshot.gpu.ok else 0.0, snapshot.gpu.source)
+        add(names.SOURCE_DURATION, snapshot.gpu.duration_s, snapshot.gpu.source)
+    if snapshot.allocator is not None:
+        # 1 only when every file was fresh and well formed: a stale file is a failing source, never a value.
+        whole = snapshot.allocator.value is not None and not snapshot.allocator.value.problems
+        add(names.SOURCE_SUCCESS, 1.0 if snapshot.allocator.ok and whole else 0.0, snapshot.allocator.source)
+        add(names.SOURCE_DURATION, snapshot.allocator.duration_s, snapshot.allocator.source)
+
+
+def _add_allocators(allocators: tuple[AllocatorDerived, ...], add: Callable[..., None]) -> None:
+    for allocator in allocators:
+        labels = (str(allocator.gpu), allocator.rank)
+        add(names.TORCH_ALLOCATED, allocator.allocated_bytes, *labels)
+        add(names.TORCH_RESERVED, allocator.reserved_bytes, *labels)
+        add(names.TORCH_INACTIVE_SPLIT, allocator.inactive_split_bytes, *labels)
+        add(names.TORCH_FRAGMENTATION, allocator.fragmentation_ratio, *labels)
+        add(names.TORCH_ALLOC_RETRIES, allocator.alloc_retries_total, *labels)
+        add(names.TORCH_OOMS, allocator.ooms_total, *labels)
 
 
 def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:

@@ -26,6 +26,11 @@ class MetricSpec:
 
 
 ENGINE = ("model_name", "engine")
+GPU_RANK = ("gpu", "rank")
+_PROBE = (
+    " From the vllm_sidecar_probe plugin inside vLLM (PyTorch's caching allocator, torch.cuda.memory_stats), "
+    "summed over the vLLM processes of that GPU and rank (rank 'none': a process outside torch.distributed)."
+)
 MODEL = ("model_name",)
 GPU = ("gpu",)
 SHORT_HORIZON = "the last 5 polls"  # DeriveSettings.short_horizon_polls; a test holds them together
@@ -271,6 +276,44 @@ PROBES = MetricSpec(
     "no_answer (a wedge unless the engine moved meanwhile), inconclusive (an HTTP error: no evidence).",
 )
 
+TORCH_ALLOCATED = MetricSpec(
+    "vllm_sidecar_torch_allocated_bytes", Kind.GAUGE, GPU_RANK, "Bytes held by live tensors." + _PROBE
+)
+TORCH_RESERVED = MetricSpec(
+    "vllm_sidecar_torch_reserved_bytes",
+    Kind.GAUGE,
+    GPU_RANK,
+    "Bytes PyTorch's caching allocator holds from the driver (allocated plus cached)." + _PROBE,
+)
+TORCH_INACTIVE_SPLIT = MetricSpec(
+    "vllm_sidecar_torch_inactive_split_bytes",
+    Kind.GAUGE,
+    GPU_RANK,
+    "Reserved bytes in free pieces of split blocks: memory the allocator holds but cannot give to a request "
+    "larger than the piece." + _PROBE,
+)
+TORCH_FRAGMENTATION = MetricSpec(
+    "vllm_sidecar_torch_fragmentation_ratio",
+    Kind.GAUGE,
+    GPU_RANK,
+    "Allocator fragmentation: inactive split bytes / reserved bytes; absent while nothing is reserved. This is "
+    "the allocator's own view, unlike vllm_sidecar_kv_cache_fragmentation_ratio (empty slots of KV blocks)." + _PROBE,
+)
+TORCH_ALLOC_RETRIES = MetricSpec(
+    "vllm_sidecar_torch_alloc_retries",
+    Kind.COUNTER,
+    GPU_RANK,
+    "Allocations that failed, made the allocator free its cache and succeeded on retry: it is out of room for "
+    "the next request's activations, the step before an OOM. Counts since each vLLM process started." + _PROBE,
+)
+TORCH_OOMS = MetricSpec(
+    "vllm_sidecar_torch_ooms",
+    Kind.COUNTER,
+    GPU_RANK,
+    "Allocations that failed even after the retry (CUDA out of memory raised in vLLM). Counts since each vLLM "
+    "process started." + _PROBE,
+)
+
 POLICY = (
     ADMISSION_PAUSED,
     READY,
@@ -319,4 +362,10 @@ ALL = (
     GPU_TEMPERATURE,
     GPU_XID,
     GPU_LAST_XID,
+    TORCH_ALLOCATED,
+    TORCH_RESERVED,
+    TORCH_INACTIVE_SPLIT,
+    TORCH_FRAGMENTATION,
+    TORCH_ALLOC_RETRIES,
+    TORCH_OOMS,
 )

@@ -67,8 +67,30 @@ class ModelDerived:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AllocatorDerived:
+    """PyTorch's CUDA allocator on one GPU for one rank, from the allocator probe (summed over the processes of
+    that GPU and rank: an API server and an engine core both without a rank, say)."""
+
+    gpu: int
+    rank: str  # torch.distributed's rank, or "none" for a process outside it
+    processes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    inactive_split_bytes: int
+    fragmentation_ratio: float | None  # inactive split / reserved; None while nothing is reserved
+    alloc_retries_total: int
+    ooms_total: int
+    # Increase over the short horizon (the last few polls), each process compared with itself; None until a
+    # sample of these processes from the start of the horizon exists. Retries rising is the allocator flushing
+    # its cache to find room: the step before an OOM.
+    alloc_retries_recent: int | None
+    ooms_recent: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Derived:
     engines: tuple[EngineDerived, ...]
     gpus: tuple[GpuDerived, ...]
     problems: tuple[str, ...]
     models: tuple[ModelDerived, ...] = ()
+    allocators: tuple[AllocatorDerived, ...] = ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.model.allocator import AllocatorReading
 from sidecar.model.gpu import GpuReading
 from sidecar.model.health import HealthCheck
 from sidecar.model.source import SourceResult
@@ -20,3 +21,4 @@ class Snapshot:
     # What /health answered, for readiness's reason line; None when not asked (recordings, tests that only
     # need the verdict above, which always agrees with it).
     vllm_health: HealthCheck | None = None
+    allocator: SourceResult[AllocatorReading] | None = None  # None when no --probe-dir is configured

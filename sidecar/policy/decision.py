@@ -47,6 +47,7 @@ class PauseRule(StrEnum):
     GPU_FREE_MEMORY = "gpu_free_memory"
     ENGINE_STALLED = "engine_stalled"
     ENGINE_UNHEALTHY = "engine_unhealthy"  # vLLM's fault tolerance reports the engine unhealthy (engine_healthy 0)
+    ALLOCATOR_RETRIES = "allocator_retries"  # PyTorch's allocator had to flush its cache to fit (allocator probe)
     MANUAL = "manual"
 
 

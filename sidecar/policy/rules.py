@@ -15,6 +15,9 @@ Pressure, exactly: admission is open and at least one of
 - a GPU's free memory is under min_gpu_free_ratio, but held by other processes with vLLM inside its budget (see
   `_held_by_others`: not a pause, which could not free it);
 - a restart condition holds but a guard blocks it.
+
+The allocator rule (allocator probe) pauses on the first retry in the short horizon and clears when the horizon
+holds none: a retry is the allocator freeing its whole cache to fit a tensor, already past "partly met".
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.model.derived import Derived, EngineDerived, GpuDerived
+from sidecar.model.derived import AllocatorDerived, Derived, EngineDerived, GpuDerived
 from sidecar.policy.decision import PauseRule, RestartReason
 from sidecar.policy.settings import PolicySettings
 
@@ -175,7 +178,30 @@ def pause_findings(
             found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=stalled))
     if probe_line is not None:
         found.append(Finding(rule=PauseRule.ENGINE_STALLED, text=probe_line))
+    found.extend(_allocator_retries(derived, settings))
     return found
+
+
+def _allocator_retries(derived: Derived, settings: PolicySettings) -> list[Finding]:
+    """GPUs whose PyTorch allocator (allocator probe) retried allocations, or failed one, over the short horizon:
+    it flushed its cache to fit the next request's tensors. Fewer requests in flight need fewer activations."""
+    if settings.pause_alloc_retries <= 0:
+        return []
+    found: list[Finding] = []
+    for allocator in derived.allocators:
+        retries, ooms = allocator.alloc_retries_recent or 0, allocator.ooms_recent or 0
+        if retries < settings.pause_alloc_retries and not ooms:
+            continue
+        found.append(Finding(rule=PauseRule.ALLOCATOR_RETRIES, text=_retries_text(allocator, retries, ooms)))
+    return found
+
+
+def _retries_text(allocator: AllocatorDerived, retries: int, ooms: int) -> str:
+    where = f"GPU {allocator.gpu}" + (f" rank {allocator.rank}" if allocator.rank != "none" else "")
+    failed = f", {ooms} out of memory" if ooms else ""
+    ratio = allocator.fragmentation_ratio
+    split = f", {100 * ratio:.0f} % of its reserved memory in split free pieces" if ratio is not None else ""
+    return f"PyTorch's allocator retried {retries} allocations{failed} in the last polls on {where}{split}"
 
 
 def _work(engine: EngineDerived) -> str:

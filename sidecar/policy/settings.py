@@ -32,6 +32,9 @@ class PolicySettings:
     waiting_ticks: int = 3  # ... on this many consecutive polls
     preemptions_per_s: float = 1.0  # pause when an engine preempts more than this per second
     min_gpu_free_ratio: float = 0.05  # pause when a GPU's free memory is below this share of its total
+    # Pause when PyTorch's allocator in a vLLM process retried this many allocations (or failed one) over the
+    # short horizon (allocator probe): it freed its whole cache to find room, the step before an OOM. 0: never.
+    pause_alloc_retries: int = 1
     # Pause when an engine made no progress this long with requests running: new requests would only queue
     # behind it, while other replicas serve them. Short: a wrong pause costs a few seconds out of rotation.
     stall_pause_after_s: float = 10.0
@@ -82,6 +85,8 @@ class PolicySettings:
             )
 
     def _check_counts_and_durations(self) -> None:
+        if self.pause_alloc_retries < 0:
+            raise PolicySettingsError(f"pause_alloc_retries must be >= 0, got {self.pause_alloc_retries}")
         for name in ("waiting_ticks", "oom_forecast_ticks", "pressure_events"):
             if getattr(self, name) < 1:
                 raise PolicySettingsError(f"{name} must be at least 1, got {getattr(self, name)}")

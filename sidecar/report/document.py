@@ -129,6 +129,7 @@ def once_document(snapshot: Snapshot, derived: Derived, url: str) -> JsonObject:
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
         "models": [model_once_document(model) for model in derived.models],
+        "allocators": [asdict(allocator) for allocator in derived.allocators],
     }
 
 
@@ -138,7 +139,7 @@ def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: 
         "sidecar": {"version": version, "last_poll_timestamp_seconds": snapshot.wall_time_s},
         "sources": {
             result.source: {"ok": result.ok, "duration_seconds": result.duration_s, "error": result.error}
-            for result in (snapshot.vllm, snapshot.gpu)
+            for result in (snapshot.vllm, snapshot.gpu, snapshot.allocator)
             if result is not None
         },
         "vllm": vllm_document(snapshot, url),
@@ -146,6 +147,7 @@ def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: 
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
         "models": [model_status_document(model) for model in derived.models],
+        "allocators": [asdict(allocator) for allocator in derived.allocators],
     }
 
 

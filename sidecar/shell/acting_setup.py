@@ -43,6 +43,7 @@ def policy_settings(settings: Settings) -> PolicySettings:
             pause_kv_usage_ratio=settings.pause_kv_usage,
             resume_kv_usage_ratio=settings.resume_kv_usage,
             min_gpu_free_ratio=settings.min_gpu_free,
+            pause_alloc_retries=settings.pause_alloc_retries,
             dead_after_s=settings.dead_after,
             down_after_s=settings.down_after,
             hung_after_s=settings.hung_after,

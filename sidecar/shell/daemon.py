@@ -45,6 +45,7 @@ from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings, SettingsError, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
+from sidecar.sources.allocator_probe import AllocatorProbeSource
 from sidecar.sources.gpu import GpuSource
 from sidecar.sources.http_get import HttpGetClient
 from sidecar.sources.probe import CompletionProbe
@@ -94,6 +95,16 @@ def build_vllm_client(settings: Settings, shared: httpx.AsyncClient) -> httpx.As
     return HttpGetClient() if urlsplit(settings.vllm_url).scheme == "http" else shared
 
 
+async def _nothing() -> None:
+    return None
+
+
+def build_allocator_source(settings: Settings) -> AllocatorProbeSource | None:
+    if settings.probe_dir is None:
+        return None
+    return AllocatorProbeSource(directory=settings.probe_dir, timeout_s=settings.poll_timeout_s)
+
+
 class Poller:
     """One tick: read every source concurrently, push the snapshot, derive, publish the view."""
 
@@ -103,6 +114,7 @@ class Poller:
         vllm: VllmHttpSource,
         gpu: GpuSource | None,
         derive: DeriveSettings,
+        allocator: AllocatorProbeSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         logger: FilteringBoundLogger | None = None,
@@ -111,6 +123,7 @@ class Poller:
         self._on_view = on_view
         self._vllm = vllm
         self._gpu = gpu
+        self._allocator = allocator
         self._window = Window(span_s=derive.span_s)
         self._deriver = Deriver(derive)
         self._clock = clock
@@ -125,14 +138,23 @@ class Poller:
         return self._view
 
     async def tick(self) -> View:
-        if self._gpu is None and self._vllm.health_stands():
+        if self._allocator is not None:
+            # The probe's files are read beside the others, never holding them up for long (bounded in the source).
+            reading, health, gpu, allocator = await asyncio.gather(
+                self._vllm.read(),
+                self._vllm.health(),
+                self._gpu.read() if self._gpu is not None else _nothing(),
+                self._allocator.read(),
+            )
+        elif self._gpu is None and self._vllm.health_stands():
             # Most ticks: /health is not due, so /metrics alone, without a task for each (see health()).
-            reading, health, gpu = await self._vllm.read(), HEALTH_STANDS, None
+            reading, health, gpu, allocator = await self._vllm.read(), HEALTH_STANDS, None, None
         elif self._gpu is None:
             reading, health = await asyncio.gather(self._vllm.read(), self._vllm.health())
-            gpu = None
+            gpu = allocator = None
         else:
             reading, health, gpu = await asyncio.gather(self._vllm.read(), self._vllm.health(), self._gpu.read())
+            allocator = None
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),
@@ -140,6 +162,7 @@ class Poller:
             vllm_healthy=health.ok,
             vllm_health=health,
             gpu=gpu,
+            allocator=allocator,
         )
         self._window.push(snapshot)
         derived = self._deriver.derive(self._window)
@@ -207,6 +230,7 @@ class Daemon:
                 max_body_bytes=settings.max_response_bytes,
             ),
             gpu=self._gpu,
+            allocator=build_allocator_source(settings),
             derive=derive_settings(settings),
             logger=self._log,
             on_view=self.acting.observe,

@@ -9,7 +9,14 @@ import structlog
 
 from sidecar.model.view import View
 from sidecar.report.document import JsonObject, finite, once_document
-from sidecar.shell.daemon import Poller, build_gpu_source, build_http_client, build_vllm_client, derive_settings
+from sidecar.shell.daemon import (
+    Poller,
+    build_allocator_source,
+    build_gpu_source,
+    build_http_client,
+    build_vllm_client,
+    derive_settings,
+)
 from sidecar.shell.settings import Settings
 from sidecar.sources.vllm_http import VllmHttpSource
 
@@ -27,6 +34,7 @@ async def poll_once(settings: Settings) -> View:
                 max_body_bytes=settings.max_response_bytes,
             ),
             gpu=gpu,
+            allocator=build_allocator_source(settings),
             derive=derive_settings(settings),
             logger=structlog.get_logger().bind(command="once"),
         )

@@ -117,6 +117,14 @@ class Settings(BaseSettings):
         description="vLLM's --gpu-memory-utilization, when its cache_config_info does not say",
         json_schema_extra=_allowed("a number > 0 and <= 1"),
     )
+    probe_dir: Path | None = Field(
+        None,
+        description=(
+            "the directory where the vllm_sidecar_probe plugin inside vLLM writes PyTorch's allocator statistics "
+            "(the same path as VLLM_SIDECAR_PROBE_DIR in vLLM's environment); unset: no allocator probe"
+        ),
+        json_schema_extra=_allowed("a directory path"),
+    )
     vllm_process_pattern: str = Field(
         r"vllm|VLLM::",
         description="regular expression that marks a GPU process as vLLM's (matched on its name and command line)",
@@ -164,6 +172,15 @@ class Settings(BaseSettings):
         le=1,
         description="pause admission when a GPU's free memory falls below this share",
         json_schema_extra=_allowed("a ratio > 0 and <= 1"),
+    )
+    pause_alloc_retries: int = Field(
+        PolicySettings().pause_alloc_retries,
+        ge=0,
+        description=(
+            "pause admission when PyTorch's allocator in vLLM retried this many allocations (or failed one) over "
+            "the last 5 polls (needs --probe-dir); 0: never"
+        ),
+        json_schema_extra=_allowed("a whole number >= 0"),
     )
     dead_after: float = Field(
         30.0,

@@ -42,6 +42,9 @@ _SESSION_LOST_CODES = (
     "NVML_ERROR_UNKNOWN",
 )
 
+# The answers of a driver (or an older pynvml) without nvmlDeviceGetMemoryInfo_v2.
+_NO_MEMORY_V2 = ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+
 
 class _ReadError(Exception):
     """A read that produced no reading; its message is the result's one-line error."""
@@ -89,6 +92,7 @@ class NvmlSource:
         self._nvml: Any = nvml
         self._clock = clock
         self._retry_init_s = retry_init_s
+        self._memory_v2 = True  # until the driver says it has no v2 memory info
         self._timeout_s = timeout_s
         self._stuck: concurrent.futures.Future[GpuReading] | None = None  # a read that outlived its timeout
         # Reads run in worker threads and would overlap if a caller did not await the last one: one at a time.
@@ -260,10 +264,27 @@ class NvmlSource:
             problems=tuple(problems),
         )
 
+    def _memory(self, nvml: Any, index: int, handle: Any) -> tuple[int, int, int]:
+        """Total, used and free as CUDA (and so vLLM's budget) counts them: without the memory the driver keeps
+        for itself, which v1 counts as used and in the total (measured on an H200, driver 580: 615 MiB, and
+        v2's total - reserved equals cudaMemGetInfo's total to the byte). Drivers without v2 give v1's view."""
+        version = getattr(nvml, "nvmlMemory_v2", None)  # absent from a pynvml older than the driver's v2
+        if self._memory_v2 and version is not None:
+            try:
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except nvml.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if not any(code == getattr(nvml, name, None) for name in _NO_MEMORY_V2):
+                    raise self._refusal(f"GPU {index} memory", exc) from exc
+                self._memory_v2 = False  # this driver has no v2: ask v1 from now on
+            else:
+                return int(memory.total) - int(memory.reserved), int(memory.used), int(memory.free)
+        memory = self._call(f"GPU {index} memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        return int(memory.total), int(memory.used), int(memory.free)
+
     def _read_device(self, nvml: Any, index: int, problems: list[str]) -> GpuDevice:
         handle = self._call(f"GPU {index}", nvml.nvmlDeviceGetHandleByIndex, index)
-        # v1 memory info works on every driver and keeps total == used + free; v2 would split out "reserved".
-        memory = self._call(f"GPU {index} memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        total, used, free = self._memory(nvml, index, handle)
         uuid = self._optional(f"GPU {index} UUID", problems, nvml.nvmlDeviceGetUUID, handle)
         name = self._optional(f"GPU {index} name", problems, nvml.nvmlDeviceGetName, handle)
         util = self._optional(f"GPU {index} utilization", problems, nvml.nvmlDeviceGetUtilizationRates, handle)
@@ -279,9 +300,9 @@ class NvmlSource:
             index=index,
             uuid=None if uuid is None else _text(uuid),
             name=None if name is None else _text(name),
-            memory_total_bytes=int(memory.total),
-            memory_used_bytes=int(memory.used),
-            memory_free_bytes=int(memory.free),
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=free,
             utilization_ratio=None if util is None else int(util.gpu) / 100.0,
             temperature_celsius=None if temperature is None else float(temperature),
             processes=self._read_processes(nvml, index, handle, problems),

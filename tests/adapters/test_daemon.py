@@ -254,7 +254,7 @@ def test_once_json_follows_the_contract(vllm: LoopbackServer) -> None:
     result = _cli("once", "--json", "--vllm-url", vllm.url)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert set(document) == {"vllm", "engines", "gpus", "problems", "models"}
+    assert set(document) == {"vllm", "engines", "gpus", "problems", "models", "allocators"}
     assert document["vllm"] == {
         "url": vllm.url,
         "reachable": True,

@@ -426,3 +426,34 @@ def test_identify_process(proc_root: Path, tmp_path: Path) -> None:
     assert (other.name, other.owner) == ("kthreadd", ProcessOwner.OTHER)
     unknown = identify_process(UNSEEN_PID, proc_root=proc_root, pattern=pattern)
     assert (unknown.name, unknown.owner) == (None, ProcessOwner.UNKNOWN)
+
+
+# Measured on an H200 with driver 580.159.04 (tests/gpu): v1 said total 150754820096 and counted 644939776 bytes
+# the driver keeps as used; CUDA's total (vLLM's budget is a share of it) was v2's total - reserved, to the byte.
+H200_TOTAL, H200_RESERVED, H200_USED = 150_754_820_096, 644_939_776, 2_699_886_592
+
+
+def _h200(**overrides: bool) -> Scenario:
+    gpu = FakeGpu(uuid="GPU-ff68", total_bytes=H200_TOTAL, reserved_bytes=H200_RESERVED, used_bytes=H200_USED)
+    for name, value in overrides.items():
+        setattr(gpu, name, value)
+    return Scenario(gpus=[gpu])
+
+
+async def test_memory_as_cuda_counts_it_without_the_drivers_reserve(proc_root: Path, clock: FakeClock) -> None:
+    (gpu,) = reading_of(await make_source(FakeNvml(_h200()), proc_root, clock).read()).devices
+    assert gpu.memory_total_bytes == 150_109_880_320  # cudaMemGetInfo's total on that card
+    assert gpu.memory_used_bytes == H200_USED
+    assert gpu.memory_free_bytes == gpu.memory_total_bytes - gpu.memory_used_bytes
+
+
+async def test_a_driver_without_v2_gives_v1s_view_and_is_not_asked_again(proc_root: Path, clock: FakeClock) -> None:
+    nvml = FakeNvml(_h200(memory_v2=False))
+    source = make_source(nvml, proc_root, clock)
+    for _ in range(2):
+        result = await source.read()
+        assert result.ok, result.error
+        (gpu,) = reading_of(result).devices
+        assert (gpu.memory_total_bytes, gpu.memory_used_bytes) == (H200_TOTAL, H200_USED + H200_RESERVED)
+        assert reading_of(result).problems == ()
+    assert source._memory_v2 is False  # the fallback is remembered, not retried every tick

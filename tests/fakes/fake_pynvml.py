@@ -37,6 +37,10 @@ class FakeGpu:
     # Other refusals: pynvml function name -> NVML_ERROR_* code it answers for this GPU.
     refusals: dict[str, int] = field(default_factory=dict)
     xid_supported: bool = True
+    # Memory the driver keeps for itself (an H200 with driver 580: 615 MiB): v1 counts it as used and in the
+    # total, v2 reports it apart; CUDA's total leaves it out.
+    reserved_bytes: int = 0
+    memory_v2: bool = True  # False: a driver older than nvmlDeviceGetMemoryInfo_v2 (FunctionNotFound)
     lost: bool = False  # every call on it answers GpuIsLost, as after "fallen off the bus"
 
 
@@ -187,11 +191,15 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:  # noqa: N802
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
-        free = gpu.total_bytes - gpu.used_bytes
+        free = gpu.total_bytes - gpu.reserved_bytes - gpu.used_bytes
         if not version:
-            return pynvml.c_nvmlMemory_t(total=gpu.total_bytes, free=free, used=gpu.used_bytes)
+            return pynvml.c_nvmlMemory_t(total=gpu.total_bytes, free=free, used=gpu.used_bytes + gpu.reserved_bytes)
+        if not gpu.memory_v2:
+            raise _error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # the real one's answer to a missing symbol
+        if version != pynvml.nvmlMemory_v2:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         return pynvml.c_nvmlMemory_v2_t(
-            version=version, total=gpu.total_bytes, reserved=0, free=free, used=gpu.used_bytes
+            version=version, total=gpu.total_bytes, reserved=gpu.reserved_bytes, free=free, used=gpu.used_bytes
         )
 
     def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> Any:  # noqa: N802 - pynvml's name

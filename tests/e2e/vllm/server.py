@@ -240,6 +240,7 @@ def start_vllm(
     extra_args: Sequence[str] = (),
     *,
     startup_timeout: float = STARTUP_TIMEOUT_S,
+    extra_env: dict[str, str] | None = None,
 ) -> VllmServer:
     """Start vLLM's OpenAI server on 127.0.0.1 and return once ``/health`` answers 200.
 
@@ -247,7 +248,7 @@ def start_vllm(
     server's stdout and stderr. The server leads its own session (process group), so :meth:`VllmServer.stop`
     can kill everything it spawned. Raises :class:`VllmStartError` (with the log tail) when the process exits
     or is not healthy within ``startup_timeout`` seconds (cold start is 25-60 s on a 2-core box); the process
-    group is killed first.
+    group is killed first. ``extra_env`` is applied last (it may set what the server's environment removes).
     """
     port = free_port() if port is None else port
     command = server_command(python, model_dir, port, extra_args)
@@ -259,7 +260,7 @@ def start_vllm(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=server_env(),
+            env={**server_env(), **(extra_env or {})},
             cwd=log_path.parent,
             start_new_session=True,
         )
