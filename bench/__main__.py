@@ -8,6 +8,7 @@ Suites (all by default, in this order):
   efficacy  burst, leak, tenant and hang under a fixed load with the sidecar off and on, one replica
   fleet     the same behind a router that honours readiness, two replicas, one failing (the goodput targets)
   probe     one sample of the allocator probe plugin (and its file write) against torch.cuda.memory_stats()
+  probe-vllm  real vLLM on CPU with and without the plugin: throughput under the same load
 
 Each suite prints as it goes; the results, with the machine, go to bench/RESULTS.md (see --results).
 """

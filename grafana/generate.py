@@ -769,6 +769,7 @@ ALLOCATOR = Row(
                     "OOMs " + LEGEND_RANK,
                 ),
             ),
+            unit="none",
             min=0,
             stepped=True,
             width=7,

@@ -324,6 +324,7 @@ class Daemon:
             admin_rate_limit=self._settings.admin_rate_limit,
             interval_s=self._settings.interval,
             gpu_source=self._settings.gpu_source,
+            probe_dir=str(self._settings.probe_dir) if self._settings.probe_dir is not None else None,
             actuator=self.acting.actuator.name,
             dry_run=self._settings.dry_run,
         )

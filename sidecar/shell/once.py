@@ -85,6 +85,13 @@ def render_text(document: JsonObject) -> str:
         f"vLLM budget {_gib(gpu['memory_budget_bytes'])} GiB"
         for gpu in gpus
     )
+    allocators: list[dict[str, object]] = document["allocators"]  # type: ignore[assignment]
+    lines.extend(
+        f"  PyTorch allocator, GPU {a['gpu']} rank {a['rank']}: {_gib(a['allocated_bytes'])} GiB allocated of "
+        f"{_gib(a['reserved_bytes'])} GiB reserved, {_gib(a['inactive_split_bytes'])} GiB in split free pieces, "
+        f"{a['alloc_retries_total']} retries and {a['ooms_total']} OOMs since vLLM started"
+        for a in allocators
+    )
     lines.extend(f"  problem: {problem}" for problem in document["problems"])  # type: ignore[attr-defined]
     return "\n".join(lines)
 

