@@ -38,8 +38,10 @@ def _once(sim: SimProcess, probe_dir: Path, *extra: str) -> subprocess.Completed
 
 
 def test_the_allocators_in_json_and_text(sim: SimProcess, tmp_path: Path) -> None:
-    # This test's own pid: a live process, so the file is read (fresh) and never removed.
-    write(tmp_path, document(os.getpid(), time_unix_s=time.time(), devices=[device(0, num_alloc_retries=3)]))
+    def sample_now() -> None:  # this test's own pid: a live process, so its file is kept; fresh for each read
+        write(tmp_path, document(os.getpid(), time_unix_s=time.time(), devices=[device(0, num_alloc_retries=3)]))
+
+    sample_now()
     done = _once(sim, tmp_path, "--json")
     assert done.returncode == 0, done.stderr
     output = json.loads(done.stdout)
@@ -47,6 +49,7 @@ def test_the_allocators_in_json_and_text(sim: SimProcess, tmp_path: Path) -> Non
     assert (allocator["gpu"], allocator["rank"], allocator["alloc_retries_total"]) == (0, "0", 3)
     assert allocator["fragmentation_ratio"] == 0.25
     assert allocator["alloc_retries_recent"] is None  # one poll: no horizon
+    sample_now()
     text = _once(sim, tmp_path).stdout
     assert (
         "PyTorch allocator, GPU 0 rank 0: 6.00 GiB allocated of 8.00 GiB reserved, 2.00 GiB in split free pieces, "
