@@ -7,6 +7,8 @@ histograms, max_num_seqs comes from the arguments it logged. Pure.
 
 from __future__ import annotations
 
+import math
+
 from sidecar.doctor import formula
 from sidecar.doctor.blowout import MIN_REQUESTS
 from sidecar.doctor.evidence import Evidence
@@ -70,6 +72,63 @@ def live_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,
         summary=f"more requests are admitted than the KV pool holds at real sizes ({holds:,.1f})",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
+    """vLLM's own preemption warnings (V0: `... is preempted by PreemptionMode.X ... total_num_cumulative_preemption
+    =N`): more requests ran than the KV cache holds. The stats line with the highest KV usage says how many
+    requests filled it, which sizes max_num_seqs: running / usage x 90 %."""
+    log = evidence.log
+    if log is None or not log.preemptions:
+        return None
+    mode = log.preemption_mode or "an unknown"
+    lines = [f"vLLM preempted requests {log.preemptions:,} times (its warning, {mode} mode): the KV cache ran out"]
+    recommendations: list[Recommendation] = []
+    busiest = log.busiest
+    if busiest is not None and busiest.kv_usage > 0 and busiest.running > 0:
+        holds = busiest.running / busiest.kv_usage
+        swapped = f", {busiest.swapped} swapped out" if busiest.swapped else ""
+        lines.append(
+            f"at the fullest stats line {busiest.running} running requests{swapped} and {busiest.waiting:,} waiting "
+            f"filled {busiest.kv_usage:.1%} of the KV cache: it holds about {busiest.running} / {busiest.kv_usage:.3f} "
+            f"= {holds:,.1f} requests of today's size"
+        )
+        value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
+        seqs = setup.max_num_seqs
+        if seqs is None or value < seqs.value:
+            now = f"now {seqs.value} ({seqs.source})" if seqs is not None else "now not in the log"
+            recommendations.append(
+                Recommendation(
+                    flag="--max-num-seqs",
+                    value=value,
+                    why=(
+                        f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
+                        f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
+                        "in the queue instead of being preempted and recomputed"
+                    ),
+                )
+            )
+            if available("--max-num-queued-reqs", setup.version):
+                recommendations.append(
+                    Recommendation(
+                        flag="--max-num-queued-reqs",
+                        value=value,
+                        why=f"one more batch ({value}) may wait; beyond that vLLM answers HTTP 503 (load shedding)",
+                    )
+                )
+    else:
+        lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: max_num_seqs cannot be sized")
+    lines.append(
+        "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
+        "where the card has it free, or more GPUs"
+    )
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.WARNING,
+        summary=f"vLLM preempted requests {log.preemptions:,} times: more run at once than its KV cache holds",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
     )

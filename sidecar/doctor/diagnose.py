@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from sidecar.doctor import hygiene
 from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout, log_blowout
-from sidecar.doctor.concurrency import live_concurrency
+from sidecar.doctor.concurrency import live_concurrency, log_concurrency
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import SEVERITY_ORDER, Cause, Diagnosis, Finding
 from sidecar.doctor.fit import live_does_not_fit, log_does_not_fit, weights_dominate
@@ -40,6 +40,7 @@ def diagnose(evidence: Evidence) -> Diagnosis:
         live_blowout,
         lambda ev, st: log_blowout(ev, st, weights_dominate=dominated),
         live_concurrency,
+        log_concurrency,
         log_does_not_fit,
         live_does_not_fit,
         hygiene.prefix_caching,

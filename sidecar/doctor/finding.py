@@ -11,6 +11,9 @@ class Cause(StrEnum):
     KV_CACHE_BLOWOUT = "kv_cache_blowout"
     CONCURRENCY_MISJUDGEMENT = "concurrency_misjudgement"
     DOES_NOT_FIT = "does_not_fit"
+    ALLOCATOR_FRAGMENTATION = "allocator_fragmentation"
+    ENGINE_HANG = "engine_hang"
+    MEMORY_LEAK = "memory_leak"
     OTHER = "other"
 
 

@@ -92,6 +92,20 @@ def utilization(total_bytes: int, others_bytes: int, over_budget_bytes: int) -> 
     )
 
 
+def utilization_for_transient(current: float, source: str, tried: int, shortfall: int, total_bytes: int) -> Computed:
+    """Lower the budget by what a failed transient allocation lacked, plus 1 % of the card."""
+    value = floor_hundredths(current - shortfall / total_bytes - GRAPH_MARGIN_RATIO)
+    return Computed(
+        value=value,
+        why=(
+            f"{current:g} ({source}) - {gib(shortfall)} the {gib(tried)} allocation lacked / {gib(total_bytes)} - "
+            f"{GRAPH_MARGIN_RATIO:.0%} margin = {current - shortfall / total_bytes - GRAPH_MARGIN_RATIO:.4f}, rounded "
+            f"down -> {value:.2f} (the KV cache gives the transient that room; if you set another value U, use "
+            f"U - {shortfall / total_bytes + GRAPH_MARGIN_RATIO:.3f})"
+        ),
+    )
+
+
 def utilization_after_graph_oom(current: float, shortfall_bytes: int, total_bytes: int) -> Computed:
     """Give the CUDA graphs the memory the failed allocation lacked, plus 1 % of the card."""
     value = floor_hundredths(current - shortfall_bytes / total_bytes - GRAPH_MARGIN_RATIO)
