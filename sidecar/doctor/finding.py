@@ -42,6 +42,7 @@ class Finding:
     summary: str
     evidence: tuple[str, ...]
     recommendations: tuple[Recommendation, ...] = ()
+    steps: tuple[str, ...] = ()  # what to do or collect that is no flag (a py-spy dump, a bug report's contents)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 GIB = 2**30
 MIB = 2**20
@@ -31,6 +32,22 @@ def tokens(value: float) -> str:
 
 def gib(value_bytes: float) -> str:
     return f"{value_bytes / GIB:.2f} GiB"
+
+
+def clock(wall_time_s: float) -> str:
+    """A wall-clock time for a timeline line, in UTC (the daemon's /status gives epoch seconds)."""
+    return datetime.fromtimestamp(wall_time_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    """A span for a human: 45 s, 12.5 min, 3.2 h, 2.1 days."""
+    if seconds < 120:
+        return f"{seconds:,.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 86400:,.1f} days"
 
 
 def ratio(value: float) -> str:

@@ -76,7 +76,10 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
         for device in reading.devices
         if device.memory_total_bytes > 0
     ]
-    affected = [look for look in looks if look.tenant or look.over_budget_bytes or look.low_free or look.growing]
+    # Memory beyond the budget that keeps growing is the memory_leak finding's (see `leak`), not a budget too high.
+    affected = [
+        look for look in looks if look.tenant or ((look.over_budget_bytes or look.low_free) and not look.growing)
+    ]
     if not affected:
         return None
     evidence_lines: list[str] = []
@@ -93,8 +96,8 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
     causes = []
     if any(look.tenant for look in affected):
         causes.append("another process shares the GPU")
-    if any(look.over_budget_bytes or look.growing for look in affected):
-        causes.append("vLLM's own memory grows beyond its budget")
+    if any(look.over_budget_bytes and not look.growing for look in affected):
+        causes.append("vLLM's own memory is beyond its budget")
     if not causes:
         causes.append("the budget leaves less than the 5 % reserve free")
     return Finding(
@@ -174,7 +177,7 @@ def _recommendations(affected: list[GpuLook], setup: Setup) -> list[Recommendati
                     flag="--gpu-memory-utilization", value=lowest.value, why=f"{lowest.why} (now {utilization.value:g})"
                 )
             )
-    if any(look.over_budget_bytes or look.growing for look in affected):
+    if any(look.over_budget_bytes and not look.growing for look in affected):
         recommendations.append(
             Recommendation(
                 flag=ALLOC_CONF,

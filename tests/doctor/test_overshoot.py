@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.evidence import GpuTrend
 from sidecar.doctor.finding import Cause, Finding, Severity
 from sidecar.doctor.log_overshoot import log_overshoot
@@ -69,14 +70,27 @@ def test_batched_tokens_are_cut_to_the_cards_default_when_set_above_it() -> None
     assert all(flag != "--max-num-batched-tokens" for flag, _ in _flags(finding))
 
 
-def test_a_growing_memory_trend_from_the_daemon_is_critical_when_the_oom_is_within_an_hour() -> None:
-    trend = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0)
-    finding = _live(gpu(used=71 * GIB), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
-    assert finding is not None
-    assert finding.severity is Severity.CRITICAL
+def test_a_growing_memory_trend_from_the_daemon_is_a_leak_not_overshoot() -> None:
+    trend = GpuTrend(
+        gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0,
+        total_bytes=80 * GIB, used_bytes=71 * GIB, budget_bytes=72 * GIB, vllm_bytes=71 * GIB, other_bytes=0,
+    )  # fmt: skip
+    ev = evidence(gpu_evidence=gpus(gpu(used=71 * GIB)), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
+    assert live_overshoot(ev, resolve(ev)) is None
+    (finding,) = [f for f in diagnose(ev).findings if f.cause is not Cause.OTHER]
+    assert (finding.cause, finding.severity) == (Cause.MEMORY_LEAK, Severity.CRITICAL)
     assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
-    assert any("grows 32.0 MiB/s (R² 0.99); the daemon forecasts an OOM in 250 s" in e for e in finding.evidence)
-    assert any("oom_forecast: 2" in line for line in finding.evidence)
+    assert any("memory grows 32.00 MiB/s = 112.50 GiB/h" in line for line in finding.evidence)
+    assert any("restarted vLLM 2 time(s) on its OOM forecast" in line for line in finding.evidence)
+
+
+def test_memory_over_budget_that_keeps_growing_is_no_overshoot_and_without_a_trend_it_is() -> None:
+    growing = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.9, time_to_oom_s=100.0)
+    assert _live(gpu(used=77 * GIB), history_facts=history(growing)) is None
+    finding = _live(gpu(used=77 * GIB))
+    assert finding is not None
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True") in _flags(finding)
 
 
 def test_a_noisy_trend_is_not_evidence() -> None:
