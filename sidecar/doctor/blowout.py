@@ -13,7 +13,7 @@ from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, tokens
 from sidecar.doctor.histogram import GENERATION_TOKENS, MAX_TOKENS_PARAM, PROMPT_TOKENS, Histogram
-from sidecar.doctor.logfacts import RefusalKind
+from sidecar.doctor.logfacts import Refusal, RefusalKind
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import available
 from sidecar.model.gpu import ProcessOwner
@@ -81,13 +81,22 @@ def log_blowout(evidence: Evidence, setup: Setup, *, weights_dominate: bool) -> 
     if log is None or log.refusal is None or log.refusal.kind is not RefusalKind.MAX_LEN_EXCEEDS_KV:
         return None
     refusal = log.refusal
-    fits = refusal.estimated_max_len if refusal.estimated_max_len is not None else refusal.capacity_tokens
+    fits = derived_max_len(refusal)
     if fits is None or fits <= 0 or weights_dominate or refusal.max_model_len is None:
         return None
     block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
     value = fits // block * block
     lines = [f"vLLM refused to start: {refusal.line}"]
-    where = "estimate of the longest request its KV cache holds" if refusal.estimated_max_len else "KV capacity"
+    if refusal.estimated_max_len is not None:
+        where = "estimate of the longest request its KV cache holds"
+    elif refusal.capacity_tokens is not None:
+        where = "KV capacity"
+    else:
+        where = (
+            f"numbers (this version prints no estimate): {refusal.max_model_len:,} tokens x "
+            f"{refusal.available_gib:.2f} GiB available / {refusal.needed_gib:.2f} GiB needed, the KV cache growing "
+            "linearly with the length, ="
+        )
     recommendations = [
         Recommendation(
             flag="--max-model-len",
@@ -106,6 +115,24 @@ def log_blowout(evidence: Evidence, setup: Setup, *, weights_dominate: bool) -> 
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
     )
+
+
+def derived_max_len(refusal: Refusal) -> int | None:
+    """The longest request the KV cache holds: vLLM's estimate, its V0 capacity, or max_model_len scaled by the
+    available over the needed KV memory (V1 before 0.9 printed no estimate)."""
+    if refusal.estimated_max_len is not None:
+        return refusal.estimated_max_len
+    if refusal.capacity_tokens is not None:
+        return refusal.capacity_tokens
+    if (
+        refusal.max_model_len is not None
+        and refusal.needed_gib is not None
+        and refusal.available_gib is not None
+        and refusal.needed_gib > 0
+        and refusal.available_gib > 0
+    ):
+        return math.floor(refusal.max_model_len * refusal.available_gib / refusal.needed_gib)
+    return None
 
 
 def _more_memory(evidence: Evidence, setup: Setup, wanted: int, fits: int, lines: list[str]) -> list[Recommendation]:

@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="vLLM's log (stdout/stderr of its start, a refused start or a crash); works with vLLM not running",
+        help="vLLM's log (stdout/stderr of its start, a refused start or a crash), '-' for stdin (kubectl logs ... | "
+        "vllm-sidecar doctor --vllm-log -); works with vLLM not running",
     )
     parser.add_argument(
         "--history",

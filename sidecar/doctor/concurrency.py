@@ -7,11 +7,14 @@ histograms, max_num_seqs comes from the arguments it logged. Pure.
 
 from __future__ import annotations
 
+import math
+import re
+
 from sidecar.doctor import formula
 from sidecar.doctor.blowout import MIN_REQUESTS
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
-from sidecar.doctor.formula import tokens
+from sidecar.doctor.formula import clock, tokens
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import available
 
@@ -55,17 +58,8 @@ def live_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     if waiting > 0:
         lines.append(f"{waiting:,.0f} requests waiting now (vllm:num_requests_waiting)")
     recommendations = [Recommendation(flag="--max-num-seqs", value=computed.value, why=computed.why)]
-    if (preemptions > 0 or waiting > 0) and available("--max-num-queued-reqs", setup.version):
-        recommendations.append(
-            Recommendation(
-                flag="--max-num-queued-reqs",
-                value=computed.value,
-                why=(
-                    f"one more batch ({computed.value}) may wait; beyond that vLLM answers HTTP 503 so load balancers "
-                    "retry elsewhere instead of queueing behind preemptions"
-                ),
-            )
-        )
+    if preemptions > 0 or waiting > 0:
+        recommendations.extend(queued_reqs(int(computed.value), setup))
     return Finding(
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,
@@ -73,3 +67,170 @@ def live_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
     )
+
+
+def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
+    """vLLM's own preemption warnings (V0: `... is preempted by PreemptionMode.X ... total_num_cumulative_preemption
+    =N`): more requests ran than the KV cache holds. The stats line with the highest KV usage says how many
+    requests filled it, which sizes max_num_seqs: running / usage x 90 %."""
+    log = evidence.log
+    if log is None or not log.preemptions:
+        return None
+    mode = log.preemption_mode or "an unknown"
+    lines = [f"vLLM preempted requests {log.preemptions:,} times (its warning, {mode} mode): the KV cache ran out"]
+    recommendations: list[Recommendation] = []
+    busiest = log.busiest
+    if busiest is not None and busiest.kv_usage > 0 and busiest.running > 0:
+        holds = busiest.running / busiest.kv_usage
+        swapped = f", {busiest.swapped} swapped out" if busiest.swapped else ""
+        lines.append(
+            f"at the fullest stats line {busiest.running} running requests{swapped} and {busiest.waiting:,} waiting "
+            f"filled {busiest.kv_usage:.1%} of the KV cache: it holds about {busiest.running} / {busiest.kv_usage:.3f} "
+            f"= {holds:,.1f} requests of today's size"
+        )
+        value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
+        seqs = setup.max_num_seqs
+        if seqs is None or value < seqs.value:
+            now = f"now {seqs.value} ({seqs.source})" if seqs is not None else "now not in the log"
+            recommendations.append(
+                Recommendation(
+                    flag="--max-num-seqs",
+                    value=value,
+                    why=(
+                        f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
+                        f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
+                        "in the queue instead of being preempted and recomputed"
+                    ),
+                )
+            )
+            recommendations.extend(queued_reqs(value, setup))
+    else:
+        lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: max_num_seqs cannot be sized")
+    lines.append(
+        "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
+        "where the card has it free, or more GPUs"
+    )
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.WARNING,
+        summary=f"vLLM preempted requests {log.preemptions:,} times: more run at once than its KV cache holds",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+# The policy's pause reasons (sidecar/policy/rules.py `pause_findings`) for KV pressure, one pattern per rule.
+_KV_PAUSE = re.compile(r"KV cache usage (?P<usage>[\d.]+) >= (?P<limit>[\d.]+) on (?P<engine>engine \S+)")
+_PREEMPTION_PAUSE = re.compile(r"preemptions (?P<rate>[\d.]+)/s > (?P<limit>[\d.]+)/s on (?P<engine>engine \S+)")
+_WAITING_PAUSE = re.compile(r"waiting(?: for capacity)? (?P<waiting>[\d.]+).*? > [\d.]+ x running (?P<running>[\d.]+)")
+DEFAULT_PAUSE_KV = 0.9  # the daemon's --pause-kv-usage default, when no pause reason says the threshold
+
+
+def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
+    """The daemon paused admission for KV pressure (its rules kv_cache_usage, preemptions, waiting_queue): more
+    requests were admitted than the KV cache holds. Sized from the engine's blocks per request at the daemon's
+    last poll: the KV capacity x the pause threshold / blocks per request is the --max-num-seqs that keeps usage
+    under the line the daemon pauses at."""
+    history = evidence.history
+    if history is None or history.policy is None:
+        return None
+    policy = history.policy
+    texts = [(event.wall_time_s, event.reason) for event in policy.recent if "pause_admission" in event.actions]
+    if not texts and policy.readiness is not None and policy.readiness.startswith("paused:"):
+        texts.append((history.polled_at_s, policy.readiness))  # paused before the recent decisions began
+    kv = [(when, m) for when, text in texts if (m := _KV_PAUSE.search(text))]
+    preempt = [(when, m) for when, text in texts if (m := _PREEMPTION_PAUSE.search(text))]
+    queue = [(when, m) for when, text in texts if (m := _WAITING_PAUSE.search(text))]
+    if not (kv or preempt or queue):
+        return None
+    pauses = sum(1 for event in policy.recent if "pause_admission" in event.actions)
+    lines = [
+        f"the sidecar paused admission {pauses} time(s) in its recent decisions for KV pressure: "
+        + ", ".join(
+            f"{name} {len(found)}"
+            for name, found in (("kv_cache_usage", kv), ("preemptions", preempt), ("waiting_queue", queue))
+            if found
+        )
+    ]
+    for when, match in (kv + preempt + queue)[-4:]:
+        lines.append(f"{clock(when) if when is not None else '(time unknown)'}: {match.group(0)}")
+    limit = max((float(m.group("limit")) for _, m in kv), default=DEFAULT_PAUSE_KV)
+    peak = max((float(m.group("usage")) for _, m in kv), default=None)
+    engines = [e for e in history.engines if e.capacity_blocks and e.blocks_per_request]
+    recommendations: list[Recommendation] = []
+    if engines:
+        engine = max(engines, key=lambda e: e.kv_usage or 0.0)
+        capacity, per_request = engine.capacity_blocks or 0, engine.blocks_per_request or 0.0
+        block = engine.block_size
+        tokens_text = f" of {block} tokens ({tokens(capacity * block)} tokens)" if block else ""
+        usage = engine.kv_usage or 0.0
+        lines.append(
+            f"{engine.label} at the daemon's last poll: {_number(engine.running)} running and "
+            f"{_number(engine.waiting)} waiting, KV usage {usage:.1%} of {capacity:,} blocks{tokens_text}, "
+            f"{per_request:,.1f} blocks per running request (kv_cache_blocks_per_request)"
+        )
+        holds = capacity / per_request
+        lines.append(f"the KV cache holds {capacity:,} / {per_request:,.1f} = {holds:,.1f} requests of that size")
+        if peak is not None:
+            lines.append(f"the fullest pause saw KV usage {peak:.2f} against the pause line {limit:.2f}")
+        if engine.preemptions_in_window:
+            lines.append(
+                f"vLLM preempted {_number(engine.preemptions_in_window)} requests over the daemon's window "
+                f"(now {engine.preemptions_per_second or 0:.2f}/s)"
+            )
+        value = max(1, math.floor(capacity * limit / per_request))
+        seqs = setup.max_num_seqs
+        if seqs is None or value < seqs.value:
+            now = f"now {seqs.value} ({seqs.source})" if seqs is not None else "max_num_seqs not known here"
+            recommendations.append(
+                Recommendation(
+                    flag="--max-num-seqs",
+                    value=value,
+                    why=(
+                        f"{capacity:,} blocks x {limit:g} (the daemon's pause line) / {per_request:,.1f} blocks per "
+                        f"request = {capacity * limit / per_request:,.1f}, rounded down -> {value} ({now}): at most "
+                        "that many run at once, so usage stays under the line instead of pausing and preempting; "
+                        "the blocks per request are measured mid-generation, so leave it lower if outputs are long"
+                    ),
+                )
+            )
+            recommendations.extend(queued_reqs(value, setup))
+    else:
+        lines.append(
+            "blocks per request unknown at the daemon's last poll (no request running): --max-num-seqs cannot be "
+            "sized from the history; run the doctor with --vllm-url during load"
+        )
+    lines.append(
+        "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
+        "where the card has it free, or more GPUs"
+    )
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.WARNING,
+        summary="the sidecar paused admission for KV pressure: more requests are admitted than the KV cache holds",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def queued_reqs(seqs: int, setup: Setup) -> list[Recommendation]:
+    """vLLM's load shedding: --max-num-queued-reqs caps running + waiting (SchedulerConfig, 0.29+), so one batch
+    running and one waiting is twice max_num_seqs."""
+    if not available("--max-num-queued-reqs", setup.version):
+        return []
+    value = 2 * seqs
+    return [
+        Recommendation(
+            flag="--max-num-queued-reqs",
+            value=value,
+            why=(
+                f"vLLM counts running + waiting requests against it: {seqs} running + one more batch ({seqs}) "
+                f"waiting = {value}; beyond that it answers HTTP 503 so load balancers retry elsewhere instead of "
+                "queueing behind preemptions"
+            ),
+        )
+    ]
+
+
+def _number(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"

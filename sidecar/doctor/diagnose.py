@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from sidecar.doctor import hygiene
 from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout, log_blowout
-from sidecar.doctor.concurrency import live_concurrency
+from sidecar.doctor.concurrency import history_concurrency, live_concurrency, log_concurrency
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import SEVERITY_ORDER, Cause, Diagnosis, Finding
 from sidecar.doctor.fit import live_does_not_fit, log_does_not_fit, weights_dominate
+from sidecar.doctor.hang import history_hang
+from sidecar.doctor.leak import history_leak
 from sidecar.doctor.log_overshoot import log_overshoot
 from sidecar.doctor.overshoot import live_overshoot
 from sidecar.doctor.setup import Setup, resolve
+from sidecar.doctor.versions import available
 
 _CAUSE_ORDER = {cause: index for index, cause in enumerate(Cause)}
 
@@ -21,7 +25,11 @@ Rule = Callable[[Evidence, Setup], Finding | None]
 
 def diagnose(evidence: Evidence) -> Diagnosis:
     setup = resolve(evidence)
-    diagnosable = evidence.live.reading is not None or (evidence.log is not None and evidence.log.lines_recognised > 0)
+    diagnosable = (
+        evidence.live.reading is not None
+        or (evidence.log is not None and evidence.log.lines_recognised > 0)
+        or (evidence.history is not None and evidence.history.policy is not None)  # the daemon's /status
+    )
     url = evidence.live.url
     if not diagnosable:
         return Diagnosis(
@@ -40,13 +48,18 @@ def diagnose(evidence: Evidence) -> Diagnosis:
         live_blowout,
         lambda ev, st: log_blowout(ev, st, weights_dominate=dominated),
         live_concurrency,
+        log_concurrency,
+        history_concurrency,
+        history_hang,
+        history_leak,
         log_does_not_fit,
         live_does_not_fit,
         hygiene.prefix_caching,
         hygiene.shutdown,
         hygiene.block_size,
     )
-    findings = [finding for rule in rules if (finding := rule(evidence, setup)) is not None]
+    findings = _merged([finding for rule in rules if (finding := rule(evidence, setup)) is not None])
+    findings = [_for_version(finding, setup) for finding in findings]
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], _CAUSE_ORDER[f.cause]))
     return Diagnosis(
         version=setup.version_text,
@@ -56,6 +69,30 @@ def diagnose(evidence: Evidence) -> Diagnosis:
         notes=tuple(_notes(evidence, setup)),
         diagnosable=True,
     )
+
+
+def _for_version(finding: Finding, setup: Setup) -> Finding:
+    """The last guard of the version table: no flag the detected vLLM does not have (the rules check it where
+    they choose between flags; this catches any that does not)."""
+    kept = tuple(r for r in finding.recommendations if available(r.flag, setup.version))
+    return finding if len(kept) == len(finding.recommendations) else replace(finding, recommendations=kept)
+
+
+def _merged(findings: list[Finding]) -> list[Finding]:
+    """One finding per concurrency misjudgement: what the daemon's pauses say joins the evidence of the live or
+    log finding (whose recommendation, sized from vLLM's own numbers, stands)."""
+    concurrency = [f for f in findings if f.cause is Cause.CONCURRENCY_MISJUDGEMENT]
+    if len(concurrency) < 2:
+        return findings
+    first, *rest = concurrency
+    dropped = {id(f) for f in rest}
+    merged = replace(
+        first,
+        evidence=first.evidence + tuple(line for f in rest for line in f.evidence if line not in first.evidence),
+        recommendations=first.recommendations
+        + tuple(r for f in rest for r in f.recommendations if r.flag not in {x.flag for x in first.recommendations}),
+    )
+    return [merged if f is first else f for f in findings if id(f) not in dropped]
 
 
 def _reason(evidence: Evidence) -> str:

@@ -11,6 +11,9 @@ class Cause(StrEnum):
     KV_CACHE_BLOWOUT = "kv_cache_blowout"
     CONCURRENCY_MISJUDGEMENT = "concurrency_misjudgement"
     DOES_NOT_FIT = "does_not_fit"
+    ALLOCATOR_FRAGMENTATION = "allocator_fragmentation"
+    ENGINE_HANG = "engine_hang"
+    MEMORY_LEAK = "memory_leak"
     OTHER = "other"
 
 
@@ -39,6 +42,7 @@ class Finding:
     summary: str
     evidence: tuple[str, ...]
     recommendations: tuple[Recommendation, ...] = ()
+    steps: tuple[str, ...] = ()  # what to do or collect that is no flag (a py-spy dump, a bug report's contents)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

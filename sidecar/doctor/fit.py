@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import math
 
-from sidecar.doctor.blowout import MIN_REQUESTS
+from sidecar.doctor.blowout import MIN_REQUESTS, derived_max_len
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import tokens
 from sidecar.doctor.logfacts import LogFacts, RefusalKind
-from sidecar.doctor.setup import Setup
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 
 MIN_KV_SHARE = 0.10  # below this share of (weights + KV) the cache is a sliver: the model is the problem
 TARGET_KV_SHARE = 0.25  # what a remedy should leave for the KV cache, of the per-GPU weights + KV room
 MIN_P99_REQUESTS = 2.0
 FULL_CARD_UTILIZATION = 0.9
 MAX_TENSOR_PARALLEL = 8
+MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver
 
 
 def kv_room(log: LogFacts | None) -> tuple[float, float] | None:
@@ -52,7 +53,7 @@ def log_does_not_fit(evidence: Evidence, setup: Setup) -> Finding | None:
     sliver = (
         refusal is not None
         and refusal.kind is RefusalKind.MAX_LEN_EXCEEDS_KV
-        and (weights_dominate(log) or (refusal.estimated_max_len is None and refusal.capacity_tokens is None))
+        and (weights_dominate(log) or (derived_max_len(refusal) or 0) < MIN_REQUEST_TOKENS)
     )
     if not (no_cache or sliver or (refusal is None and weights_dominate(log) and log.oom is None)):
         return None
@@ -69,13 +70,36 @@ def log_does_not_fit(evidence: Evidence, setup: Setup) -> Finding | None:
     if setup.gpu_memory_utilization is not None:
         utilization = setup.gpu_memory_utilization
         lines.append(f"gpu_memory_utilization {utilization.value:g} ({utilization.source})")
+    remedies = _remedies(setup, room)
+    if no_cache:
+        remedies = [*_raise_budget(setup, lines), *remedies]
     return Finding(
         cause=Cause.DOES_NOT_FIT,
         severity=Severity.CRITICAL,
         summary="the model does not fit: weights and activations leave (almost) nothing for the KV cache",
         evidence=tuple(lines),
-        recommendations=tuple(_remedies(setup, room)),
+        recommendations=tuple(remedies),
     )
+
+
+def _raise_budget(setup: Setup, lines: list[str]) -> list[Recommendation]:
+    """No KV cache at all: first the budget itself, as vLLM's message says, when it is below vLLM's default."""
+    utilization = setup.gpu_memory_utilization
+    if utilization is not None and utilization.value >= DEFAULT_UTILIZATION:
+        lines.append(f"gpu_memory_utilization is already {utilization.value:g}: the budget is not what is small")
+        return []
+    now = f"{utilization.value:g} ({utilization.source})" if utilization is not None else "not in the log"
+    return [
+        Recommendation(
+            flag="--gpu-memory-utilization",
+            value=DEFAULT_UTILIZATION,
+            why=(
+                f"vLLM's own advice: the budget (now {now}) holds the weights and activations but nothing for the KV "
+                f"cache; vLLM's default {DEFAULT_UTILIZATION:g} gives it the room if the card is vLLM's alone (if it "
+                "is already that high, the model does not fit: the other recommendations)"
+            ),
+        )
+    ]
 
 
 def live_does_not_fit(evidence: Evidence, setup: Setup) -> Finding | None:

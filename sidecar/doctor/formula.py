@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 GIB = 2**30
 MIB = 2**20
@@ -31,6 +32,22 @@ def tokens(value: float) -> str:
 
 def gib(value_bytes: float) -> str:
     return f"{value_bytes / GIB:.2f} GiB"
+
+
+def clock(wall_time_s: float) -> str:
+    """A wall-clock time for a timeline line, in UTC (the daemon's /status gives epoch seconds)."""
+    return datetime.fromtimestamp(wall_time_s, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    """A span for a human: 45 s, 12.5 min, 3.2 h, 2.1 days."""
+    if seconds < 120:
+        return f"{seconds:,.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 86400:,.1f} days"
 
 
 def ratio(value: float) -> str:
@@ -89,6 +106,20 @@ def utilization(total_bytes: int, others_bytes: int, over_budget_bytes: int) -> 
     return Computed(
         value=value,
         why=f"({' - '.join(parts)}) / {gib(total_bytes)} = {usable / total_bytes:.4f}, rounded down -> {value:.2f}",
+    )
+
+
+def utilization_for_transient(current: float, source: str, tried: int, shortfall: int, total_bytes: int) -> Computed:
+    """Lower the budget by what a failed transient allocation lacked, plus 1 % of the card."""
+    value = floor_hundredths(current - shortfall / total_bytes - GRAPH_MARGIN_RATIO)
+    return Computed(
+        value=value,
+        why=(
+            f"{current:g} ({source}) - {gib(shortfall)} the {gib(tried)} allocation lacked / {gib(total_bytes)} - "
+            f"{GRAPH_MARGIN_RATIO:.0%} margin = {current - shortfall / total_bytes - GRAPH_MARGIN_RATIO:.4f}, rounded "
+            f"down -> {value:.2f} (the KV cache gives the transient that room; if you set another value U, use "
+            f"U - {shortfall / total_bytes + GRAPH_MARGIN_RATIO:.3f})"
+        ),
     )
 
 

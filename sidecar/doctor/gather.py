@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 
@@ -57,7 +60,12 @@ class Options:
     max_body_bytes: int = 16 * 2**20
 
 
+STDIN = "-"
+
+
 def read_log(path: Path) -> LogFacts:
+    if str(path) == STDIN:
+        return parse_log(_tail(sys.stdin.buffer).decode("utf-8", errors="replace"))
     try:
         with path.open("rb") as handle:
             size = handle.seek(0, 2)
@@ -66,6 +74,18 @@ def read_log(path: Path) -> LogFacts:
     except OSError as error:
         raise InputError(f"cannot read --vllm-log {path}: {error.strerror or error}") from None
     return parse_log(raw.decode("utf-8", errors="replace"))
+
+
+def _tail(stream: BinaryIO) -> bytes:
+    """The last MAX_LOG_BYTES of a stream that cannot seek (a pipe): older chunks are dropped as they come."""
+    chunks: deque[bytes] = deque()
+    size = 0
+    while chunk := stream.read(2**20):
+        chunks.append(chunk)
+        size += len(chunk)
+        while size - len(chunks[0]) >= MAX_LOG_BYTES:
+            size -= len(chunks.popleft())
+    return b"".join(chunks)[-MAX_LOG_BYTES:]
 
 
 async def gather(options: Options) -> Evidence:

@@ -11,11 +11,14 @@ from sidecar.doctor import formula
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
-from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE, MIN_OVER_BUDGET_BYTES, MIN_OVER_BUDGET_RATIO
-from sidecar.doctor.setup import Setup
+from sidecar.doctor.overshoot import allocator_fragmentation
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 
-FRAGMENTATION_BYTES = 256 * 2**20  # reserved-but-unallocated memory worth recovering with expandable segments
 MIN_BATCHED_TOKENS = 256
+MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, lowering the budget is not a way out
+SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
+MAX_TENSOR_PARALLEL = 8
+TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of each GPU after a remedy
 
 
 def log_overshoot(log: LogFacts | None, setup: Setup) -> Finding | None:
@@ -23,9 +26,56 @@ def log_overshoot(log: LogFacts | None, setup: Setup) -> Finding | None:
         return None
     if log.refusal is not None and log.refusal.kind is RefusalKind.INSUFFICIENT_FREE_MEMORY:
         return _free_memory_refusal(log.refusal)
+    if log.refusal is not None and log.refusal.kind is RefusalKind.SAMPLER_WARMUP:
+        return _sampler_warmup(log.refusal, setup)
     if log.oom is not None:
         return _oom(log.oom, setup)
     return None
+
+
+def _assumed_utilization(setup: Setup) -> tuple[float, str]:
+    """gpu_memory_utilization and where it comes from; vLLM's default when the log does not say."""
+    utilization = setup.gpu_memory_utilization
+    if utilization is not None:
+        return utilization.value, utilization.source
+    return DEFAULT_UTILIZATION, f"not in the log: vLLM's default {DEFAULT_UTILIZATION:g} assumed"
+
+
+def _sampler_warmup(refusal: Refusal, setup: Setup) -> Finding:
+    dummy = refusal.dummy_requests or 0
+    lines = [f"vLLM could not start: {refusal.line}"]
+    recommendations: list[Recommendation] = []
+    if dummy > 1:
+        halved = dummy // 2
+        recommendations.append(
+            Recommendation(
+                flag="--max-num-seqs",
+                value=halved,
+                why=(
+                    f"the sampler warm-up runs max_num_seqs = {dummy} dummy requests at once and its logits did not "
+                    f"fit; halving it halves that peak: {dummy} / 2 -> {halved} (vLLM's own message names this flag)"
+                ),
+            )
+        )
+    value, source = _assumed_utilization(setup)
+    lowered = formula.floor_hundredths(value - SAMPLER_UTILIZATION_STEP)
+    recommendations.append(
+        Recommendation(
+            flag="--gpu-memory-utilization",
+            value=lowered,
+            why=(
+                f"or keep max_num_seqs and leave the warm-up more room: {value:g} ({source}) - "
+                f"{SAMPLER_UTILIZATION_STEP:g} -> {lowered:.2f} (the KV cache shrinks by that share of the card)"
+            ),
+        )
+    )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=f"vLLM ran out of memory warming up its sampler with {dummy} dummy requests (max_num_seqs)",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
 
 
 def _free_memory_refusal(refusal: Refusal) -> Finding:
@@ -39,7 +89,15 @@ def _free_memory_refusal(refusal: Refusal) -> Finding:
     recommendations: list[Recommendation] = []
     if total > 0:
         computed = formula.utilization(int(total), int(total - free), 0)
-        recommendations.append(Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why))
+        if computed.value >= MIN_USEFUL_UTILIZATION:
+            recommendations.append(
+                Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
+            )
+        else:
+            lines.append(
+                f"what is left would be gpu_memory_utilization {computed.value:.2f}, too little to serve: free the GPU "
+                "first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
+            )
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
@@ -53,45 +111,122 @@ def _oom(oom: CudaOom, setup: Setup) -> Finding | None:
     total = oom.total_bytes
     lines = [_oom_line(oom)]
     lines.extend(f"another process on the GPU: pid {pid} holds {gib(size)}" for pid, size in oom.other_processes)
+    if oom.phase is OomPhase.WEIGHT_LOADING:
+        return _weights_do_not_fit(oom, setup, lines)
     if oom.phase is OomPhase.GRAPH_CAPTURE:
         return _graph_capture(oom, setup, lines)
     if oom.phase is OomPhase.PROFILING:
         return _profiling(oom, setup, lines)
-    others = sum(size for _, size in oom.other_processes)
-    utilization = setup.gpu_memory_utilization
-    over = 0
-    if utilization is not None and total and oom.process_bytes is not None:
-        budget = int(utilization.value * total)
-        lines.append(
-            f"vLLM's budget: gpu_memory_utilization {utilization.value:g} ({utilization.source}) x {gib(total)} "
-            f"= {gib(budget)}; its process held {gib(oom.process_bytes)}"
+    fragmented = (
+        allocator_fragmentation(
+            reserved_unallocated_bytes=oom.reserved_unallocated_bytes,
+            failed_allocation_bytes=oom.tried_bytes,
+            total_bytes=total,
+            free_bytes=oom.free_bytes or 0,
+            where=f"CUDA out of memory while {_phase_text(oom.phase)}",
         )
-        tolerance = max(MIN_OVER_BUDGET_BYTES, MIN_OVER_BUDGET_RATIO * total)
-        over = oom.process_bytes - budget if oom.process_bytes - budget > tolerance else 0
+        if oom.reserved_unallocated_bytes is not None
+        else None
+    )
+    others = sum(size for _, size in oom.other_processes)
+    if fragmented is not None and not others:
+        return fragmented  # nobody else took the memory: the allocator stranded it
     recommendations: list[Recommendation] = []
-    if utilization is not None and total:
-        computed = formula.utilization(total, others, over)
-        if computed.value < utilization.value:
+    if others and total:
+        computed = formula.utilization(total, others, 0)
+        known = setup.gpu_memory_utilization
+        if known is not None and computed.value < known.value:
             recommendations.append(
                 Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
             )
-    fragmented = (oom.reserved_unallocated_bytes or 0) >= FRAGMENTATION_BYTES
-    if over or fragmented:
-        stranded = f"{gib(oom.reserved_unallocated_bytes or 0)} was reserved by PyTorch but unallocated"
-        recommendations.append(
-            Recommendation(
-                flag=ALLOC_CONF,
-                value=EXPANDABLE,
-                why=f"{stranded} when the allocation failed: expandable segments let the allocator reuse it",
+        if fragmented is not None:
+            lines.extend(fragmented.evidence[1:])
+            recommendations.extend(fragmented.recommendations)
+    elif total:
+        value, source = _assumed_utilization(setup)
+        shortfall = max(0, oom.tried_bytes - (oom.free_bytes or 0))
+        if oom.process_bytes is not None:
+            budget = int(value * total)
+            lines.append(
+                f"vLLM's budget: gpu_memory_utilization {value:g} ({source}) x {gib(total)} = {gib(budget)}; "
+                f"its process held {gib(oom.process_bytes)}"
             )
-        )
+        computed = formula.utilization_for_transient(value, source, oom.tried_bytes, shortfall, total)
+        recommendations.append(Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why))
+        recommendations.extend(_batched_tokens(setup))
     if not recommendations:
         return None
-    cause = "another process took the memory" if others else "vLLM grew beyond its budget"
+    cause = "another process took the memory" if others else "a transient vLLM did not budget for"
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
         summary=f"vLLM died of a CUDA out-of-memory error while {_phase_text(oom.phase)}: {cause}",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def _batched_tokens(setup: Setup) -> list[Recommendation]:
+    """A prefill's activations grow with the tokens of one step: cap them when the log says how many."""
+    current = setup.max_num_batched_tokens
+    if current is None or current.value <= 2 * MIN_BATCHED_TOKENS * 4:
+        return []
+    halved = current.value // 2 // MIN_BATCHED_TOKENS * MIN_BATCHED_TOKENS
+    return [
+        Recommendation(
+            flag="--max-num-batched-tokens",
+            value=halved,
+            why=(
+                f"or keep the budget and shrink the peak: a step's activations grow with its tokens; "
+                f"{current.value} ({current.source}) halved to a multiple of {MIN_BATCHED_TOKENS} -> {halved} "
+                "(long prompts are then prefilled in chunks)"
+            ),
+        )
+    ]
+
+
+def _weights_do_not_fit(oom: CudaOom, setup: Setup, lines: list[str]) -> Finding:
+    """The OOM hit while the weights were being created: no budget applies yet, the model is too big."""
+    held = oom.process_bytes if oom.process_bytes is not None else (oom.allocated_bytes or 0)
+    needed = held + oom.tried_bytes
+    total = oom.total_bytes or 0
+    lines.append(
+        f"the weights were still loading: vLLM's process held {gib(held)} and asked for {gib(oom.tried_bytes)} "
+        f"more, so the weights alone need at least {gib(needed)}" + (f" of a {gib(total)} card" if total else "")
+    )
+    lines.append("gpu_memory_utilization does not apply while loading weights: lowering it cannot help")
+    recommendations: list[Recommendation] = []
+    current = setup.tensor_parallel_size
+    if total > 0:
+        size = current * 2
+        while size <= MAX_TENSOR_PARALLEL and needed * current / size > TARGET_WEIGHT_SHARE * total:
+            size *= 2
+        size = min(size, MAX_TENSOR_PARALLEL)
+        recommendations.append(
+            Recommendation(
+                flag="--tensor-parallel-size",
+                value=size,
+                why=(
+                    f"at least {gib(needed * current)} of weights / {size} GPUs = {gib(needed * current / size)} "
+                    f"each, at most {TARGET_WEIGHT_SHARE:.0%} of each {gib(total)} card so the KV cache has room"
+                ),
+            )
+        )
+    if setup.quantization is None:
+        recommendations.append(
+            Recommendation(
+                flag="--quantization",
+                value="fp8",
+                why=(
+                    f"fp8 weights take half of 16-bit ones: at least {gib(needed)} -> {gib(needed / 2)} per GPU "
+                    "(needs an fp8-capable GPU: Ada, Hopper or newer; or serve an AWQ/GPTQ 4-bit checkpoint)"
+                ),
+            )
+        )
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary="the model's weights do not fit the GPU at this precision and parallelism",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
     )
@@ -170,6 +305,7 @@ def _phase_text(phase: OomPhase) -> str:
     return {
         OomPhase.PROFILING: "profiling memory at start",
         OomPhase.GRAPH_CAPTURE: "capturing CUDA graphs at start",
+        OomPhase.WEIGHT_LOADING: "loading the model's weights",
         OomPhase.SERVING: "serving",
         OomPhase.UNKNOWN: "running",
     }[phase]

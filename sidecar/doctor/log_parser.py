@@ -1,8 +1,11 @@
 """Reads a vLLM log (a start, a refused start, or a crash) into `LogFacts`. Pure: text in, facts out.
 
 Only the last start in the file counts (a log that holds a refused start and a later good one describes the
-good one). Lines are matched anywhere, so vLLM's prefixes (`(EngineCore_DP0 pid=7) INFO 11-22 06:26:29
-[core.py:133]`, V0's `INFO 12-16 21:40:15 engine.py:135]`, a journald prefix) do not matter.
+good one); a log with no start line (a pasted tail) is read whole. Lines are matched anywhere, so vLLM's
+prefixes (`(EngineCore_DP0 pid=7) INFO 11-22 06:26:29 [core.py:133]`, V0's `INFO 12-16 21:40:15 engine.py:135]`,
+Ray's `(RayWorkerWrapper pid=..)`, docker, journald, kubectl or CI timestamps, a `> ` quote) do not matter;
+terminal colours are dropped, and a message a paste or a terminal wrapped (the next line starts with a lower-case
+letter) is read as one line.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, ServerArgs
+from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, SchedulerStats, ServerArgs
 from sidecar.doctor.oom_log import find_oom
 
 _NUM = r"(-?[\d.]+)"
@@ -55,6 +58,18 @@ _WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) " + _N
 _GRAPHS = re.compile(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
+_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
+_STATS = re.compile(
+    r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, GPU KV cache usage: ([\d.]+)%"
+)
+_SAMPLER = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
+_AVAILABLE_AT_START = re.compile(
+    r"Available memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) is below required GPU memory "
+    r"utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+)
+# A line with a level or a compose-style `name  | ` prefix is a log line of its own, whatever its first letter.
+_OWN_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\S+\s+\| |Traceback|\bFile \"")
+_ANSI = re.compile(r"(?:\x1b|\^\[)\[[\d;]*m")
 _ENGINE_DEAD = re.compile(r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error")
 
 _ARG_TYPES: dict[str, type] = {
@@ -75,7 +90,7 @@ Facts = dict[str, object]
 
 
 def parse_log(text: str) -> LogFacts:
-    lines = text.splitlines()
+    lines = rejoin(_ANSI.sub("", text).splitlines())
     lines = lines[_last_start(lines) :]
     facts: Facts = {}
     recognised = 0
@@ -88,6 +103,19 @@ def parse_log(text: str) -> LogFacts:
         recognised += 1
     result = LogFacts(lines_read=len(lines), lines_recognised=recognised, oom=oom)
     return replace(result, **facts)  # type: ignore[arg-type]
+
+
+def rejoin(lines: list[str]) -> list[str]:
+    """Lines with each wrapped message put back together: a line that starts with a lower-case letter continues
+    the one before it (vLLM's own lines start with a level, a prefix, a timestamp, a space or an upper-case word;
+    a wrap that cut a word, `KV cach` / `e is needed`, joins without a space, as the terminal cut it)."""
+    joined: list[str] = []
+    for line in lines:
+        if joined and line[:1].islower() and joined[-1].strip() and not _OWN_LINE.search(line):
+            joined[-1] += line
+        else:
+            joined.append(line)
+    return joined
 
 
 def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bool:
@@ -210,6 +238,35 @@ def _free_at_start(match: re.Match[str], facts: Facts) -> None:
     )
 
 
+def _sampler(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.SAMPLER_WARMUP, line=_error_line(match), dummy_requests=int(match.group(1))
+    )
+
+
+def _error_line(match: re.Match[str]) -> str:
+    text = match.string
+    at = text.find("RuntimeError:")
+    return text[at:].strip() if at >= 0 else text[match.start() :].strip()
+
+
+def _stats(match: re.Match[str], facts: Facts) -> None:
+    stats = SchedulerStats(
+        running=int(match.group(1)),
+        swapped=int(match.group(2)) if match.group(2) is not None else None,
+        waiting=int(match.group(3)),
+        kv_usage=float(match.group(4)) / 100,
+    )
+    previous = facts.get("busiest")
+    if not isinstance(previous, SchedulerStats) or stats.kv_usage >= previous.kv_usage:
+        facts["busiest"] = stats
+
+
+def _preempted(match: re.Match[str], facts: Facts) -> None:
+    facts["preemption_mode"] = match.group(1)
+    facts.setdefault("preemptions", 1)  # a warning without a counter still means at least one
+
+
 def _free_info(match: re.Match[str], facts: Facts) -> None:
     free, total, utilization, budget, weights, activation, non_torch, graphs = (
         float(match.group(i)) for i in range(1, 9)
@@ -259,7 +316,7 @@ def _blocks(match: re.Match[str], facts: Facts) -> None:
 
 
 def _preemptions(match: re.Match[str], facts: Facts) -> None:
-    facts["preemptions"] = int(match.group(1))
+    facts["preemptions"] = max(int(match.group(1)), int(str(facts.get("preemptions", 0))))
 
 
 def _store(name: str, convert: Callable[[str], object]) -> Callable[[re.Match[str], Facts], None]:
@@ -289,6 +346,10 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_MAX_LEN_V0, _max_len_v0),
     _simple(_NO_CACHE_MEMORY, _no_cache),
     _simple(_FREE_AT_START, _free_at_start),
+    _simple(_AVAILABLE_AT_START, _free_at_start),
+    _simple(_SAMPLER, _sampler),
+    _simple(_STATS, _stats),
+    _simple(_PREEMPTED, _preempted),
     _simple(_FREE_INFO, _free_info),
     _simple(_V0_BUDGET, _v0_budget),
     _simple(_V0_PROFILE, _v0_profile),

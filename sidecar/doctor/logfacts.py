@@ -37,6 +37,7 @@ class RefusalKind(StrEnum):
     MAX_LEN_EXCEEDS_KV = "max_len_exceeds_kv"  # one max_model_len request does not fit the KV cache
     NO_CACHE_MEMORY = "no_cache_memory"  # nothing at all is left for the KV cache
     INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"  # V1: free memory at start < utilization x total
+    SAMPLER_WARMUP = "sampler_warmup"  # V1: CUDA OOM warming up the sampler with max_num_seqs dummy requests
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,11 +53,13 @@ class Refusal:
     total_gib: float | None = None
     utilization: float | None = None
     requested_gib: float | None = None
+    dummy_requests: int | None = None  # sampler warm-up: how many dummy requests (max_num_seqs) it ran
 
 
 class OomPhase(StrEnum):
     PROFILING = "profiling"  # the profile run sizing the KV cache
     GRAPH_CAPTURE = "graph_capture"  # CUDA graph capture after the KV cache was allocated
+    WEIGHT_LOADING = "weight_loading"  # creating or loading the model's weights: before any budget applies
     SERVING = "serving"  # a forward pass while serving requests
     UNKNOWN = "unknown"
 
@@ -71,6 +74,7 @@ class CudaOom:
     total_bytes: int | None
     free_bytes: int | None
     process_bytes: int | None  # "this process has X memory in use" (non-PyTorch memory included)
+    allocated_bytes: int | None = None  # "Of the allocated memory A is allocated by PyTorch"
     reserved_unallocated_bytes: int | None
     other_processes: tuple[tuple[int, int], ...]  # (pid, bytes) of the other processes PyTorch lists
 
@@ -88,6 +92,17 @@ class MemoryProfile:
     cudagraph_gib: float | None = None
     kv_gib: float | None = None
     free_gib: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerStats:
+    """One of vLLM's periodic stats lines: `Running: R reqs, [Swapped: S reqs, ]Pending|Waiting: W reqs, GPU KV
+    cache usage: U%`."""
+
+    running: int
+    waiting: int
+    swapped: int | None
+    kv_usage: float  # 0..1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,4 +126,6 @@ class LogFacts:
     refusal: Refusal | None = None
     oom: CudaOom | None = None
     preemptions: int | None = None  # V0's cumulative preemption count from its warnings
+    preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning
+    busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
     engine_dead: bool = False

@@ -1,8 +1,10 @@
 """Configuration overshoot: vLLM's budget (gpu_memory_utilization x total) is more than the card can give it.
 
-Either another process holds part of the card, or vLLM's own process grows beyond its budget (activations the
-profile run never saw, allocator fragmentation, a leak), or the budget leaves less than the 5 % reserve. Read
-live from the GPUs (with the daemon's memory trend when given) and from a log's start refusal or CUDA OOM. Pure.
+Either another process holds part of the card, or vLLM's own process is beyond its budget (activations the
+profile run never saw), or the budget leaves less than the 5 % reserve. Read live from the GPUs and from a log's
+start refusal or CUDA OOM. Also here: the
+allocator-fragmentation rule (`allocator_fragmentation`), reusable with any source of the allocator's numbers.
+Pure.
 """
 
 from __future__ import annotations
@@ -74,7 +76,10 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
         for device in reading.devices
         if device.memory_total_bytes > 0
     ]
-    affected = [look for look in looks if look.tenant or look.over_budget_bytes or look.low_free or look.growing]
+    # Memory beyond the budget that keeps growing is the memory_leak finding's (see `leak`), not a budget too high.
+    affected = [
+        look for look in looks if look.tenant or ((look.over_budget_bytes or look.low_free) and not look.growing)
+    ]
     if not affected:
         return None
     evidence_lines: list[str] = []
@@ -91,8 +96,8 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
     causes = []
     if any(look.tenant for look in affected):
         causes.append("another process shares the GPU")
-    if any(look.over_budget_bytes or look.growing for look in affected):
-        causes.append("vLLM's own memory grows beyond its budget")
+    if any(look.over_budget_bytes and not look.growing for look in affected):
+        causes.append("vLLM's own memory is beyond its budget")
     if not causes:
         causes.append("the budget leaves less than the 5 % reserve free")
     return Finding(
@@ -172,7 +177,7 @@ def _recommendations(affected: list[GpuLook], setup: Setup) -> list[Recommendati
                     flag="--gpu-memory-utilization", value=lowest.value, why=f"{lowest.why} (now {utilization.value:g})"
                 )
             )
-    if any(look.over_budget_bytes or look.growing for look in affected):
+    if any(look.over_budget_bytes and not look.growing for look in affected):
         recommendations.append(
             Recommendation(
                 flag=ALLOC_CONF,
@@ -204,3 +209,58 @@ def batched_tokens_cut(setup: Setup, card: GpuDevice | None) -> list[Recommendat
             f"{default.why}",
         )
     ]
+
+
+# Allocator fragmentation. `allocator_fragmentation` takes the allocator's numbers, not a log: today the doctor
+# feeds it PyTorch's CUDA OOM message ("X is reserved by PyTorch but unallocated"); the allocator probe's readings
+# (reserved minus allocated, or inactive split bytes) can be fed to it the same way. It is fragmentation, and not
+# simply too little memory, when the memory PyTorch reserved but could not use is large (at least 256 MiB) and,
+# added to what the card still had free, would have held the allocation that failed: the bytes were there, split
+# into segments too small for the request. Expandable segments let the allocator grow a segment in place.
+MIN_STRANDED_BYTES = 256 * 2**20  # below this the stranded memory is the allocator's normal slack
+
+
+def allocator_fragmentation(
+    *,
+    reserved_unallocated_bytes: int,
+    failed_allocation_bytes: int,
+    total_bytes: int | None,
+    free_bytes: int = 0,
+    where: str = "the CUDA out-of-memory error",
+) -> Finding | None:
+    """A finding when the stranded memory would have held the failed allocation; None otherwise.
+
+    `failed_allocation_bytes` is what could not be allocated (0 when nothing failed: then only the size of the
+    stranded memory against the card counts, at least 5 % of `total_bytes`).
+    """
+    stranded = reserved_unallocated_bytes
+    if stranded < MIN_STRANDED_BYTES:
+        return None
+    shortfall = max(0, failed_allocation_bytes - free_bytes)
+    if failed_allocation_bytes > 0:
+        if stranded < shortfall:
+            return None  # even every stranded byte would not have held it: the card is simply too full
+    elif total_bytes is None or stranded < 0.05 * total_bytes:
+        return None
+    lines = [
+        f"{where}: {gib(stranded)} reserved by PyTorch but unallocated"
+        + (f" of a {gib(total_bytes)} card" if total_bytes else ""),
+    ]
+    if failed_allocation_bytes > 0:
+        lines.append(
+            f"the failed allocation of {gib(failed_allocation_bytes)} lacked {gib(shortfall)} beyond the "
+            f"{gib(free_bytes)} free; the stranded {gib(stranded)} is {stranded / max(shortfall, 1):,.1f}x that "
+            "shortfall: the memory was there, split into pieces too small for the request"
+        )
+    why = (
+        f"{gib(stranded)} stranded >= {gib(shortfall)} missing: expandable segments let PyTorch's caching "
+        "allocator grow a segment in place instead of leaving reserved pieces unusable (set it in vLLM's "
+        "environment; PyTorch's own message suggests it)"
+    )
+    return Finding(
+        cause=Cause.ALLOCATOR_FRAGMENTATION,
+        severity=Severity.CRITICAL if failed_allocation_bytes > 0 else Severity.WARNING,
+        summary=f"PyTorch's allocator held {gib(stranded)} it could not use: its free memory is split too finely",
+        evidence=tuple(lines),
+        recommendations=(Recommendation(flag=ALLOC_CONF, value=EXPANDABLE, why=why),),
+    )

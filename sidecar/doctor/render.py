@@ -40,6 +40,7 @@ def _finding(finding: Finding) -> dict[str, object]:
         "summary": finding.summary,
         "evidence": list(finding.evidence),
         "recommendations": [{"flag": r.flag, "value": r.value, "why": r.why} for r in finding.recommendations],
+        "steps": list(finding.steps),
     }
 
 
@@ -73,6 +74,9 @@ def render_text(diagnosis: Diagnosis) -> str:
             for recommendation in finding.recommendations:
                 lines.append(f"    {paste(recommendation)}")
                 lines.append(f"        {recommendation.why}")
+        if finding.steps:
+            lines.append("  do and collect:")
+            lines.extend(f"    - {step}" for step in finding.steps)
     lines.append("")
     lines.append("read:")
     lines.extend(f"  - {note}" for note in diagnosis.notes)

@@ -56,7 +56,11 @@ class Setup:
 def resolve(evidence: Evidence) -> Setup:
     log = evidence.log
     args = log.args if log is not None else None
-    version_text = evidence.live.version or (log.version if log is not None else None)
+    version_text = (
+        evidence.live.version
+        or (log.version if log is not None else None)
+        or (evidence.history.vllm_version if evidence.history is not None else None)
+    )
     version = parse_version(version_text)
     card = _card(evidence)
     configs = _cache_configs(evidence)

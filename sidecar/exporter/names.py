@@ -121,7 +121,9 @@ KV_FRAGMENTATION = MetricSpec(
     Kind.GAUGE,
     ENGINE,
     "Estimated share of used KV slots that hold no token: running x (block_size - 1) / 2 / (used blocks x "
-    "block_size), assuming each request's last block is on average half empty; absent when no block is used.",
+    "block_size), assuming each request's last block is on average half empty; absent when no block is used. "
+    "Not allocator fragmentation: PyTorch's caching allocator is seen in its OOM messages (doctor) and the "
+    "allocator probe's vllm_sidecar_torch_* metrics.",
 )
 PREFIX_HIT_RATIO = MetricSpec(
     "vllm_sidecar_prefix_cache_hit_ratio",

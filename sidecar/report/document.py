@@ -77,6 +77,7 @@ def engine_status_document(engine: EngineDerived) -> JsonObject:
         preemptions_in_window=count(engine.preemptions_in_window),
         requests_waiting_deferred_ratio=engine.requests_waiting_deferred_ratio,
         engine_unhealthy_seconds=engine.engine_unhealthy_seconds,
+        seconds_since_progress=engine.seconds_since_progress,  # idle or not: an idle wedge shows only here
     )
     return document
 

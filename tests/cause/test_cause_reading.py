@@ -141,8 +141,8 @@ def test_journal_the_last_invocation_stopped_with_no_crash_in_its_log() -> None:
     )
 
 
-def test_an_oom_the_doctor_has_no_flag_for_is_still_described() -> None:
-    """Inside its budget, no other tenant, no stranded memory: the OOM is said, with no flag to change."""
+def test_an_oom_inside_the_budget_lowers_the_budget_by_what_the_allocation_lacked() -> None:
+    """Inside its budget, no other tenant, no stranded memory: the transient was not budgeted for (issue 14)."""
     config = SimConfig(vllm_version=VllmVersion.V0_32)
     oom = OutOfMemory(
         gpu=0,
@@ -156,11 +156,9 @@ def test_an_oom_the_doctor_has_no_flag_for_is_still_described() -> None:
     )
     text = "\n".join([*preamble_lines(config, WALL_S), *death_lines(config, 0, oom, WALL_S)])
     cause = explain(file(text), Wanted.DIED, wall_time_s=WALL_S)
-    assert cause.cause is None
-    assert cause.summary == (
-        "vLLM's log shows a CUDA out-of-memory error while serving (tried to allocate 2.00 GiB), but no flag "
-        "change that would prevent it"
-    )
+    assert cause.cause == "configuration_overshoot"
+    # 0.9 (vLLM's default) - 1.50 GiB lacked / 80 GiB - 0.01 = 0.87125 -> 0.87
+    assert cause.recommendations[0].pasted == "--gpu-memory-utilization 0.87"
 
 
 @pytest.mark.parametrize(

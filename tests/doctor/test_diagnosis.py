@@ -86,6 +86,7 @@ def test_the_contract_document() -> None:
             "summary": "s",
             "evidence": ["max_model_len 32,768"],
             "recommendations": [{"flag": "--max-model-len", "value": 2048, "why": "p99 ... -> 2048"}],
+            "steps": [],
         }
     ]
     assert document(_diagnosis())["findings"] == []

@@ -133,10 +133,12 @@ def test_concurrency_from_max_num_seqs_in_the_log() -> None:
     assert "max_num_seqs 64 (the arguments vLLM logged at start)" in finding.evidence[3]
 
 
-def test_concurrency_from_preemptions_alone_and_queued_requests_only_on_032() -> None:
+def test_concurrency_from_preemptions_alone_and_queued_requests_only_from_029() -> None:
     preempting = (engine(cache_config=cache_config(kv_cache_size_tokens=40960), preemptions_total=12.0),)
-    for version, flags in (("0.32.0", [("--max-num-seqs", 35), ("--max-num-queued-reqs", 35)]),
-                           ("0.30.0", [("--max-num-seqs", 35)])):  # fmt: skip
+    # vLLM counts running + waiting against --max-num-queued-reqs: 35 running + 35 waiting.
+    for version, flags in (("0.32.0", [("--max-num-seqs", 35), ("--max-num-queued-reqs", 70)]),
+                           ("0.29.0", [("--max-num-seqs", 35), ("--max-num-queued-reqs", 70)]),
+                           ("0.28.0", [("--max-num-seqs", 35)])):  # fmt: skip
         ev = _live(4096, version=version, engines=preempting)
         finding = live_concurrency(ev, resolve(ev))
         assert _flags(finding) == flags

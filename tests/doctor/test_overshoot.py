@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.evidence import GpuTrend
 from sidecar.doctor.finding import Cause, Finding, Severity
 from sidecar.doctor.log_overshoot import log_overshoot
 from sidecar.doctor.logfacts import CudaOom, OomPhase, Refusal, RefusalKind
-from sidecar.doctor.overshoot import live_overshoot
+from sidecar.doctor.overshoot import allocator_fragmentation, live_overshoot
 from sidecar.doctor.setup import resolve
 from tests.doctor.builders import GIB, args, evidence, gpu, gpus, history, live, log
 
@@ -69,14 +70,27 @@ def test_batched_tokens_are_cut_to_the_cards_default_when_set_above_it() -> None
     assert all(flag != "--max-num-batched-tokens" for flag, _ in _flags(finding))
 
 
-def test_a_growing_memory_trend_from_the_daemon_is_critical_when_the_oom_is_within_an_hour() -> None:
-    trend = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0)
-    finding = _live(gpu(used=71 * GIB), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
-    assert finding is not None
-    assert finding.severity is Severity.CRITICAL
+def test_a_growing_memory_trend_from_the_daemon_is_a_leak_not_overshoot() -> None:
+    trend = GpuTrend(
+        gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0,
+        total_bytes=80 * GIB, used_bytes=71 * GIB, budget_bytes=72 * GIB, vllm_bytes=71 * GIB, other_bytes=0,
+    )  # fmt: skip
+    ev = evidence(gpu_evidence=gpus(gpu(used=71 * GIB)), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
+    assert live_overshoot(ev, resolve(ev)) is None
+    (finding,) = [f for f in diagnose(ev).findings if f.cause is not Cause.OTHER]
+    assert (finding.cause, finding.severity) == (Cause.MEMORY_LEAK, Severity.CRITICAL)
     assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
-    assert any("grows 32.0 MiB/s (R² 0.99); the daemon forecasts an OOM in 250 s" in e for e in finding.evidence)
-    assert any("oom_forecast: 2" in line for line in finding.evidence)
+    assert any("memory grows 32.00 MiB/s = 112.50 GiB/h" in line for line in finding.evidence)
+    assert any("restarted vLLM 2 time(s) on its OOM forecast" in line for line in finding.evidence)
+
+
+def test_memory_over_budget_that_keeps_growing_is_no_overshoot_and_without_a_trend_it_is() -> None:
+    growing = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.9, time_to_oom_s=100.0)
+    assert _live(gpu(used=77 * GIB), history_facts=history(growing)) is None
+    finding = _live(gpu(used=77 * GIB))
+    assert finding is not None
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True") in _flags(finding)
 
 
 def test_a_noisy_trend_is_not_evidence() -> None:
@@ -144,20 +158,41 @@ def test_oom_while_serving_with_another_process_on_the_card() -> None:
     ]
 
 
-def test_oom_within_the_budget_tolerance_and_no_fragmentation_is_not_overshoot() -> None:
-    # non-default args without gpu_memory_utilization: the default 0.9; 73 - 72 = 1 GiB is within tolerance.
-    assert _from_log(oom=_oom(OomPhase.SERVING, reserved_unallocated_bytes=0), args=args()) is None
+def test_oom_within_the_budget_and_no_fragmentation_lowers_the_budget_by_the_shortfall() -> None:
+    # The default 0.9; the 2 GiB allocation lacked 1.5 GiB beyond the 0.5 GiB free: 0.9 - 1.5/80 - 0.01 = 0.87125.
+    finding = _from_log(oom=_oom(OomPhase.SERVING, reserved_unallocated_bytes=0), args=args())
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.87)]
 
 
 def test_oom_while_serving_beyond_the_budget_numbers() -> None:
-    finding = _from_log(oom=_oom(OomPhase.SERVING, process_bytes=76 * GIB, reserved_unallocated_bytes=0), args=args())
-    # 4 GiB beyond 72: (80 - 4 - 4) / 80 = 0.90, not below 0.9: only the allocator setting.
+    # However far beyond its budget vLLM's process was, the budget must give up what the allocation lacked.
+    for held in (76, 78):
+        oom = _oom(OomPhase.SERVING, process_bytes=held * GIB, reserved_unallocated_bytes=0)
+        finding = _from_log(oom=oom, args=args())
+        assert _flags(finding) == [("--gpu-memory-utilization", 0.87)]
+        assert finding is not None
+        assert f"its process held {held}.00 GiB" in " ".join(finding.evidence)
+
+
+def test_oom_with_stranded_memory_that_would_have_held_it_is_allocator_fragmentation() -> None:
+    oom = _oom(OomPhase.SERVING, reserved_unallocated_bytes=3 * GIB)  # 1.5 GiB short, 3 GiB stranded
+    finding = _from_log(oom=oom, args=args())
+    assert finding is not None
+    assert finding.cause is Cause.ALLOCATOR_FRAGMENTATION
     assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
-    finding = _from_log(oom=_oom(OomPhase.SERVING, process_bytes=78 * GIB, reserved_unallocated_bytes=0), args=args())
-    assert _flags(finding) == [
-        ("--gpu-memory-utilization", 0.87),
-        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-    ]
+    small = _from_log(oom=_oom(OomPhase.SERVING, reserved_unallocated_bytes=GIB), args=args())  # 1 < 1.5 short
+    assert small is not None
+    assert small.cause is Cause.CONFIGURATION_OVERSHOOT
+
+
+def test_the_fragmentation_rule_takes_bare_numbers() -> None:
+    assert (
+        allocator_fragmentation(reserved_unallocated_bytes=200 * 2**20, failed_allocation_bytes=0, total_bytes=None)
+        is None
+    )
+    found = allocator_fragmentation(reserved_unallocated_bytes=8 * GIB, failed_allocation_bytes=0, total_bytes=80 * GIB)
+    assert found is not None
+    assert found.severity is Severity.WARNING
 
 
 def test_oom_in_graph_capture_lowers_the_budget_by_the_shortfall_or_goes_eager() -> None:

@@ -160,7 +160,7 @@ def test_live_bad_flags_are_diagnosed_from_vllms_own_numbers(runs: RealRuns) -> 
     assert 1.5 * pool / mean <= MAX_NUM_SEQS, (pool, mean)
     concurrency: tuple[tuple[str, Any], ...] = (("--max-num-seqs", max_num_seqs),)
     if preempted:
-        concurrency += (("--max-num-queued-reqs", max_num_seqs),)
+        concurrency += (("--max-num-queued-reqs", 2 * max_num_seqs),)
     hit_ratio = numbers["vllm:prefix_cache_hits_total"] / numbers["vllm:prefix_cache_queries_total"]
     assert hit_ratio < 0.3, "the load has no shared prefixes"
     shutdown = max(10, math.ceil(_p99_bound(numbers["buckets"]["vllm:e2e_request_latency_seconds"]) / 10) * 10)
