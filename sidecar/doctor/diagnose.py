@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.doctor import hygiene
+from sidecar.doctor.allocator import history_allocator
 from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout, log_blowout
 from sidecar.doctor.concurrency import history_concurrency, live_concurrency, log_concurrency
 from sidecar.doctor.evidence import Evidence
@@ -52,6 +53,7 @@ def diagnose(evidence: Evidence) -> Diagnosis:
         history_concurrency,
         history_hang,
         history_leak,
+        history_allocator,
         log_does_not_fit,
         live_does_not_fit,
         hygiene.prefix_caching,

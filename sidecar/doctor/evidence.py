@@ -29,6 +29,18 @@ class GpuEvidence:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AllocatorHistory:
+    """PyTorch's allocator on one GPU and rank as the daemon's allocator probe last read it (/status allocators)."""
+
+    gpu: int
+    rank: str
+    reserved_bytes: int
+    inactive_split_bytes: int
+    alloc_retries_total: int  # since each vLLM process started
+    ooms_total: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuTrend:
     """One GPU's memory trend as the sidecar daemon measured it over its window."""
 
@@ -98,6 +110,7 @@ class HistoryFacts:
     vllm_healthy: bool | None = None
     engines: tuple[EngineHistory, ...] = ()
     policy: PolicyHistory | None = None
+    allocators: tuple[AllocatorHistory, ...] = ()  # with the daemon's --probe-dir
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

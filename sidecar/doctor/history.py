@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import math
 
-from sidecar.doctor.evidence import EngineHistory, GpuTrend, HistoryFacts, PolicyEvent, PolicyHistory
+from sidecar.doctor.evidence import (
+    AllocatorHistory,
+    EngineHistory,
+    GpuTrend,
+    HistoryFacts,
+    PolicyEvent,
+    PolicyHistory,
+)
 from sidecar.policy.ledger import RestartLedger, RestartLedgerError
 
 
@@ -67,7 +74,35 @@ def from_status(document: object, source: str) -> HistoryFacts:
         vllm_healthy=vllm.get("healthy") if isinstance(vllm, dict) and isinstance(vllm.get("healthy"), bool) else None,
         engines=_engines(engines),
         policy=_policy(policy, counted) if isinstance(policy, dict) else None,
+        allocators=_allocators(document.get("allocators")),
     )
+
+
+def _allocators(entries: object) -> tuple[AllocatorHistory, ...]:
+    """The allocator probe's values per GPU and rank; an entry missing a number is left out."""
+    if not isinstance(entries, list):
+        return ()
+    found: list[AllocatorHistory] = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        gpu, reserved = _integer(entry.get("gpu")), _integer(entry.get("reserved_bytes"))
+        split, retries = _integer(entry.get("inactive_split_bytes")), _integer(entry.get("alloc_retries_total"))
+        ooms = _integer(entry.get("ooms_total"))
+        if gpu is None or reserved is None or split is None or retries is None or ooms is None:
+            continue
+        rank = entry.get("rank")
+        found.append(
+            AllocatorHistory(
+                gpu=gpu,
+                rank=rank if isinstance(rank, str) else "none",
+                reserved_bytes=reserved,
+                inactive_split_bytes=split,
+                alloc_retries_total=retries,
+                ooms_total=ooms,
+            )
+        )
+    return tuple(found)
 
 
 def _engines(engines: list[dict[str, object]]) -> tuple[EngineHistory, ...]:
