@@ -175,6 +175,8 @@ class Acting:
                     "wall_time_s": decision.wall_time_s,
                     "state": str(decision.state),
                     "actions": [str(action.kind) for action in recorded],
+                    # Which rule or restart reason, per action (null for a manual one): the reason's text may change
+                    "causes": [None if action.cause is None else str(action.cause) for action in recorded],
                     "reason": decision.reason,
                     "dry_run": self.dry_run,
                 }
