@@ -474,12 +474,17 @@ def test_the_allocator_probe_is_wired(
         assert "VLLM_PLUGINS" not in literal_env(container(deployment, "vllm"))
 
 
+def _move_probe_dir_to_no_volume(deployment: Manifest) -> None:
+    for name in (SIDECAR, "vllm"):
+        _set_env(container(deployment, name), PROBE_DIR_ENV, "/tmp/probe")
+
+
 @pytest.mark.parametrize(
     ("break_it", "problem"),
     [
         (lambda d: _set_env(container(d, SIDECAR), PROBE_DIR_ENV, "/run/elsewhere"), "the sidecar reads"),
         # Both sides agree on a path that no shared volume holds.
-        (lambda d: [_set_env(container(d, c), PROBE_DIR_ENV, "/tmp/probe") for c in (SIDECAR, "vllm")], "not a volume"),
+        (_move_probe_dir_to_no_volume, "not a volume"),
         (lambda d: _set_env(container(d, "vllm"), "PYTHONPATH", "/opt/other"), "PYTHONPATH '/opt/other' lacks"),
         (lambda d: _set_env(container(d, "vllm"), "VLLM_PLUGINS", "other_plugin"), "does not allow"),
         # vLLM compares the names exactly after splitting on commas: the space makes it another name.
