@@ -4,6 +4,11 @@
 #   docker run --read-only -v vllm-sidecar-state:/var/lib/vllm-sidecar -p 9468:9468 \
 #       vllm-sidecar:0.1.0 run --vllm-url http://vllm:8000
 #
+# The image also carries /opt/vllm-sidecar-probe: this distribution installed with `pip install --no-deps
+# --target`, for vLLM's PYTHONPATH (the allocator probe plugin, without rebuilding vLLM's image). It holds the
+# packages and their .dist-info (the entry point vLLM looks up) and no dependency, so nothing in it shadows a
+# package of vLLM's; Kubernetes copies it into vLLM's pod with an init container (deploy/kubernetes/add-probe).
+#
 # Run it with a read-only root filesystem: the sidecar writes only to --state-dir (/var/lib/vllm-sidecar,
 # the restart ledger), so mount a volume there. A new volume takes the directory's owner (10001) from the
 # image; in Kubernetes use an emptyDir (world-writable, and it outlives container restarts within the pod,
@@ -35,13 +40,23 @@ RUN python3 -m venv /opt/vllm-sidecar \
     && rm -rf build ./*.egg-info
 COPY README.md ./
 COPY sidecar/ sidecar/
-# A wheel build of the context, then the build tools leave the venv so none of them reach the final stage.
+COPY vllm_sidecar_probe/ vllm_sidecar_probe/
+# One wheel of the context, installed twice: into the venv, and as the plugin folder for vLLM (no
+# dependencies, no console script: bin/ would only hold a script for this builder's Python). Then the build
+# tools leave the venv so none of them reach the final stage.
 # Bytecode is recompiled hash-based: layer tarballs round mtimes to the second, which makes pip's
-# timestamp-based .pyc files stale, and on a read-only root every start would compile them again.
-RUN /opt/vllm-sidecar/bin/python -m pip install --no-deps . \
+# timestamp-based .pyc files stale, and on a read-only root every start would compile them again. In the
+# plugin folder only the plugin is compiled (vLLM never imports the sidecar); a vLLM on another Python
+# version than this image's compiles it in memory, as the folder is mounted read-only.
+RUN /opt/vllm-sidecar/bin/python -m pip wheel --no-deps --wheel-dir /src/dist . \
+    && /opt/vllm-sidecar/bin/python -m pip install --no-deps /src/dist/vllm_sidecar-*.whl \
+    && /opt/vllm-sidecar/bin/python -m pip install --no-deps --no-compile --target /opt/vllm-sidecar-probe \
+       /src/dist/vllm_sidecar-*.whl \
+    && rm -rf /opt/vllm-sidecar-probe/bin \
     && /opt/vllm-sidecar/bin/python -m pip check \
     && /opt/vllm-sidecar/bin/python -m pip uninstall --yes pip setuptools wheel \
     && /opt/vllm-sidecar/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/vllm-sidecar/lib \
+       /opt/vllm-sidecar-probe/vllm_sidecar_probe \
     && /opt/vllm-sidecar/bin/vllm-sidecar --version
 
 FROM ${BASE_IMAGE}
@@ -63,6 +78,7 @@ RUN groupadd --system --gid 10001 sidecar \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/vllm-sidecar
 # Owned by root and not writable by the sidecar's user: the code it runs cannot be changed by it.
 COPY --from=builder /opt/vllm-sidecar /opt/vllm-sidecar
+COPY --from=builder /opt/vllm-sidecar-probe /opt/vllm-sidecar-probe
 USER 10001:10001
 EXPOSE 9468
 # An anonymous volume when nothing is mounted there, so even a bare `docker run --read-only` can keep the

@@ -19,8 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 KUBERNETES_DIR = REPO / "deploy" / "kubernetes"
 BASE_DIR = KUBERNETES_DIR / "base"
 COMPONENT_DIR = KUBERNETES_DIR / "add-sidecar"
+PROBE_COMPONENT_DIR = KUBERNETES_DIR / "add-probe"
 EXISTING_DEPLOYMENT = Path(__file__).with_name("kube_existing_vllm.yaml")
 SIDECAR = "vllm-sidecar"
+PLUGIN_INIT = "vllm-sidecar-probe-plugin"  # the init container that copies the allocator probe's plugin
+PROBE_DIR_ENV = "VLLM_SIDECAR_PROBE_DIR"  # read by the plugin in vLLM and by the sidecar (--probe-dir)
+PLUGIN_NAME = "vllm_sidecar_probe"  # the entry point's name, what VLLM_PLUGINS must list
 
 Manifest = dict[str, Any]
 
@@ -164,3 +168,91 @@ def image_version(image: str) -> tuple[int, ...]:
     """`vllm/vllm-openai:v0.32.0` -> (0, 32, 0)."""
     tag = image.rsplit(":", 1)[1].removeprefix("v")
     return tuple(int(part) for part in tag.split(".")[:3])
+
+
+def init_container(deployment: Manifest, name: str) -> dict[str, Any]:
+    (found,) = (c for c in pod_spec(deployment).get("initContainers", []) if c["name"] == name)
+    result: dict[str, Any] = found
+    return result
+
+
+def _mount_of(item: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The volumeMount of `item` whose mountPath is `path` exactly (None when there is none)."""
+    return next((m for m in item.get("volumeMounts", []) if m["mountPath"].rstrip("/") == path.rstrip("/")), None)
+
+
+def probe_wiring_problems(deployment: Manifest, *, sidecar_probe_dir: str | None, plugin_folder: str) -> list[str]:
+    """What keeps the allocator probe from working in this pod, one line each; [] when it is wired.
+
+    `sidecar_probe_dir` is the sidecar's --probe-dir as its own settings parser read it; `plugin_folder` is
+    where the sidecar's image keeps the plugin (the Dockerfile's). Checked: the probe folder is one emptyDir,
+    writable, at the same path in vLLM's container and the sidecar's, and both name that path; the init
+    container runs the sidecar's image and copies exactly the image's plugin folder into an emptyDir that
+    vLLM mounts read-only and has on its PYTHONPATH; VLLM_PLUGINS, when set, lets the plugin load (vLLM
+    splits it on commas and compares the names exactly).
+    """
+    vllm_env = literal_env(container(deployment, "vllm"))
+    problems = _probe_dir_problems(deployment, vllm_env.get(PROBE_DIR_ENV), sidecar_probe_dir)
+    problems += _plugin_problems(deployment, plugin_folder)
+    allowed = vllm_env.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        problems.append(f"VLLM_PLUGINS={allowed!r} does not allow {PLUGIN_NAME}")
+    return problems
+
+
+def _probe_dir_problems(deployment: Manifest, probe_dir: str | None, sidecar_probe_dir: str | None) -> list[str]:
+    """The folder of the probe's files: one writable emptyDir at the same path, named on both sides."""
+    if probe_dir is None:
+        return [f"vLLM's container has no {PROBE_DIR_ENV}"]
+    problems = []
+    if sidecar_probe_dir != probe_dir:
+        problems.append(f"the sidecar reads {sidecar_probe_dir}, vLLM writes {probe_dir}")
+    mounts = {"vLLM": _mount_of(container(deployment, "vllm"), probe_dir)}
+    mounts["the sidecar"] = _mount_of(container(deployment, SIDECAR), probe_dir)
+    if None in mounts.values():
+        return [*problems, f"{probe_dir} is not a volume mounted in both containers"]
+    names = {mount["name"] for mount in mounts.values() if mount is not None}
+    if len(names) != 1:
+        problems.append(f"{probe_dir} is not the same volume in both containers: {sorted(names)}")
+    volumes = {v["name"]: v for v in pod_spec(deployment).get("volumes", [])}
+    if any("emptyDir" not in volumes.get(name, {}) for name in names):
+        problems.append(f"{probe_dir} is not an emptyDir")
+    for who, mount in mounts.items():
+        if mount is not None and (mount.get("readOnly", False) or mount.get("subPath")):
+            problems.append(f"{who} mounts {probe_dir} read-only or a subPath of it")
+    return problems
+
+
+def _plugin_problems(deployment: Manifest, plugin_folder: str) -> list[str]:
+    """The plugin: copied by the init container from the sidecar's image onto vLLM's PYTHONPATH, read-only."""
+    spec = pod_spec(deployment)
+    init = next((c for c in spec.get("initContainers", []) if c["name"] == PLUGIN_INIT), None)
+    if init is None:
+        return [f"no init container {PLUGIN_INIT}"]
+    problems = []
+    sidecar_image = container(deployment, SIDECAR)["image"]
+    if init["image"] != sidecar_image:
+        problems.append(f"the plugin comes from {init['image']}, the sidecar runs {sidecar_image}")
+    command = [*init.get("command", []), *init.get("args", [])]
+    if len(command) != 4 or command[:2] != ["cp", "-R"] or not command[2].endswith("/."):
+        return [*problems, f"the init container does not `cp -R FOLDER/. TARGET`: {command}"]
+    source, target = command[2].removesuffix("/."), command[3]
+    if source != plugin_folder:
+        problems.append(f"the init container copies {source}, the image's plugin folder is {plugin_folder}")
+    init_mount = _mount_of(init, target)
+    if init_mount is None:
+        return [*problems, f"the init container copies into {target}, which is no volume"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    if "emptyDir" not in volumes.get(init_mount["name"], {}):
+        problems.append(f"the plugin volume {init_mount['name']} is not an emptyDir")
+    vllm = container(deployment, "vllm")
+    plugin_mounts = [m for m in vllm.get("volumeMounts", []) if m["name"] == init_mount["name"]]
+    if len(plugin_mounts) != 1 or plugin_mounts[0].get("subPath"):
+        return [*problems, f"vLLM does not mount the plugin volume {init_mount['name']} (once, whole)"]
+    (plugin_mount,) = plugin_mounts
+    if not plugin_mount.get("readOnly", False):
+        problems.append("vLLM mounts the plugin folder writable")
+    python_path = literal_env(vllm).get("PYTHONPATH", "")
+    if plugin_mount["mountPath"].rstrip("/") not in [entry.rstrip("/") for entry in python_path.split(":")]:
+        problems.append(f"vLLM's PYTHONPATH {python_path!r} lacks {plugin_mount['mountPath']}")
+    return problems

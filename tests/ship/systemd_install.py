@@ -63,6 +63,16 @@ install -m 0644 vllm-sidecar.service /etc/systemd/system/vllm-sidecar.service
 systemctl enable vllm-sidecar.service
 """
 
+# deploy/systemd/README.md's allocator probe steps for the sidecar's side (vLLM's side, installing the plugin in
+# vLLM's environment, is the test's: its vLLM is the simulator, run with the plugin registered from the
+# sidecar's own venv, which holds it).
+ALLOCATOR_PROBE_STEPS = """
+install -d -m 0755 /etc/systemd/system/vllm-sidecar.service.d
+install -m 0644 allocator-probe.conf /etc/systemd/system/vllm-sidecar.service.d/allocator-probe.conf
+sed -i 's|^# probe-dir = |probe-dir = |' /etc/vllm-sidecar/config.toml
+"""
+PROBE_DIR = "/run/vllm-probe"
+
 # vllm.service.example's user, and folders for the sandbox probe to try.
 TEST_SETUP = f"""
 install -d -m 0755 /etc/sysusers.d
@@ -116,7 +126,7 @@ def install(rootfs: Path, root: Path, *, wheels: Path, vllm_port: int, sidecar_p
     shutil.copyfile(PROBE_SCRIPT, probe)
     _in_root(
         root,
-        "cd /deploy\n" + INSTALL_STEPS + TEST_SETUP,
+        "cd /deploy\n" + INSTALL_STEPS + ALLOCATOR_PROBE_STEPS + TEST_SETUP,
         binds=[(DEPLOY, "/deploy"), (wheelhouse, "/wheelhouse"), (sidecar_wheel.parent, "/sidecar-wheel")],
     )
     return Installed(root=root, vllm_port=vllm_port, sidecar_port=sidecar_port)
@@ -152,7 +162,8 @@ def dependency_wheelhouse(cache: Path) -> Path:
 def build_sidecar_wheel(out: Path, wheelhouse: Path) -> Path:
     """The sidecar's wheel from this checkout, built in a copy (no build/ or egg-info left in the repo)."""
     source = out / "source"
-    shutil.copytree(REPO / "sidecar", source / "sidecar", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("sidecar", "vllm_sidecar_probe"):  # the distribution's two packages, as a release has them
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(REPO / name, source / name)
     dist = out / "dist"
@@ -201,7 +212,10 @@ def derive_unit(text: str, replace: Mapping[str, str | None], *, add: tuple[str,
 def _write_test_units(root: Path, *, vllm_port: int) -> None:
     units = root / "etc/systemd/system"
     example = (DEPLOY / "vllm.service.example").read_text()
-    sim = f"{VENV}/bin/vllm-sidecar sim --listen 127.0.0.1:{vllm_port} --scenario healthy"
+    # vLLM's stand-in loads the allocator probe's plugin as vLLM would (register(), the entry point's target)
+    plugin = "import sys, vllm_sidecar_probe; vllm_sidecar_probe.register(); from sidecar.cli import main"
+    sim = f'{VENV}/bin/python -c "{plugin}; sys.exit(main(sys.argv[1:]))" sim --listen 127.0.0.1:{vllm_port}'
+    sim += " --scenario healthy"
     # the example as shipped, but the simulator in place of `vllm serve` (it takes no --shutdown-timeout)
     (units / VLLM_UNIT).write_text(derive_unit(example, {"ExecStart": sim}))
     (units / EXAMPLE_CHECK_UNIT).write_text(example)

@@ -1,5 +1,9 @@
 """The shipped Dockerfile: linted by hadolint, built for real by buildah, and run by buildah and podman.
 
+The image's plugin folder (/opt/vllm-sidecar-probe, for vLLM's PYTHONPATH) is checked in the same build: what
+it holds, and deploy/kubernetes/add-probe's init container command run in the image, then the plugin loaded
+from the copy by a Python without the sidecar's dependencies, as vLLM loads it.
+
 The production base (python:3.x-slim) cannot be pulled here, so the Dockerfile's BASE_IMAGE argument points
 at a local image made from the cached Debian rootfs (python3 + venv, the same layout). The project image is
 built from the repository (its .dockerignore included) in every session; the base is cached (image_storage).
@@ -14,15 +18,17 @@ import subprocess
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from sidecar import __version__
+from sidecar.parse.probe_file import parse_probe_file
 from tests.loopback import LoopbackServer, closed_port, respond
 from tests.scenarios.harness import SimProcess
 
@@ -45,6 +51,8 @@ SOURCE_URL = "https://example.org/vllm-sidecar/image-test"  # any URL: the test 
 UID_GID = "10001:10001"
 STATE_DIR = "/var/lib/vllm-sidecar"
 VENV = "opt/vllm-sidecar"
+PLUGIN_FOLDER = "opt/vllm-sidecar-probe"  # this distribution for vLLM's PYTHONPATH: --target, no dependencies
+PROBE_PATCH = REPO_ROOT / "deploy" / "kubernetes" / "add-probe" / "probe.yaml"
 # Measured 36 MB (venv of the package and its dependencies, byte-compiled). Room for dependency growth, not for
 # a pip cache, a compiler or a second copy of the venv.
 MAX_APP_LAYER_BYTES = 50_000_000
@@ -121,9 +129,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         yield Built(storage=storage, image=IMAGE, container=container, mount=mount, rootfs=rootfs)
 
 
-def in_container(built: Built, *command: str) -> subprocess.CompletedProcess[str]:
+def in_container(built: Built, *command: str, volumes: Sequence[Path] = ()) -> subprocess.CompletedProcess[str]:
+    """`command` in the image as its user; each of `volumes` bound at the same path."""
+    binds = [option for volume in volumes for option in ("--volume", f"{volume}:{volume}")]
     return built.storage.buildah(
-        "run", "--isolation", "chroot", "--network", "host", built.container, "--", *command, check=False
+        "run", "--isolation", "chroot", "--network", "host", *binds, built.container, "--", *command, check=False
     )
 
 
@@ -171,7 +181,11 @@ def test_image_holds_no_build_tools_and_is_owned_right(built: Built) -> None:
             assert not (root / folder / compiler).exists(), f"{folder}/{compiler}"
     assert not list((root / "var/lib/apt/lists").glob("*"))
     assert not (root / "src").exists(), "the builder's work folder reached the final stage"
-    assert sorted(path.name for path in site.glob("*sidecar*")) == ["sidecar", f"vllm_sidecar-{__version__}.dist-info"]
+    assert sorted(path.name for path in site.glob("*sidecar*")) == [
+        "sidecar",
+        f"vllm_sidecar-{__version__}.dist-info",
+        "vllm_sidecar_probe",
+    ]
     assert not (site / "tests").exists()
     venv = (root / VENV).stat()
     assert (venv.st_uid, venv.st_mode & 0o022) == (0, 0), "the sidecar's user must not be able to change its code"
@@ -246,9 +260,142 @@ def test_build_context_is_only_the_package(built: Built, tmp_path: Path) -> None
     out = tmp_path / "out"
     built.storage.build(containerfile, REPO_ROOT, "--output", f"type=local,dest={out}")
     context = out / "context"
-    assert sorted(path.name for path in context.iterdir()) == ["README.md", "pyproject.toml", "sidecar"]
+    assert sorted(path.name for path in context.iterdir()) == [
+        "README.md",
+        "pyproject.toml",
+        "sidecar",
+        "vllm_sidecar_probe",
+    ]
     assert not [path for path in context.rglob("*") if path.name == "__pycache__" or path.suffix == ".pyc"]
     assert (context / "sidecar" / "cli.py").is_file()
+
+
+# --- the allocator probe's plugin folder, for vLLM's PYTHONPATH ------------------------------------------------
+
+
+def test_plugin_folder_holds_this_distribution_and_nothing_else(built: Built) -> None:
+    """PYTHONPATH folders come before vLLM's site-packages: anything else in it would shadow vLLM's packages."""
+    folder = built.mount / PLUGIN_FOLDER
+    dist_info = f"vllm_sidecar-{__version__}.dist-info"
+    assert sorted(path.name for path in folder.iterdir()) == ["sidecar", dist_info, "vllm_sidecar_probe"]
+    entry_points = (folder / dist_info / "entry_points.txt").read_text()
+    assert "[vllm.general_plugins]\nvllm_sidecar_probe = vllm_sidecar_probe:register\n" in entry_points
+    # The plugin's bytecode is in the image, hash-based (never stale after a copy, which resets mtimes).
+    (bytecode,) = {path.name.split(".")[1] for path in (folder / "vllm_sidecar_probe" / "__pycache__").glob("*.pyc")}
+    assert bytecode.startswith("cpython-")
+    # Owned by root and not writable by the sidecar's user, as the venv.
+    for path in [folder, *folder.rglob("*")]:
+        status = path.stat()
+        assert (status.st_uid, status.st_mode & 0o022) == (0, 0), path
+
+
+def _probe_patch_containers() -> dict[str, dict[str, Any]]:
+    spec = yaml.safe_load(PROBE_PATCH.read_text())["spec"]["template"]["spec"]
+    return {item["name"]: item for item in [*spec["initContainers"], *spec["containers"]]}
+
+
+def _mount_path(item: dict[str, Any], volume: str) -> str:
+    (path,) = (mount["mountPath"] for mount in item["volumeMounts"] if mount["name"] == volume)
+    return str(path)
+
+
+def _env(item: dict[str, Any]) -> dict[str, str]:
+    return {entry["name"]: entry["value"] for entry in item["env"]}
+
+
+# Run in vLLM's stead by a Python without the sidecar's dependencies: find the plugin through its entry point
+# as vLLM does (importlib.metadata, group vllm.general_plugins), call it, read this process's file, then end
+# without exit handlers, as vLLM's child processes do, so the file stays for the sidecar to clean up.
+AS_VLLM = """
+import importlib.metadata, json, os, sys
+report = {"prefix": sys.prefix, "path": sys.path}
+for name in ("httpx", "pydantic", "structlog"):
+    try:
+        __import__(name)
+        report[name] = "importable"
+    except ImportError:
+        report[name] = "missing"
+plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+report["plugins"] = [(plugin.name, plugin.value, str(plugin.dist._path)) for plugin in plugins]
+(plugin,) = plugins
+plugin.load()()
+with open(os.path.join(os.environ["VLLM_SIDECAR_PROBE_DIR"], f"{os.getpid()}.json")) as handle:
+    report["sample"] = handle.read()
+print(json.dumps(report), flush=True)
+os._exit(0)
+"""
+
+# Then the sidecar, as its user, reads the folder an hour later: the file is stale and its process gone.
+AS_SIDECAR = """
+import json, pathlib, time
+from sidecar.sources.allocator_probe import AllocatorProbeSource
+folder = pathlib.Path({folder!r})
+before = sorted(path.name for path in folder.iterdir())
+reading = AllocatorProbeSource(directory=folder, timeout_s=5, wall_clock=lambda: time.time() + 3600).scan()
+after = sorted(path.name for path in folder.iterdir())
+print(json.dumps({{"before": before, "after": after, "problems": list(reading.problems)}}))
+"""
+
+
+def test_the_init_containers_copy_loads_in_vllm_as_a_plugin(built: Built, tmp_path: Path) -> None:
+    """deploy/kubernetes/add-probe, with the pod's volumes as host folders (world-writable, as the kubelet
+    makes an emptyDir): the init container's command as the image's user; the plugin from the copy, mounted
+    read-only, in a Python that has none of the sidecar's dependencies, as root (vLLM's image's user); the
+    sidecar, as 10001, reading and removing the file root left behind."""
+    containers = _probe_patch_containers()
+    init, vllm, sidecar = containers["vllm-sidecar-probe-plugin"], containers["vllm"], containers["vllm-sidecar"]
+    copy_folder, probe_folder = tmp_path / "plugin", tmp_path / "probe"
+    for folder in (copy_folder, probe_folder):
+        folder.mkdir()
+        folder.chmod(0o777)
+    init_target = _mount_path(init, "vllm-sidecar-probe-plugin")
+    done = built.storage.buildah(
+        *("run", "--isolation", "chroot", "--volume", f"{copy_folder}:{init_target}"),
+        *(built.container, "--", *init["command"]),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in copy_folder.iterdir()) == sorted(
+        path.name for path in (built.mount / PLUGIN_FOLDER).iterdir()
+    )
+    assert {path.stat().st_uid for path in copy_folder.rglob("*")} == {10001}
+
+    plugin_mount, probe_dir = _mount_path(vllm, "vllm-sidecar-probe-plugin"), _mount_path(vllm, "vllm-probe")
+    environment = _env(vllm)
+    assert environment["VLLM_SIDECAR_PROBE_DIR"] == probe_dir == _env(sidecar)["VLLM_SIDECAR_PROBE_DIR"]
+    # The base image's own Python, not the sidecar's venv (PATH without /opt/vllm-sidecar/bin).
+    system_path = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    done = built.storage.buildah(
+        *("run", "--isolation", "chroot", "--user", "0:0"),
+        *("--volume", f"{copy_folder}:{plugin_mount}:ro", "--volume", f"{probe_folder}:{probe_dir}"),
+        built.container,
+        "--",
+        *("env", system_path, *(f"{name}={value}" for name, value in environment.items())),
+        *("python3", "-c", AS_VLLM),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["prefix"].startswith(f"/{VENV}")
+    assert {name: report[name] for name in ("httpx", "pydantic", "structlog")} == dict.fromkeys(
+        ("httpx", "pydantic", "structlog"), "missing"
+    )
+    dist_info = f"{plugin_mount}/vllm_sidecar-{__version__}.dist-info"
+    assert report["plugins"] == [["vllm_sidecar_probe", "vllm_sidecar_probe:register", dist_info]]
+    site = next(
+        index for index, entry in enumerate(report["path"]) if entry.endswith(("site-packages", "dist-packages"))
+    )
+    assert report["path"].index(plugin_mount) < site, "PYTHONPATH leads sys.path"
+    process = parse_probe_file(report["sample"].encode())
+    assert process.cuda_available is False  # no torch in this Python: the sample says so, and why
+    assert process.reason
+    (left,) = probe_folder.iterdir()
+    assert left.name == f"{process.pid}.json"
+    assert (left.stat().st_uid, left.stat().st_mode & 0o777) == (0, 0o644)
+
+    done = in_container(built, "python", "-c", AS_SIDECAR.format(folder=str(probe_folder)), volumes=[probe_folder])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"before": [left.name], "after": [], "problems": []}
 
 
 # --- podman: the HEALTHCHECK, a read-only root and SIGTERM, in a running container ---------------------------

@@ -3,8 +3,10 @@ component on an existing vLLM Deployment.
 
 Checked: the Kubernetes schemas in strict mode (kubernetes-validate) and the ServiceMonitor's required fields
 (no schema for it here, see its test); the drain arithmetic and the probe wiring, read from the rendered pod; the
-sidecar's settings through the sidecar's own settings parser; and a real kube-apiserver 1.20 accepting the
-objects and answering, for the sidecar's ServiceAccount, exactly the requests the Kubernetes adapter makes.
+sidecar's settings through the sidecar's own settings parser; the allocator probe's wiring (add-probe: the shared
+folder, the plugin copied from the sidecar's image onto vLLM's PYTHONPATH); and a real kube-apiserver 1.20
+accepting the objects and answering, for the sidecar's ServiceAccount, exactly the requests the Kubernetes
+adapter makes.
 
 kubectl, kubernetes-validate, the apiserver binary and etcd skip these tests where missing,
 except in CI (CI=true, or VLLM_SIDECAR_REQUIRE_KUBE=1), where that is a failure.
@@ -37,6 +39,10 @@ from tests.ship.kube_manifests import (
     COMPONENT_DIR,
     EXISTING_DEPLOYMENT,
     KUBERNETES_DIR,
+    PLUGIN_INIT,
+    PLUGIN_NAME,
+    PROBE_COMPONENT_DIR,
+    PROBE_DIR_ENV,
     REPO,
     SIDECAR,
     KubectlMissingError,
@@ -45,6 +51,7 @@ from tests.ship.kube_manifests import (
     env_source,
     find,
     image_version,
+    init_container,
     literal_env,
     mount_volume,
     option,
@@ -52,6 +59,7 @@ from tests.ship.kube_manifests import (
     port_number,
     prestop_sleep_s,
     probe_budget_s,
+    probe_wiring_problems,
     render,
     render_overlay,
     vllm_container,
@@ -111,6 +119,27 @@ def existing(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
         _unavailable(str(error))
 
 
+@pytest.fixture(scope="module")
+def existing_with_probe(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
+    """The same user's Deployment, its container renamed `vllm` (add-probe finds vLLM's container by that
+    name), with both components."""
+    source = tmp_path_factory.mktemp("existing-probe-source") / EXISTING_DEPLOYMENT.name
+    source.write_text(yaml.safe_dump(_existing_named("vllm")))
+    folder = tmp_path_factory.mktemp("existing-probe")
+    try:
+        return render_overlay(
+            folder, namespace="team-a", resources=[source], components=[COMPONENT_DIR, PROBE_COMPONENT_DIR]
+        )
+    except KubectlMissingError as error:
+        _unavailable(str(error))
+
+
+def _existing_named(name: str) -> Manifest:
+    document: Manifest = yaml.safe_load(EXISTING_DEPLOYMENT.read_text())
+    pod_spec(document)["containers"][0]["name"] = name
+    return document
+
+
 def _sidecar_settings(item: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The container's literal VLLM_SIDECAR_* environment, read by the sidecar's own settings loader."""
     for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
@@ -147,11 +176,11 @@ def test_base_holds_the_whole_example_in_one_namespace(base: list[Manifest]) -> 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 def test_manifests_pass_the_kubernetes_schemas_strictly(
-    base: list[Manifest], existing: list[Manifest], version: str
+    base: list[Manifest], existing: list[Manifest], existing_with_probe: list[Manifest], version: str
 ) -> None:
     """Every rendered object but the ServiceMonitor (a CRD, which has no schema here: see its own test)."""
     validator = _kubernetes_validate()
-    for document in [*base, *existing]:
+    for document in [*base, *existing, *existing_with_probe]:
         if document["kind"] != "ServiceMonitor":
             validator.validate(document, version, strict=True)
 
@@ -373,9 +402,11 @@ def test_component_adds_only_the_sidecar_to_an_existing_deployment(
     spec, before = pod_spec(deployment), original["spec"]["template"]["spec"]
     assert vllm_container(deployment) == before["containers"][0], "the vLLM container is left as it was"
     assert [v for v in spec["volumes"] if v["name"] in {"cache-volume", "shm"}] == before["volumes"]
-    # The same sidecar, volumes and pod settings as in the complete example.
+    # The same sidecar, volumes and pod settings as in the complete example, less the allocator probe's
+    # parts (add-probe, which the base lists too).
     reference = find(base, "Deployment")
-    assert container(deployment, SIDECAR) == container(reference, SIDECAR)
+    assert container(deployment, SIDECAR) == _without_probe(container(reference, SIDECAR))
+    assert "initContainers" not in spec
     patch = yaml.safe_load((COMPONENT_DIR / "sidecar.yaml").read_text())
     component_volumes = {v["name"] for v in pod_spec(patch)["volumes"]}
     added = [v for v in spec["volumes"] if v["name"] not in {v["name"] for v in before["volumes"]}]
@@ -386,6 +417,124 @@ def test_component_adds_only_the_sidecar_to_an_existing_deployment(
     # The RBAC comes along, into the overlay's namespace.
     assert sorted(d["kind"] for d in existing) == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
     assert find(existing, "RoleBinding")["subjects"][0]["namespace"] == "team-a"
+
+
+def _probe_patch() -> Manifest:
+    document: Manifest = yaml.safe_load((PROBE_COMPONENT_DIR / "probe.yaml").read_text())
+    return document
+
+
+def _without_probe(item: dict[str, Any]) -> dict[str, Any]:
+    """A container of the rendered pod less the env entries and mounts add-probe's patch gives it."""
+    (patched,) = (c for c in pod_spec(_probe_patch())["containers"] if c["name"] == item["name"])
+    env = {e["name"] for e in patched.get("env", [])}
+    mounts = {m["mountPath"] for m in patched.get("volumeMounts", [])}
+    stripped = copy.deepcopy(item)
+    stripped["env"] = [e for e in item.get("env", []) if e["name"] not in env]
+    stripped["volumeMounts"] = [m for m in item.get("volumeMounts", []) if m["mountPath"] not in mounts]
+    return {key: value for key, value in stripped.items() if value != []}  # a list emptied: no key
+
+
+# --- the allocator probe (add-probe) ---------------------------------------------------------------------
+
+
+def _plugin_folder() -> str:
+    """Where the sidecar's image keeps the plugin: installed there with --target, copied to the final stage."""
+    text = (REPO / "Dockerfile").read_text()
+    target = re.search(r"--target (/\S+)", text)
+    assert target is not None, "the Dockerfile installs the plugin folder with pip install --target"
+    assert re.search(rf"^COPY --from=builder {re.escape(target[1])} {re.escape(target[1])}$", text, re.MULTILINE)
+    return target[1]
+
+
+def _probe_problems(deployment: Manifest, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    probe_dir = _sidecar_settings(container(deployment, SIDECAR), monkeypatch).probe_dir
+    return probe_wiring_problems(
+        deployment, sidecar_probe_dir=None if probe_dir is None else str(probe_dir), plugin_folder=_plugin_folder()
+    )
+
+
+def test_the_allocator_probe_is_wired(
+    base: list[Manifest], existing_with_probe: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same folder in both containers, named on both sides; the plugin from the sidecar's own image on
+    vLLM's PYTHONPATH, read-only; in the complete example and on an existing Deployment alike."""
+    reference_init = init_container(find(base, "Deployment"), PLUGIN_INIT)
+    for rendered in (base, existing_with_probe):
+        deployment = find(rendered, "Deployment")
+        assert _probe_problems(deployment, monkeypatch) == []
+        init, sidecar = init_container(deployment, PLUGIN_INIT), container(deployment, SIDECAR)
+        assert init == reference_init
+        # One image for both: an overlay's `images: newTag` moves the plugin with the sidecar.
+        assert init["image"] == sidecar["image"] == f"{SIDECAR_IMAGE}:{__version__}"
+        # As least privileged as the sidecar (its image's user; the copy needs nothing more).
+        assert init["securityContext"] == sidecar["securityContext"]
+        assert set(init["resources"]["limits"]) == {"cpu", "memory"}
+        # The plugin loads in every vLLM process: nothing restricts the plugins here.
+        assert "VLLM_PLUGINS" not in literal_env(container(deployment, "vllm"))
+
+
+def _move_probe_dir_to_no_volume(deployment: Manifest) -> None:
+    for name in (SIDECAR, "vllm"):
+        _set_env(container(deployment, name), PROBE_DIR_ENV, "/tmp/probe")
+
+
+@pytest.mark.parametrize(
+    ("break_it", "problem"),
+    [
+        (lambda d: _set_env(container(d, SIDECAR), PROBE_DIR_ENV, "/run/elsewhere"), "the sidecar reads"),
+        # Both sides agree on a path that no shared volume holds.
+        (_move_probe_dir_to_no_volume, "not a volume"),
+        (lambda d: _set_env(container(d, "vllm"), "PYTHONPATH", "/opt/other"), "PYTHONPATH '/opt/other' lacks"),
+        (lambda d: _set_env(container(d, "vllm"), "VLLM_PLUGINS", "other_plugin"), "does not allow"),
+        # vLLM compares the names exactly after splitting on commas: the space makes it another name.
+        (lambda d: _set_env(container(d, "vllm"), "VLLM_PLUGINS", f"other, {PLUGIN_NAME}"), "does not allow"),
+        (lambda d: init_container(d, PLUGIN_INIT).update(image="vllm-sidecar:other"), "the plugin comes from"),
+        (lambda d: init_container(d, PLUGIN_INIT)["command"].__setitem__(2, "/opt/vllm-sidecar/."), "copies /opt"),
+        (lambda d: _mount(container(d, "vllm"), PLUGIN_INIT).pop("readOnly"), "mounts the plugin folder writable"),
+        (lambda d: _mount(container(d, SIDECAR), "vllm-probe").update(readOnly=True), "read-only"),
+    ],
+)
+def test_the_probe_wiring_check_catches_a_break(
+    base: list[Manifest], monkeypatch: pytest.MonkeyPatch, break_it: Any, problem: str
+) -> None:
+    """The check above, on copies of the base each broken in one place: it says so, and only that."""
+    deployment = copy.deepcopy(find(base, "Deployment"))
+    break_it(deployment)
+    problems = _probe_problems(deployment, monkeypatch)
+    assert len(problems) == 1, problems
+    assert problem in problems[0]
+
+
+def _set_env(item: dict[str, Any], name: str, value: str) -> None:
+    item["env"] = [e for e in item.get("env", []) if e["name"] != name] + [{"name": name, "value": value}]
+
+
+def _mount(item: dict[str, Any], volume: str) -> dict[str, Any]:
+    (found,) = (m for m in item["volumeMounts"] if m["name"] == volume)
+    result: dict[str, Any] = found
+    return result
+
+
+def test_add_probe_changes_only_what_the_probe_needs(
+    existing: list[Manifest], existing_with_probe: list[Manifest]
+) -> None:
+    """On top of add-sidecar: vLLM's container gains two variables and two mounts and nothing else, the pod
+    two emptyDirs and the init container; the rest is as add-sidecar left it."""
+    before, after = find(existing, "Deployment"), find(existing_with_probe, "Deployment")
+    vllm = container(after, "vllm")
+    original = copy.deepcopy(vllm_container(before))
+    original["name"] = "vllm"
+    assert _without_probe(vllm) == original
+    assert {e["name"] for e in vllm["env"]} - {e["name"] for e in original["env"]} == {PROBE_DIR_ENV, "PYTHONPATH"}
+    assert _without_probe(container(after, SIDECAR)) == container(before, SIDECAR)
+    added = [v for v in pod_spec(after)["volumes"] if v not in pod_spec(before)["volumes"]]
+    assert added == pod_spec(_probe_patch())["volumes"]
+    assert [c["name"] for c in pod_spec(after)["initContainers"]] == [PLUGIN_INIT]
+    rest = {
+        key: value for key, value in pod_spec(after).items() if key not in {"containers", "volumes", "initContainers"}
+    }
+    assert rest == {key: value for key, value in pod_spec(before).items() if key not in {"containers", "volumes"}}
 
 
 def _readme_kustomizations() -> list[str]:
@@ -486,6 +635,32 @@ def test_existing_deployment_with_the_component_is_accepted_by_a_real_apiserver(
     namespace = _fresh_namespace()
     admin.post("/api/v1/namespaces", json={"metadata": {"name": namespace}}).raise_for_status()
     _apply(admin, _render_in(tmp_path, namespace, resources=[EXISTING_DEPLOYMENT], components=[COMPONENT_DIR]))
+
+
+@pytest.mark.parametrize("container_name", ["vllm", "mistral-7b"])
+def test_add_probe_on_an_existing_deployment_on_a_real_apiserver(
+    admin: httpx.Client, tmp_path: Path, container_name: str
+) -> None:
+    """add-probe finds vLLM's container by its name, vllm. Named so, the pod is accepted with every field; named
+    otherwise, the patch adds a container `vllm` without an image and the server refuses the Deployment, loudly
+    (the component's comment says to copy it and change the name)."""
+    namespace = _fresh_namespace()
+    admin.post("/api/v1/namespaces", json={"metadata": {"name": namespace}}).raise_for_status()
+    source = tmp_path / "source" / EXISTING_DEPLOYMENT.name
+    source.parent.mkdir()
+    source.write_text(yaml.safe_dump(_existing_named(container_name)))
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rendered = _render_in(overlay, namespace, resources=[source], components=[COMPONENT_DIR, PROBE_COMPONENT_DIR])
+    if container_name == "vllm":
+        _apply(admin, rendered)
+        return
+    deployment = for_kubernetes_1_20(find(rendered, "Deployment", "mistral-7b"))
+    (stray,) = (index for index, c in enumerate(pod_spec(deployment)["containers"]) if c["name"] == "vllm")
+    assert "image" not in pod_spec(deployment)["containers"][stray]
+    answer = admin.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", json=deployment)
+    assert answer.status_code == 422, answer.text
+    assert f"spec.template.spec.containers[{stray}].image: Required value" in answer.json()["message"]
 
 
 def _render_in(

@@ -5,10 +5,11 @@ vllm.service (made from vllm.service.example).
 What it proves: the shipped unit starts the daemon as its own user, sandboxed, and becomes active only on the
 daemon's READY=1; the sandbox refuses what it should and lets through what the daemon needs; POST
 /admin/restart restarts vllm.service through polkit (the caller is not root), while the same user is refused
-every other unit and verb, and a sidecar pointed at another unit is refused; the sidecar survives vLLM's stops
-and restarts; a frozen sidecar is killed by the watchdog (WatchdogSec=3s in a drop-in, for speed) and
-restarted. The root file system comes from .ci/build-rootfs.sh (VLLM_SIDECAR_ROOTFS); without
-it these tests are skipped, except in CI (CI=true), where that is a failure.
+every other unit and verb, and a sidecar pointed at another unit is refused; the allocator probe's folder
+(vllm.service's RuntimeDirectory=, the sidecar's drop-in) is read and cleaned by the sandboxed sidecar, across a
+restart of vLLM; the sidecar survives vLLM's stops and restarts; a frozen sidecar is killed by the watchdog
+(WatchdogSec=3s in a drop-in, for speed) and restarted. The root file system comes from .ci/build-rootfs.sh
+(VLLM_SIDECAR_ROOTFS); without it these tests are skipped, except in CI (CI=true), where that is a failure.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from tests.loopback import closed_port
 
 from .nspawn import Container, boot, missing_requirements
 from .systemd_install import (
+    ALLOCATOR_PROBE_STEPS,
     BYSTANDER_UNIT,
     DEPLOY,
     EXAMPLE_CHECK_UNIT,
     INSTALL_STEPS,
+    PROBE_DIR,
     PROBE_OUTPUT,
     PROBE_PATH,
     PROBE_UNIT,
@@ -301,6 +304,68 @@ def test_a_sidecar_pointed_at_another_unit_is_refused(deployment: Deployment) ->
     _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
 
 
+# A sample as a vLLM process that died without its exit handler leaves it: an hour old, its pid long gone
+# (above any pid_max), owned by vLLM's user. Written with the sidecar's venv Python, readable by everyone.
+DEAD_PROCESS_SAMPLE = """
+import json, pathlib, sys, time
+folder = pathlib.Path(sys.argv[1])
+live = json.loads(next(folder.glob("[0-9]*.json")).read_text())
+live.update(pid=999999999, time_unix_s=time.time() - 3600)
+(folder / "999999999.json").write_text(json.dumps(live))
+"""
+
+
+def test_the_allocator_probe_folder_is_shared_and_cleaned(deployment: Deployment) -> None:
+    """vllm.service makes /run/vllm-probe for its user (0770) and its processes write there; the sidecar, in
+    vLLM's group through the drop-in, reads the files from inside its sandbox and removes a dead process's,
+    before and after a restart of vLLM (the folder kept), and after a stop (the folder removed) and a start."""
+    _assert_the_probe_folder_is_read_and_cleaned(deployment)
+    container = deployment.container
+    old_pid = container.main_pid(VLLM_UNIT)
+    container.run("systemctl", "restart", VLLM_UNIT)
+    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), 15, "a new vLLM")
+    _assert_the_probe_folder_is_read_and_cleaned(deployment)
+    # A stop removes the folder and its files; the start after it makes a new one, which the running sidecar
+    # reads and cleans too (systemd 252 leaves /run writable under ProtectSystem=strict, so the new folder is
+    # writable to it even though the sandbox bound the old one).
+    container.run("systemctl", "stop", VLLM_UNIT)
+    assert container.run("test", "-e", PROBE_DIR, check=False).returncode == 1
+    container.run("systemctl", "start", VLLM_UNIT)
+    _assert_the_probe_folder_is_read_and_cleaned(deployment)
+    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    # Three starts of vllm.service here on top of the earlier tests' restarts: clear systemd's start rate limit
+    # (5 in 10 s by default) for the tests after this one.
+    container.run("systemctl", "reset-failed", VLLM_UNIT)
+
+
+def _assert_the_probe_folder_is_read_and_cleaned(deployment: Deployment) -> None:
+    container = deployment.container
+    # /run is the container's own tmpfs: looked at from inside
+    owner = container.run("stat", "--format=%u %g %a", PROBE_DIR).stdout.split()
+    assert owner == [*map(str, container.ids("vllm")), "770"]
+    own = [f"{container.main_pid(VLLM_UNIT)}.json"]
+    _wait(lambda: _probe_files(deployment) == own, 15, f"vLLM to write {own[0]} alone")
+    # ok: a fresh sample read, from inside the sandbox (the group opens the folder, the file is 0644)
+    _wait(lambda: _probe_source(deployment) == (True, None), 15, f"the sidecar to read {own[0]}")
+    container.run(f"{VENV}/bin/python", "-c", DEAD_PROCESS_SAMPLE, PROBE_DIR, user="vllm")
+    _wait(lambda: _probe_files(deployment) == own, 15, "the sidecar to remove the dead process's file")
+    assert _probe_source(deployment) == (True, None)
+
+
+def _probe_files(deployment: Deployment) -> list[str]:
+    listing = deployment.container.run("ls", "-A", PROBE_DIR).stdout.split()
+    return sorted(name for name in listing if name.endswith(".json"))
+
+
+def _probe_source(deployment: Deployment) -> tuple[object, object] | None:
+    """The sidecar's probe source in /status: (ok, error)."""
+    try:
+        source = deployment.get("/status").json()["sources"]["probe"]
+        return source["ok"], source["error"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
 def test_stopping_vllm_leaves_the_sidecar_running(deployment: Deployment) -> None:
     container = deployment.container
     sidecar_pid = container.main_pid(SIDECAR_UNIT)
@@ -361,7 +426,7 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
 
 def test_readme_installs_what_the_test_installs() -> None:
     readme = {line.strip() for line in (DEPLOY / "README.md").read_text().splitlines()}
-    for step in filter(None, (line.strip() for line in INSTALL_STEPS.splitlines())):
+    for step in filter(None, (line.strip() for line in (INSTALL_STEPS + ALLOCATOR_PROBE_STEPS).splitlines())):
         if step.startswith(f"{VENV}/bin/pip install"):
             assert any(line.startswith(f"{VENV}/bin/pip install") for line in readme)
         elif step.startswith("systemctl enable"):  # not booted during the install: no --now
@@ -383,6 +448,32 @@ def test_the_three_places_that_name_the_vllm_unit_agree() -> None:
     assert f"User={SIDECAR_USER}" in unit.splitlines()
     assert "StateDirectory=vllm-sidecar" in unit.splitlines()
     assert config["state-dir"] == "/var/lib/vllm-sidecar"
+
+
+def test_the_allocator_probe_folder_is_the_same_everywhere() -> None:
+    """vllm.service.example makes it and tells the plugin; the drop-in opens it to the sidecar with the vLLM
+    unit's group; config.toml's (commented) probe-dir names it. Unit lines: the last of a key wins here."""
+    example = dict(
+        line.split("=", 1)
+        for line in (DEPLOY / "vllm.service.example").read_text().splitlines()
+        if "=" in line and not line.startswith("#") and line.split("=", 1)[0] != "Environment"
+    )
+    environment = [
+        line.removeprefix("Environment=")
+        for line in (DEPLOY / "vllm.service.example").read_text().splitlines()
+        if line.startswith("Environment=")
+    ]
+    assert f"VLLM_SIDECAR_PROBE_DIR={PROBE_DIR}" in environment
+    assert f"/run/{example['RuntimeDirectory']}" == PROBE_DIR
+    # The owner writes, the group (the sidecar) reads and removes, nobody else: 0770.
+    assert (example["RuntimeDirectoryMode"], example["RuntimeDirectoryPreserve"]) == ("0770", "restart")
+    drop_in = (DEPLOY / "allocator-probe.conf").read_text().splitlines()
+    assert f"SupplementaryGroups={example['Group']}" in drop_in
+    assert f"ReadWritePaths=-{PROBE_DIR}" in drop_in
+    config = (DEPLOY / "config.toml").read_text()
+    assert f'\n# probe-dir = "{PROBE_DIR}"\n' in config, "commented: the probe is optional"
+    enabled = re.sub(r"^# probe-dir = ", "probe-dir = ", config, flags=re.MULTILINE)
+    assert tomllib.loads(enabled)["probe-dir"] == PROBE_DIR
 
 
 def test_the_vllm_example_lets_the_drain_finish_before_systemd_kills() -> None:
