@@ -67,6 +67,11 @@ def log_does_not_fit(evidence: Evidence, setup: Setup) -> Finding | None:
             if kv > 0 and weights + kv > 0
             else f"weights take {weights:.2f} GiB; the budget is {-kv:.2f} GiB short before any KV cache"
         )
+    elif log.available_kv_gib is not None and log.available_kv_gib <= 0:
+        lines.append(
+            f"vLLM's profile left {log.available_kv_gib:.2f} GiB for the KV cache: the budget is "
+            f"{-log.available_kv_gib:.2f} GiB short before any KV cache (the weights' size is not in the log)"
+        )
     if setup.gpu_memory_utilization is not None:
         utilization = setup.gpu_memory_utilization
         lines.append(f"gpu_memory_utilization {utilization.value:g} ({utilization.source})")
@@ -159,8 +164,9 @@ def _remedies(setup: Setup, room: tuple[float, float] | None) -> list[Recommenda
                     value=offload,
                     why=(
                         f"tiering, the slow way out: {TARGET_KV_SHARE:.0%} of {total_room:.2f} GiB "
-                        f"(weights + KV) - {kv:.2f} GiB KV now = {TARGET_KV_SHARE * total_room - kv:.2f}, rounded up"
-                        f" -> {offload} GiB of weights kept in CPU memory (each step reads them over PCIe)"
+                        f"(weights + KV) {'-' if kv >= 0 else '+'} {abs(kv):.2f} GiB KV now = "
+                        f"{TARGET_KV_SHARE * total_room - kv:.2f}, rounded up -> {offload} GiB of weights kept in "
+                        "CPU memory (each step reads them over PCIe)"
                     ),
                 )
             )

@@ -123,19 +123,6 @@ def utilization_for_transient(current: float, source: str, tried: int, shortfall
     )
 
 
-def utilization_after_graph_oom(current: float, shortfall_bytes: int, total_bytes: int) -> Computed:
-    """Give the CUDA graphs the memory the failed allocation lacked, plus 1 % of the card."""
-    value = floor_hundredths(current - shortfall_bytes / total_bytes - GRAPH_MARGIN_RATIO)
-    return Computed(
-        value=value,
-        why=(
-            f"{current:g} - shortfall {gib(shortfall_bytes)} / {gib(total_bytes)} ({shortfall_bytes / total_bytes:.4f})"
-            f" - {GRAPH_MARGIN_RATIO:g} margin = {current - shortfall_bytes / total_bytes - GRAPH_MARGIN_RATIO:.4f}, "
-            f"rounded down -> {value:.2f}"
-        ),
-    )
-
-
 def card_batched_tokens(total_bytes: int, name: str | None) -> Computed:
     """vLLM's own default for the OpenAI server by card size: 8192 on >= 70 GiB cards except A100, else 2048."""
     large = total_bytes >= LARGE_CARD_BYTES and "a100" not in (name or "").lower()

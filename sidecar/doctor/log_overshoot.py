@@ -7,18 +7,24 @@ utilisation by the shortfall, or run eager), during the profile run (a smaller d
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 from sidecar.doctor import formula
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.overshoot import allocator_fragmentation
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
+from sidecar.doctor.versions import graph_sizes_flag
 
 MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, lowering the budget is not a way out
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
 MAX_TENSOR_PARALLEL = 8
 TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of each GPU after a remedy
+GRAPH_SIZE_CAP = 512  # vLLM's cap on its default largest capture size (V1, every release read)
+MIN_CAPTURE_SIZE = 8  # below this a cap saves next to nothing: say --enforce-eager instead
 
 
 def log_overshoot(log: LogFacts | None, setup: Setup) -> Finding | None:
@@ -29,7 +35,21 @@ def log_overshoot(log: LogFacts | None, setup: Setup) -> Finding | None:
     if log.refusal is not None and log.refusal.kind is RefusalKind.SAMPLER_WARMUP:
         return _sampler_warmup(log.refusal, setup)
     if log.oom is not None:
-        return _oom(log.oom, setup)
+        finding = _oom(log.oom, setup, log)
+        if finding is not None and log.engine_dead:
+            # The OOM killed the engine: every request in flight failed and vLLM had to be restarted.
+            finding = replace(
+                finding,
+                summary=finding.summary
+                if "died of" in finding.summary
+                else f"{finding.summary}; vLLM's engine died of it",
+                evidence=(
+                    *finding.evidence,
+                    "the engine died of this error: the log then says the engine is dead (EngineDeadError or "
+                    "'Engine core proc ... died'): every request in flight failed and vLLM had to be restarted",
+                ),
+            )
+        return finding
     return None
 
 
@@ -107,14 +127,14 @@ def _free_memory_refusal(refusal: Refusal) -> Finding:
     )
 
 
-def _oom(oom: CudaOom, setup: Setup) -> Finding | None:
+def _oom(oom: CudaOom, setup: Setup, log: LogFacts) -> Finding | None:
     total = oom.total_bytes
     lines = [_oom_line(oom)]
     lines.extend(f"another process on the GPU: pid {pid} holds {gib(size)}" for pid, size in oom.other_processes)
     if oom.phase is OomPhase.WEIGHT_LOADING:
         return _weights_do_not_fit(oom, setup, lines)
     if oom.phase is OomPhase.GRAPH_CAPTURE:
-        return _graph_capture(oom, setup, lines)
+        return _graph_capture(oom, setup, lines, log)
     if oom.phase is OomPhase.PROFILING:
         return _profiling(oom, setup, lines)
     fragmented = (
@@ -232,18 +252,23 @@ def _weights_do_not_fit(oom: CudaOom, setup: Setup, lines: list[str]) -> Finding
     )
 
 
-def _graph_capture(oom: CudaOom, setup: Setup, lines: list[str]) -> Finding:
+def _graph_capture(oom: CudaOom, setup: Setup, lines: list[str], log: LogFacts) -> Finding:
+    """The KV cache took the budget and the graphs' own memory did not fit beside it: give them the room the
+    failed allocation lacked (a lower budget), or capture fewer graphs, or none."""
     recommendations: list[Recommendation] = []
-    utilization = setup.gpu_memory_utilization
-    if utilization is not None and oom.total_bytes:
+    if oom.total_bytes:
+        value, source = _assumed_utilization(setup)
         shortfall = max(0, oom.tried_bytes - (oom.free_bytes or 0))
-        computed = formula.utilization_after_graph_oom(utilization.value, shortfall, oom.total_bytes)
+        computed = formula.utilization_for_transient(value, source, oom.tried_bytes, shortfall, oom.total_bytes)
         recommendations.append(Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why))
+    fewer = _fewer_graphs(setup, log, lines)
+    if fewer is not None:
+        recommendations.append(fewer)
     recommendations.append(
         Recommendation(
             flag="--enforce-eager",
             value="",
-            why="no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
+            why="or no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
         )
     )
     return Finding(
@@ -252,6 +277,74 @@ def _graph_capture(oom: CudaOom, setup: Setup, lines: list[str]) -> Finding:
         summary="vLLM ran out of memory capturing CUDA graphs: the budget leaves them no room",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def default_capture_sizes(largest: int, version: tuple[int, int, int]) -> list[int]:
+    """The batch sizes vLLM captures up to `largest` by default (vllm/config: `_set_cudagraph_sizes`, read in
+    0.8.5, 0.10.2, 0.11.2, 0.12.0 and 0.32.0): 1, 2, 4, then every 8 (0.8-0.10: every 8 to the largest; from
+    0.11: every 8 below 256, every 16 from 256)."""
+    sizes = [size for size in (1, 2, 4) if size <= largest]
+    if version >= (0, 11, 0):
+        sizes += list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+    else:
+        sizes += list(range(8, largest + 1, 8))
+    return sizes
+
+
+def _current_capture(setup: Setup, log: LogFacts) -> tuple[list[int], str] | None:
+    """The sizes this vLLM captured and where that comes from: the engine's config line, else vLLM's default for
+    the version from max_num_seqs (0.10.2+: min(2 x max_num_seqs, 512); V1 0.8.x: 512), capped by
+    max_num_batched_tokens."""
+    version = setup.version
+    if log.capture_sizes:
+        return list(log.capture_sizes), "the engine's config line (cudagraph_capture_sizes)"
+    if version is None:
+        return None
+    if log.max_capture_size is not None:
+        largest, source = log.max_capture_size, f"max capture size {log.max_capture_size} (the engine's config line)"
+    elif version >= (0, 10, 2) and setup.max_num_seqs is not None:
+        seqs = setup.max_num_seqs
+        largest = min(2 * seqs.value, GRAPH_SIZE_CAP)
+        source = f"vLLM's default: min(2 x max_num_seqs {seqs.value} ({seqs.source}), {GRAPH_SIZE_CAP}) = {largest}"
+    elif (0, 8, 0) <= version < (0, 9, 0):
+        largest, source = GRAPH_SIZE_CAP, f"vLLM {version[0]}.{version[1]}'s default largest size {GRAPH_SIZE_CAP}"
+    else:
+        return None
+    batched = setup.max_num_batched_tokens
+    if batched is not None and batched.value < largest:
+        largest = batched.value
+        source += f", capped by max_num_batched_tokens {batched.value}"
+    return default_capture_sizes(largest, version), source
+
+
+def _fewer_graphs(setup: Setup, log: LogFacts, lines: list[str]) -> Recommendation | None:
+    """Half the largest captured batch size, in the spelling this version takes (versions.graph_sizes_flag)."""
+    flag = graph_sizes_flag(setup.version)
+    current = _current_capture(setup, log)
+    if flag is None or current is None or setup.version is None:
+        lines.append(
+            "fewer captured graph sizes cannot be sized from this log (no version, capture sizes or max_num_seqs): "
+            "see --max-cudagraph-capture-size (0.11.2+), --cuda-graph-sizes (0.9-0.12) or --compilation-config"
+        )
+        return None
+    sizes, source = current
+    largest = sizes[-1]
+    half = largest // 2 // MIN_CAPTURE_SIZE * MIN_CAPTURE_SIZE
+    if half < MIN_CAPTURE_SIZE:
+        return None
+    kept = [size for size in sizes if size <= half] if log.capture_sizes else default_capture_sizes(half, setup.version)
+    value: int | str = half
+    if flag == "--compilation-config":
+        value = json.dumps({"cudagraph_capture_sizes": kept}, separators=(",", ":"))
+    return Recommendation(
+        flag=flag,
+        value=value,
+        why=(
+            f"or capture fewer graphs: {len(sizes)} batch sizes up to {largest} ({source}); the largest halved to "
+            f"{half} keeps {len(kept)} of them, {len(kept) / len(sizes):.0%} of the graphs and the smaller ones "
+            f"(their memory falls with their count and size); batches above {half} run without a graph"
+        ),
     )
 
 

@@ -48,8 +48,8 @@ _V0_BUDGET = re.compile(
 )
 _V0_PROFILE = re.compile(
     r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch activation peak "
-    r"memory takes " + _NUM + r" ?GiB; the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
-)
+    r"memory takes " + _NUM + r" ?GiB;\s*the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
+)  # `\s*`: a paste that wrapped the line at that space dropped it
 _KV_TOKENS = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
 _BLOCKS = re.compile(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
@@ -59,8 +59,12 @@ _GRAPHS = re.compile(r"Graph capturing finished in \d+ secs, took " + _NUM + " G
 _MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
 _PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
+# V0: `Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%`; V1: `Running: R reqs, Waiting: W
+# reqs, [Deferred: D reqs, ][KV fetch: ..., ][Preemptions: P, ]GPU|CPU KV cache usage: U%` (Preemptions since 0.11.2:
+# the preemptions of that interval, printed only when some happened; the device name from 0.30).
 _STATS = re.compile(
-    r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, GPU KV cache usage: ([\d.]+)%"
+    r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, (?:[^%]*?Preemptions: (\d+), )?"
+    r"(?:[^%]*?)\b[A-Z]+(?: \+ host)? KV cache usage: ([\d.]+)%"
 )
 _SAMPLER = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
 _AVAILABLE_AT_START = re.compile(
@@ -70,7 +74,17 @@ _AVAILABLE_AT_START = re.compile(
 # A line with a level or a compose-style `name  | ` prefix is a log line of its own, whatever its first letter.
 _OWN_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\S+\s+\| |Traceback|\bFile \"")
 _ANSI = re.compile(r"(?:\x1b|\^\[)\[[\d;]*m")
-_ENGINE_DEAD = re.compile(r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error")
+# How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
+# unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), a worker that died, V0's
+# MQLLMEngine / AsyncEngineDeadError.
+_ENGINE_DEAD = re.compile(
+    r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error|Engine core proc \S+ died"
+    r"|Got fatal signal from worker processes|Worker proc \S+ died unexpectedly|RayWorkerProc rank=\S+ died"
+)
+# The CUDA-graph capture sizes in the engine's config line: `"cudagraph_capture_sizes":[512,504,...]` (0.7-0.10) and
+# `"max_capture_size":512` (0.7-0.10) or `"max_cudagraph_capture_size":512` (0.11.2+).
+_CAPTURE_SIZES = re.compile(r"[\"']cudagraph_capture_sizes[\"']: ?\[([\d, ]*)\]")
+_MAX_CAPTURE = re.compile(r"[\"']max_(?:cudagraph_)?capture_size[\"']: ?(\d+)")
 
 _ARG_TYPES: dict[str, type] = {
     "max_model_len": int,
@@ -182,6 +196,12 @@ def _engine_config(line: str, facts: Facts) -> bool:
         found = re.search(rf"\b{key}=([\w.]+)", config)
         if found is not None and found.group(1) != "None":
             facts[name] = kind(found.group(1))
+    sizes = _CAPTURE_SIZES.search(config)
+    if sizes is not None and sizes.group(1).strip():
+        facts["capture_sizes"] = tuple(sorted(int(size) for size in sizes.group(1).split(",") if size.strip()))
+    largest = _MAX_CAPTURE.search(config)
+    if largest is not None:
+        facts["max_capture_size"] = int(largest.group(1))
     return True
 
 
@@ -255,8 +275,12 @@ def _stats(match: re.Match[str], facts: Facts) -> None:
         running=int(match.group(1)),
         swapped=int(match.group(2)) if match.group(2) is not None else None,
         waiting=int(match.group(3)),
-        kv_usage=float(match.group(4)) / 100,
+        kv_usage=float(match.group(5)) / 100,
     )
+    if match.group(4) is not None:  # V1 0.11.2+: this interval's preemptions; the log's total is their sum
+        facts["v1_preemptions"] = int(str(facts.get("v1_preemptions", 0))) + int(match.group(4))
+        facts["preemptions"] = int(str(facts.get("preemptions", 0))) + int(match.group(4))
+        facts.setdefault("preemption_mode", "V1 RECOMPUTE")
     previous = facts.get("busiest")
     if not isinstance(previous, SchedulerStats) or stats.kv_usage >= previous.kv_usage:
         facts["busiest"] = stats

@@ -125,7 +125,10 @@ class LogFacts:
     graph_capture_gib: float | None = None
     refusal: Refusal | None = None
     oom: CudaOom | None = None
-    preemptions: int | None = None  # V0's cumulative preemption count from its warnings
+    preemptions: int | None = None  # V0's cumulative count from its warnings; V1 (0.11.2+) the stats lines' sum
+    v1_preemptions: int | None = None  # the part of it from V1's stats lines (`Preemptions: N`)
     preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning
     busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
-    engine_dead: bool = False
+    engine_dead: bool = False  # the engine (or a worker) died: EngineDeadError, "Engine core proc ... died", ...
+    capture_sizes: tuple[int, ...] | None = None  # CUDA-graph batch sizes from the engine's config line, ascending
+    max_capture_size: int | None = None  # the largest of them as the config line states it

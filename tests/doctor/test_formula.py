@@ -55,8 +55,9 @@ def test_floor_hundredths_is_not_fooled_by_binary_floating_point() -> None:
 
 
 def test_utilization_after_an_oom_in_graph_capture() -> None:
-    computed = formula.utilization_after_graph_oom(0.98, int(0.93 * GIB), int(79.19 * GIB))
+    computed = formula.utilization_for_transient(0.98, "logged", int(GIB), int(0.93 * GIB), int(79.19 * GIB))
     assert computed.value == 0.95  # 0.98 - 0.0117 - 0.01 = 0.9583
+    assert "0.98 (logged) - 0.93 GiB the 1.00 GiB allocation lacked / 79.19 GiB - 1% margin" in computed.why
 
 
 @pytest.mark.parametrize(
