@@ -32,6 +32,9 @@ INTERVALS = (None, "2", "0.1")  # without the plugin, and with it at these inter
 class ThroughputRun:
     interval: str | None  # the plugin's interval; None without the plugin
     tokens_per_s: float
+    # CPU seconds all of vLLM's processes spent per 1000 output tokens: what the plugin would add to, and far less
+    # sensitive than wall-clock throughput to whatever else the machine runs meanwhile.
+    cpu_s_per_1k_tokens: float
     files: int  # probe files seen while it ran (3 with the probe: API server, engine core, worker)
 
 
@@ -58,16 +61,33 @@ def _one(python: str, model: str, folder: Path, site: Path, *, interval: str | N
     try:
         run_concurrently(server.base_url, [PROMPT] * CONCURRENCY, MAX_TOKENS)  # warm-up
         tokens = 0
+        pids = server.group_pids()
+        cpu_before = _cpu_seconds(pids)
         started = time.monotonic()
         for _ in range(REQUESTS // CONCURRENCY):
             tokens += sum(
                 c.completion_tokens for c in run_concurrently(server.base_url, [PROMPT] * CONCURRENCY, MAX_TOKENS)
             )
         elapsed = time.monotonic() - started
+        cpu = _cpu_seconds(pids) - cpu_before
         files = len(list(probe_dir.glob("*.json")))
     finally:
         server.stop()
-    return ThroughputRun(interval=interval, tokens_per_s=tokens / elapsed, files=files)
+    return ThroughputRun(
+        interval=interval, tokens_per_s=tokens / elapsed, cpu_s_per_1k_tokens=1000 * cpu / tokens, files=files
+    )
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes so far (their threads included)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone: its time is lost to both sides alike
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def measure_probe_throughput(rounds: int) -> list[ThroughputRun] | str:
@@ -89,9 +109,12 @@ def measure_probe_throughput(rounds: int) -> list[ThroughputRun] | str:
     return runs
 
 
-def medians(runs: list[ThroughputRun]) -> dict[str | None, float]:
-    """Median output tokens/s per interval (None: without the plugin)."""
+def medians(runs: list[ThroughputRun]) -> dict[str | None, tuple[float, float]]:
+    """Median output tokens/s and CPU seconds per 1000 tokens, per interval (None: without the plugin)."""
     return {
-        interval: statistics.median(run.tokens_per_s for run in runs if run.interval == interval)
+        interval: (
+            statistics.median(run.tokens_per_s for run in runs if run.interval == interval),
+            statistics.median(run.cpu_s_per_1k_tokens for run in runs if run.interval == interval),
+        )
         for interval in INTERVALS
     }
