@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from sidecar.doctor import formula
 from sidecar.doctor.blowout import MIN_REQUESTS
@@ -89,27 +90,21 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
             f"= {holds:,.1f} requests of today's size"
         )
         value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
-        seqs = setup.max_num_seqs
-        if seqs is None or value < seqs.value:
-            now = f"now {seqs.value} ({seqs.source})" if seqs is not None else "now not in the log"
-            recommendations.append(
-                Recommendation(
-                    flag="--max-num-seqs",
-                    value=value,
-                    why=(
-                        f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
-                        f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
-                        "in the queue instead of being preempted and recomputed"
-                    ),
-                )
+        recommendations.extend(
+            _fewer_seqs(
+                value,
+                setup,
+                unknown="now not in the log",
+                why=lambda now: (
+                    f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
+                    f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
+                    "in the queue instead of being preempted and recomputed"
+                ),
             )
-            recommendations.extend(queued_reqs(value, setup))
+        )
     else:
         lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: max_num_seqs cannot be sized")
-    lines.append(
-        "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
-        "where the card has it free, or more GPUs"
-    )
+    lines.append(MORE_KV_ROOM)
     return Finding(
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,
@@ -120,6 +115,22 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
 
 
 # The policy's pause reasons (sidecar/policy/rules.py `pause_findings`) for KV pressure, one pattern per rule.
+MORE_KV_ROOM = (
+    "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
+    "where the card has it free, or more GPUs"
+)
+
+
+def _fewer_seqs(value: int, setup: Setup, *, unknown: str, why: Callable[[str], str]) -> list[Recommendation]:
+    """--max-num-seqs `value` (and the queue cap that goes with it) when it is below what vLLM runs with now or
+    that is not known; `why(now)` gives the arithmetic, `now` saying the current value and where it came from."""
+    seqs = setup.max_num_seqs
+    if seqs is not None and value >= seqs.value:
+        return []
+    now = f"now {seqs.value} ({seqs.source})" if seqs is not None else unknown
+    return [Recommendation(flag="--max-num-seqs", value=value, why=why(now)), *queued_reqs(value, setup)]
+
+
 _KV_PAUSE = re.compile(r"KV cache usage (?P<usage>[\d.]+) >= (?P<limit>[\d.]+) on (?P<engine>engine \S+)")
 _PREEMPTION_PAUSE = re.compile(r"preemptions (?P<rate>[\d.]+)/s > (?P<limit>[\d.]+)/s on (?P<engine>engine \S+)")
 _WAITING_PAUSE = re.compile(r"waiting(?: for capacity)? (?P<waiting>[\d.]+).*? > [\d.]+ x running (?P<running>[\d.]+)")
@@ -179,31 +190,25 @@ def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
                 f"(now {engine.preemptions_per_second or 0:.2f}/s)"
             )
         value = max(1, math.floor(capacity * limit / per_request))
-        seqs = setup.max_num_seqs
-        if seqs is None or value < seqs.value:
-            now = f"now {seqs.value} ({seqs.source})" if seqs is not None else "max_num_seqs not known here"
-            recommendations.append(
-                Recommendation(
-                    flag="--max-num-seqs",
-                    value=value,
-                    why=(
-                        f"{capacity:,} blocks x {limit:g} (the daemon's pause line) / {per_request:,.1f} blocks per "
-                        f"request = {capacity * limit / per_request:,.1f}, rounded down -> {value} ({now}): at most "
-                        "that many run at once, so usage stays under the line instead of pausing and preempting; "
-                        "the blocks per request are measured mid-generation, so leave it lower if outputs are long"
-                    ),
-                )
+        recommendations.extend(
+            _fewer_seqs(
+                value,
+                setup,
+                unknown="max_num_seqs not known here",
+                why=lambda now: (
+                    f"{capacity:,} blocks x {limit:g} (the daemon's pause line) / {per_request:,.1f} blocks per "
+                    f"request = {capacity * limit / per_request:,.1f}, rounded down -> {value} ({now}): at most "
+                    "that many run at once, so usage stays under the line instead of pausing and preempting; "
+                    "the blocks per request are measured mid-generation, so leave it lower if outputs are long"
+                ),
             )
-            recommendations.extend(queued_reqs(value, setup))
+        )
     else:
         lines.append(
             "blocks per request unknown at the daemon's last poll (no request running): --max-num-seqs cannot be "
             "sized from the history; run the doctor with --vllm-url during load"
         )
-    lines.append(
-        "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
-        "where the card has it free, or more GPUs"
-    )
+    lines.append(MORE_KV_ROOM)
     return Finding(
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,

@@ -138,23 +138,17 @@ class Poller:
         return self._view
 
     async def tick(self) -> View:
-        if self._allocator is not None:
-            # The probe's files are read beside the others, never holding them up for long (bounded in the source).
+        if self._gpu is None and self._allocator is None and self._vllm.health_stands():
+            # Most ticks: /health is not due, so /metrics alone, without a task for each (see health()).
+            reading, health, gpu, allocator = await self._vllm.read(), HEALTH_STANDS, None, None
+        else:
+            # Every source at once; each bounds its own time (the probe's directory read too).
             reading, health, gpu, allocator = await asyncio.gather(
                 self._vllm.read(),
                 self._vllm.health(),
                 self._gpu.read() if self._gpu is not None else _nothing(),
-                self._allocator.read(),
+                self._allocator.read() if self._allocator is not None else _nothing(),
             )
-        elif self._gpu is None and self._vllm.health_stands():
-            # Most ticks: /health is not due, so /metrics alone, without a task for each (see health()).
-            reading, health, gpu, allocator = await self._vllm.read(), HEALTH_STANDS, None, None
-        elif self._gpu is None:
-            reading, health = await asyncio.gather(self._vllm.read(), self._vllm.health())
-            gpu = allocator = None
-        else:
-            reading, health, gpu = await asyncio.gather(self._vllm.read(), self._vllm.health(), self._gpu.read())
-            allocator = None
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),
