@@ -122,8 +122,13 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     ):
         if file:  # lightkube and OpenSSL read these at the first request: bound and check them now
             _check_file(Path(config.abs_file(file)).expanduser(), f"the {what} of {where}", limit)
-    if user.token_file:  # lightkube 0.22 opens it from the working folder; kubectl, relative to the kubeconfig
-        config = config._replace(user=replace(user, token_file=str(Path(config.abs_file(user.token_file)))))
+    # Relative paths: lightkube 0.22 takes these from the working folder, kubectl from the kubeconfig's folder
+    # (a plugin command only when it holds a '/', else it is looked up on PATH)
+    if user.token_file:
+        user = replace(user, token_file=str(config.abs_file(user.token_file)))
+    if user.exec is not None and "/" in user.exec.command:
+        user = replace(user, exec=replace(user.exec, command=str(config.abs_file(user.exec.command))))
+    config = config._replace(user=user)
     server = config.cluster.server
     if not server.startswith(("https://", "http://")):
         raise CredentialsError(f"{where}: cluster server {server!r} is not an http(s) URL")

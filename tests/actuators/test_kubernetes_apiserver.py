@@ -399,7 +399,7 @@ async def test_kubeconfig_with_an_exec_plugin_run_again_after_a_401(
     exec_user = {
         "exec": {
             "apiVersion": "client.authentication.k8s.io/v1beta1",
-            "command": str(plugin),
+            "command": "./credential-plugin",  # relative to the kubeconfig's folder, as kubectl takes it
             "args": ["--cluster", "test"],
             "interactiveMode": "Never",
             "provideClusterInfo": False,
