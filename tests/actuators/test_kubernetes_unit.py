@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +440,19 @@ async def test_an_oversized_answer_is_cut_off_with_a_clear_error(server: Loopbac
     assert outcome.status is OutcomeStatus.FAILED
     assert outcome.detail.endswith("answer exceeds 8388608 bytes")
     await adapter.close()
+
+
+def test_a_daemon_without_kubernetes_never_imports_lightkube() -> None:
+    """lightkube and its generated models cost about 130 modules and 8 MB: only a daemon that talks to
+    Kubernetes loads them (the import-linter contract holds the static imports; this, the lazy ones)."""
+    script = (
+        "import sys\n"
+        "import sidecar.shell.daemon\n"
+        "from sidecar.shell.acting_setup import build_acting_parts\n"
+        "from sidecar.shell.settings import load_settings\n"
+        "for flags in ({}, {'actuator': 'exec', 'exec_command': 'true'}):\n"
+        "    build_acting_parts(load_settings(flags))\n"
+        "print(sorted(name for name in sys.modules if 'kube' in name))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.stdout == "['sidecar.actuators.kube_names']\n", result.stderr  # the settings' name check
