@@ -15,6 +15,7 @@ service account's namespace file or the kubeconfig context's namespace.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -129,6 +130,9 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     if user.exec is not None and "/" in user.exec.command:
         user = replace(user, exec=replace(user.exec, command=str(config.abs_file(user.exec.command))))
     config = config._replace(user=user)
+    if user.exec is not None and shutil.which(user.exec.command) is None:  # else found only at the first request
+        hint = f": {_one_line(user.exec.installHint)}" if user.exec.installHint else ""
+        raise CredentialsError(f"{where}: exec plugin {user.exec.command!r} is not found or not executable{hint}")
     server = config.cluster.server
     if not server.startswith(("https://", "http://")):
         raise CredentialsError(f"{where}: cluster server {server!r} is not an http(s) URL")

@@ -208,6 +208,17 @@ def test_kubeconfig_files_are_relative_to_it_and_read_with_a_cap_at_start(tmp_pa
         ({"auth-provider": {"name": "oidc"}}, "'oidc' auth-provider, .*id-token expires .*kubectl oidc-login"),
         ({"auth-provider": {"name": "x"}}, "'x' auth-provider, .*the exec credential plugin your provider ships"),
         (
+            {
+                "exec": {
+                    "apiVersion": "client.authentication.k8s.io/v1beta1",
+                    "command": "no-such-auth-plugin",
+                    "installHint": "Install gke-gcloud-auth-plugin for use with kubectl by following\n  https://x",
+                }
+            },
+            "exec plugin 'no-such-auth-plugin' is not found or not executable: Install gke-gcloud-auth-plugin "
+            "for use with kubectl by following https://x",
+        ),
+        (
             {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}},
             "exec plugin 'aws' is set to apiVersion client.authentication.k8s.io/v1; the sidecar runs "
             "client.authentication.k8s.io/v1beta1 or",
@@ -225,7 +236,7 @@ def test_users_lightkube_cannot_authenticate_as_are_refused_in_one_line(
 @pytest.mark.parametrize(
     "user",
     [
-        {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws", "args": ["eks"]}},
+        {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "sh", "args": ["get-token"]}},
         {"username": "a", "password": "b"},
         {"token": "t"},
     ],
