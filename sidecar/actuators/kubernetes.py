@@ -16,7 +16,6 @@ together).
 
 from __future__ import annotations
 
-import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -226,7 +225,7 @@ def connect(
     pod = own_pod(env, namespace_fallback=credentials.namespace)
     try:  # lightkube loads the CA and client certificate here (and refuses what it cannot authenticate with)
         return KubeClient(credentials, timeout_s=timeout_s), pod
-    except (ConfigError, OSError, ssl.SSLError, ValueError) as error:
+    except (ConfigError, OSError, ValueError) as error:  # ssl.SSLError is an OSError, binascii.Error a ValueError
         detail = " ".join(str(error).split()) or type(error).__name__
         raise CredentialsError(f"{credentials.source}: {detail}") from None
 
