@@ -1,10 +1,15 @@
-"""A small async client for the Kubernetes API over httpx: auth, TLS, one deadline, bounded answers. Network I/O.
+"""A small async client for the Kubernetes API on lightkube's httpx client: one deadline, bounded answers. Network I/O.
 
-It sends one request and hands back the status and the JSON answer; what an answer means is the caller's
-business. Two things it does on its own: it adds the bearer token, re-reading a token file every minute
-and right after a 401 (service account tokens rotate; a 401 means the request was not processed, so one
-retry with the new token is safe), and it turns every transport failure (timeout, refused connection,
-TLS error, an answer over the size cap) into a one-line `KubeTransportError`.
+lightkube builds the httpx client from the credentials (`kube_credentials`): the base URL, TLS with the
+cluster CA and any client certificate, and the authentication, which re-reads a token file or runs the exec
+plugin again after a 401 (a 401 means the request was not processed, so the one retry is safe). Here: one
+request sent, its answer read with a size cap, and the status and JSON handed back; what an answer means is
+the caller's business. Every failure to get an answer (timeout, refused connection, TLS, an answer over the
+cap, credentials that could not be had) becomes a one-line `KubeTransportError`.
+
+The typed lightkube client is not used: it reads answers whole (no cap), has no `previous` or `limitBytes`
+for a pod's log, and no policy/v1beta1 Eviction for API servers before 1.22; the paths here are built
+from names `kube_names` has validated.
 """
 
 from __future__ import annotations
@@ -12,30 +17,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import ssl
-import tempfile
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.core.exceptions import ConfigError
 
 from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.body_cap import BodyTooLargeError, read_capped
-from sidecar.file_cap import read_capped_file
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-TOKEN_REREAD_S = 60.0  # client-go re-reads a projected token file at this period too
 _MAX_BODY_BYTES = 8 * 2**20  # a Pod with managedFields is tens of KiB; anything near this is not an answer to us
 _USER_AGENT = "vllm-sidecar"
-_MAX_TOKEN_BYTES = 64 * 2**10  # a service account JWT is 1-2 KiB; OIDC tokens with many claims stay far below this
 
 
 class KubeTransportError(Exception):
-    """A request did not get an answer (timeout, connection, TLS, oversize); one line naming the request."""
+    """A request did not get an answer (timeout, connection, TLS, oversize, credentials); one line naming it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,22 +54,17 @@ class KubeClient:
         *,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.credentials = credentials
         self._timeout_s = timeout_s
-        self._clock = clock
-        self._token: str | None = credentials.token
-        self._token_read_at: float | None = None
-        self._http = httpx.AsyncClient(
-            base_url=credentials.server,
-            verify=ssl_context(credentials),
-            timeout=httpx.Timeout(timeout_s),
-            headers={"User-Agent": _USER_AGENT, "Accept": JSON},
-            proxy=credentials.proxy_url,
-            trust_env=False,  # the API server is reached directly unless the kubeconfig names a proxy
-            transport=transport,
-        )
+        # trust_env=False: the API server is reached directly unless the kubeconfig names a proxy
+        params = ConnectionParams(timeout=httpx.Timeout(timeout_s), trust_env=False, proxy=credentials.proxy_url)
+        # lightkube's httpx arguments (base URL, TLS context, authentication), as its AsyncClient adapter
+        # passes them; a test's transport is added here, as ConnectionParams would deep-copy it
+        arguments = params.httpx_params(credentials.config)
+        arguments["transport"] = transport
+        self._http = httpx.AsyncClient(**arguments)
+        self._http.headers.update({"User-Agent": _USER_AGENT, "Accept": JSON})
         self._closed = False
 
     async def request(
@@ -82,35 +76,15 @@ class KubeClient:
         content_type: str = JSON,
         params: Mapping[str, str] | None = None,
     ) -> KubeResponse:
-        """Send one request; a 401 with a token file gets one retry with the re-read token."""
-        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        answer = await self._send(method, path, content, content_type, params)
-        if answer.status_code == httpx.codes.UNAUTHORIZED and self._reread_token():
-            answer = await self._send(method, path, content, content_type, params)
-        return answer
-
-    async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._http.aclose()
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        content: bytes | None,
-        content_type: str,
-        params: Mapping[str, str] | None,
-    ) -> KubeResponse:
+        """Send one request (lightkube's authentication retries it once after a 401) and read the answer."""
         what = f"{method} {path}"
         if self._closed:
             raise KubeTransportError(f"{what}: the client is closed")
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"Content-Type": content_type} if content is not None else {}
-        token = self._current_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        server = self.credentials.server
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self._timeout_s):  # the exec plugin's run included
                 request = self._http.build_request(method, path, content=content, headers=headers, params=params)
                 response = await self._http.send(request, stream=True)
                 try:
@@ -118,63 +92,23 @@ class KubeClient:
                 finally:
                     await response.aclose()
         except TimeoutError:
-            raise KubeTransportError(
-                f"{what}: no answer from {self.credentials.server} within {self._timeout_s:g} s"
-            ) from None
+            raise KubeTransportError(f"{what}: no answer from {server} within {self._timeout_s:g} s") from None
         except httpx.ConnectError as error:
-            raise KubeTransportError(f"{what}: cannot connect to {self.credentials.server}: {_reason(error)}") from None
+            raise KubeTransportError(f"{what}: cannot connect to {server}: {_reason(error)}") from None
         except httpx.HTTPError as error:
             raise KubeTransportError(f"{what}: {type(error).__name__}: {_reason(error)}") from None
+        except (ConfigError, OSError, ValueError, KeyError) as error:
+            # from lightkube's authentication: a token file gone, an exec plugin missing, failing or answering
+            # no status.token; never sent
+            raise KubeTransportError(
+                f"{what}: no credentials from {self.credentials.source}: {type(error).__name__}: {_reason(error)}"
+            ) from None
         return _response(response.status_code, response.reason_phrase, raw)
 
-    def _current_token(self) -> str | None:
-        file = self.credentials.token_file
-        if file is None:
-            return self._token
-        if self._token_read_at is None or self._clock() - self._token_read_at >= TOKEN_REREAD_S:
-            self._reread_token()
-        if self._token is None:  # never read: sending no token would only earn a 403 as system:anonymous
-            raise KubeTransportError(f"cannot read a bearer token from {file}")
-        return self._token
-
-    def _reread_token(self) -> bool:
-        """Read the token file again; True when it gave a token different from the one just used."""
-        file = self.credentials.token_file
-        if file is None:
-            return False
-        self._token_read_at = self._clock()
-        try:
-            token = read_capped_file(file, _MAX_TOKEN_BYTES).decode("utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return False  # the request then goes out with the old token and its 401 says enough
-        changed = token != self._token
-        self._token = token or self._token
-        return changed and bool(token)
-
-
-def ssl_context(credentials: KubeCredentials) -> ssl.SSLContext:
-    """Trust the cluster CA (or the system store, or nothing when told to skip), with the client cert if any."""
-    if credentials.ca_pem and not credentials.insecure_skip_tls_verify:
-        context = ssl.create_default_context(cadata=credentials.ca_pem)
-    else:
-        context = ssl.create_default_context()
-    if credentials.insecure_skip_tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    if credentials.client_cert_pem and credentials.client_key_pem:
-        _load_client_cert(context, credentials.client_cert_pem, credentials.client_key_pem)
-    return context
-
-
-def _load_client_cert(context: ssl.SSLContext, cert_pem: str, key_pem: str) -> None:
-    """`load_cert_chain` takes only files: write both to a private folder, load, and remove it at once."""
-    with tempfile.TemporaryDirectory(prefix="vllm-sidecar-kube-") as folder:
-        cert, key = Path(folder) / "client.crt", Path(folder) / "client.key"
-        for path, text in ((cert, cert_pem), (key, key_pem)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as handle:
-                handle.write(text)
-        context.load_cert_chain(cert, key)
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._http.aclose()
 
 
 async def _read_capped(response: httpx.Response, what: str) -> bytes:

@@ -1,12 +1,12 @@
-"""Where the Kubernetes API server is and how to prove who we are: in-cluster or a kubeconfig. Reads files.
+"""Where the Kubernetes API server is and how to prove who we are, as lightkube's `KubeConfig`. Reads files.
 
-In a pod the service account's projected volume gives the token, the cluster CA and the namespace, and
-`KUBERNETES_SERVICE_HOST`/`_PORT` the address; the token file rotates (the kubelet rewrites it well before
-it expires), so the client re-reads it rather than keeping one copy. Outside a cluster a kubeconfig gives
-the same: its current (or a named) context's cluster and user. Only what a sidecar needs is understood:
-bearer tokens (inline or `tokenFile`), client certificates, a CA file or inline CA, or
-`insecure-skip-tls-verify`. Users that run a plugin (`exec`, `auth-provider`) or use a password are
-refused with a one-line `CredentialsError`, never half-supported.
+lightkube carries the credentials: in a pod the service account (`KubeConfig.from_service_account`: the
+token file, re-read after a 401 as the kubelet rotates it, the cluster CA, the namespace), outside one a
+kubeconfig context whose user has a token, a `tokenFile`, a client certificate (a file or inline data), an
+`exec` credential plugin (ExecCredential v1beta1 or v1alpha1, run again after a 401) or a username and
+password. What stays here is ours: the files are read with a size cap first (a wrong path must not take the
+daemon's memory), and what lightkube would only find at the first request (a missing token file, an
+auth-provider user, an exec plugin API version it does not speak) is said at start in one line.
 
 The own pod comes from the downward API (`POD_NAME`, `POD_NAMESPACE`), the namespace falling back to the
 service account's namespace file or the kubeconfig context's namespace.
@@ -14,15 +14,17 @@ service account's namespace file or the kubeconfig context's namespace.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
+import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.config.models import User
+from lightkube.core.exceptions import ConfigError
 
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.file_cap import read_capped_file
@@ -34,11 +36,17 @@ POD_NAMESPACE_ENV = "POD_NAMESPACE"
 # a few hundred), and small enough that a wrong path (a log, a disk image) cannot take the daemon's memory.
 MAX_KUBECONFIG_BYTES = 16 * 2**20
 MAX_CREDENTIAL_FILE_BYTES = 4 * 2**20
-_UNSUPPORTED_USER_KEYS = {
-    "exec": "an exec credential plugin",
-    "auth-provider": "an auth-provider plugin",
-    "username": "basic authentication (username/password)",
-    "password": "basic authentication (username/password)",
+MAX_TOKEN_BYTES = 64 * 2**10  # a service account JWT is 1-2 KiB; OIDC tokens with many claims stay far below this
+# What lightkube 0.22's ExecAuth runs; kubectl also speaks v1, whose ExecCredential carries the token the same way
+EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1beta1", "client.authentication.k8s.io/v1alpha1")
+# kubectl 1.26 dropped its built-in gcp and azure auth-providers for these exec plugins (kubernetes#112341).
+# It still builds in oidc, which refreshes the id-token with the refresh-token at the issuer: lightkube does
+# not, and an id-token used as a plain bearer expires within the hour, after which every restart would fail.
+_AUTH_PROVIDERS = {
+    "gcp": "kubectl 1.26 removed it; use the gke-gcloud-auth-plugin exec plugin",
+    "azure": "kubectl 1.26 removed it; use the kubelogin exec plugin (kubelogin get-token)",
+    "oidc": "its id-token expires and lightkube does not refresh it; use the kubelogin exec plugin "
+    "(kubectl oidc-login get-token)",
 }
 
 
@@ -48,16 +56,14 @@ class CredentialsError(Exception):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KubeCredentials:
-    server: str  # https://host:port, possibly with a path prefix (some proxies put the cluster under one)
+    config: SingleConfig  # lightkube's: the cluster (server, CA) and the user (how to authenticate)
     source: str  # where these came from, for messages: "in-cluster" or "kubeconfig PATH (context NAME)"
-    ca_pem: str | None = None  # CA bundle (PEM); None trusts the system's store
-    insecure_skip_tls_verify: bool = False
-    token: str | None = None  # a fixed bearer token
-    token_file: Path | None = None  # a bearer token re-read when it may have rotated
-    client_cert_pem: str | None = None
-    client_key_pem: str | None = None
-    proxy_url: str | None = None
+    proxy_url: str | None = None  # the cluster's proxy-url (lightkube's Cluster has no field for it)
     namespace: str | None = None  # the service account's namespace, or the kubeconfig context's
+
+    @property
+    def server(self) -> str:
+        return self.config.cluster.server.rstrip("/")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,11 +75,9 @@ class PodRef:
 def in_cluster_credentials(
     env: Mapping[str, str] | None = None, directory: Path = SERVICE_ACCOUNT_DIR
 ) -> KubeCredentials:
-    """The pod's service account: token (re-read as it rotates), CA and namespace, and the service address."""
+    """The pod's service account through lightkube: token (re-read as it rotates), CA, namespace, service address."""
     env = os.environ if env is None else env
-    host = env.get("KUBERNETES_SERVICE_HOST", "")
-    port = env.get("KUBERNETES_SERVICE_PORT", "")
-    if not host or not port:
+    if not env.get("KUBERNETES_SERVICE_HOST") or not env.get("KUBERNETES_SERVICE_PORT"):
         raise CredentialsError(
             "not running in a Kubernetes pod: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set "
             "(give a kubeconfig instead)"
@@ -83,21 +87,65 @@ def in_cluster_credentials(
         raise CredentialsError(
             f"no service account token at {token_file} (is automountServiceAccountToken false on the pod?)"
         )
-    ca_pem = _read_text(directory / "ca.crt", "the cluster CA")
-    namespace_file = directory / "namespace"
-    namespace = _read_text(namespace_file, "the namespace").strip() if namespace_file.is_file() else None
-    host = f"[{host}]" if ":" in host else host  # an IPv6 service address
-    return KubeCredentials(
-        server=f"https://{host}:{port}",
-        source="in-cluster",
-        ca_pem=ca_pem,
-        token_file=token_file,
-        namespace=namespace or None,
-    )
+    _check_file(token_file, "the service account token", MAX_TOKEN_BYTES)
+    _check_file(directory / "ca.crt", "the cluster CA", MAX_CREDENTIAL_FILE_BYTES)
+    namespace = _check_file(directory / "namespace", "the namespace", MAX_CREDENTIAL_FILE_BYTES).strip()
+    try:  # lightkube reads the address from os.environ: the daemon's own environment, as `env` is
+        config = KubeConfig.from_service_account(directory).get()
+    except (ConfigError, KeyError) as error:
+        raise CredentialsError(f"in-cluster credentials: {_one_line(str(error))}") from None
+    assert config is not None  # noqa: S101 - from_one sets the current context
+    return KubeCredentials(config=config, source="in-cluster", namespace=namespace or None)
 
 
 def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCredentials:
     """The cluster and user of `context` (default: the kubeconfig's current-context)."""
+    document = _read_kubeconfig(path)
+    name = context or document.get("current-context")
+    if not isinstance(name, str) or not name:
+        raise CredentialsError(f"kubeconfig {path} has no current-context; name a context")
+    where = f"kubeconfig {path} (context {name})"
+    try:
+        config = KubeConfig.from_dict(document, fname=path).get(name)
+    except ConfigError as error:
+        raise CredentialsError(f"kubeconfig {path}: {_one_line(str(error))}") from None
+    except KeyError as error:
+        raise CredentialsError(f"{where}: no entry named {error} (or a list without it)") from None
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CredentialsError(f"kubeconfig {path} is not a valid kubeconfig: {_one_line(str(error))}") from None
+    assert config is not None  # noqa: S101 - get() with a name returns a config or raises
+    user = _checked_user(config, where)
+    for file, what, limit in (
+        (config.cluster.certificate_auth, "certificate-authority", MAX_CREDENTIAL_FILE_BYTES),
+        (user.client_cert, "client-certificate", MAX_CREDENTIAL_FILE_BYTES),
+        (user.client_key, "client-key", MAX_CREDENTIAL_FILE_BYTES),
+        (user.token_file, "tokenFile", MAX_TOKEN_BYTES),
+    ):
+        if file:  # lightkube and OpenSSL read these at the first request: bound and check them now
+            _check_file(Path(config.abs_file(file)).expanduser(), f"the {what} of {where}", limit)
+    # Relative paths: lightkube 0.22 takes these from the working folder, kubectl from the kubeconfig's folder
+    # (a plugin command only when it holds a '/', else it is looked up on PATH)
+    if user.token_file:
+        user = replace(user, token_file=str(config.abs_file(user.token_file)))
+    if user.exec is not None and "/" in user.exec.command:
+        user = replace(user, exec=replace(user.exec, command=str(config.abs_file(user.exec.command))))
+    config = config._replace(user=user)
+    if user.exec is not None and shutil.which(user.exec.command) is None:  # else found only at the first request
+        hint = f": {_one_line(user.exec.installHint)}" if user.exec.installHint else ""
+        raise CredentialsError(f"{where}: exec plugin {user.exec.command!r} is not found or not executable{hint}")
+    server = config.cluster.server
+    if not server.startswith(("https://", "http://")):
+        raise CredentialsError(f"{where}: cluster server {server!r} is not an http(s) URL")
+    proxy = _cluster_entry(document, config.context.cluster).get("proxy-url")
+    return KubeCredentials(
+        config=config,
+        source=where,
+        proxy_url=proxy if isinstance(proxy, str) and proxy else None,
+        namespace=config.context.namespace or None,
+    )
+
+
+def _read_kubeconfig(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(read_capped_file(path, MAX_KUBECONFIG_BYTES).decode("utf-8"))
     except OSError as error:
@@ -108,38 +156,27 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
         raise CredentialsError(f"kubeconfig {path} is not YAML: {_yaml_problem(error)}") from None
     if not isinstance(document, dict):
         raise CredentialsError(f"kubeconfig {path} is not a mapping")
-    name = context or document.get("current-context")
-    if not isinstance(name, str) or not name:
-        raise CredentialsError(f"kubeconfig {path} has no current-context; name a context")
-    where = f"kubeconfig {path} (context {name})"
-    ctx = _named(document, "contexts", "context", name, path)
-    cluster = _named(document, "clusters", "cluster", _field(ctx, "cluster", where), path)
-    user_name = ctx.get("user")
-    user = _named(document, "users", "user", user_name, path) if isinstance(user_name, str) and user_name else {}
-    for key, what in _UNSUPPORTED_USER_KEYS.items():
-        if key in user:
-            raise CredentialsError(
-                f"{where}: user {user_name!r} uses {what}, which the sidecar does not support; "
-                "use a service account token or a client certificate"
-            )
-    base = path.parent
-    server = _field(cluster, "server", where)
-    if not server.startswith(("https://", "http://")):
-        raise CredentialsError(f"{where}: cluster server {server!r} is not an http(s) URL")
-    token = user.get("token")
-    namespace = ctx.get("namespace")
-    return KubeCredentials(
-        server=server.rstrip("/"),
-        source=where,
-        ca_pem=_pem(cluster, "certificate-authority", base, where),
-        insecure_skip_tls_verify=cluster.get("insecure-skip-tls-verify") is True,
-        token=token if isinstance(token, str) and token else None,
-        token_file=_path(user.get("tokenFile"), base),
-        client_cert_pem=_pem(user, "client-certificate", base, where),
-        client_key_pem=_pem(user, "client-key", base, where),
-        proxy_url=cluster.get("proxy-url") if isinstance(cluster.get("proxy-url"), str) else None,
-        namespace=namespace if isinstance(namespace, str) and namespace else None,
-    )
+    return document
+
+
+def _checked_user(config: SingleConfig, where: str) -> User:
+    """The context's user, if lightkube can authenticate as it; else one line saying what to use instead."""
+    user = config.user
+    if user is None:
+        raise CredentialsError(f"{where}: the context names no user; the API server would see an anonymous caller")
+    if user.auth_provider is not None:
+        provider = str(user.auth_provider.get("name", "?")) if isinstance(user.auth_provider, dict) else "?"
+        instead = _AUTH_PROVIDERS.get(provider, "use the exec credential plugin your provider ships")
+        raise CredentialsError(
+            f"{where}: user uses the {provider!r} auth-provider, which the sidecar does not run ({instead}, "
+            "client.authentication.k8s.io/v1beta1), or a service account token or a client certificate"
+        )
+    if user.exec is not None and user.exec.apiVersion not in EXEC_API_VERSIONS:
+        raise CredentialsError(
+            f"{where}: exec plugin {user.exec.command!r} is set to apiVersion {user.exec.apiVersion}; the sidecar "
+            f"runs {' or '.join(EXEC_API_VERSIONS)} (set the first: every common plugin answers it)"
+        )
+    return user
 
 
 def own_pod(env: Mapping[str, str] | None = None, *, namespace_fallback: str | None = None) -> PodRef:
@@ -158,45 +195,18 @@ def own_pod(env: Mapping[str, str] | None = None, *, namespace_fallback: str | N
         raise CredentialsError(str(error)) from None
 
 
-def _named(document: dict[str, Any], section: str, key: str, name: object, path: Path) -> dict[str, Any]:
-    """The `key` mapping of the entry called `name` in the kubeconfig's `section` list."""
-    entries = document.get(section)
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            value = entry.get(key)
-            return value if isinstance(value, dict) else {}
-    raise CredentialsError(f"kubeconfig {path} has no {key} named {name!r} in {section}")
+def _cluster_entry(document: dict[str, Any], name: str) -> dict[str, Any]:
+    for entry in document.get("clusters") or []:
+        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get("cluster"), dict):
+            cluster: dict[str, Any] = entry["cluster"]
+            return cluster
+    return {}
 
 
-def _field(mapping: dict[str, Any], key: str, where: str) -> str:
-    value = mapping.get(key)
-    if not isinstance(value, str) or not value:
-        raise CredentialsError(f"{where}: {key} is missing")
-    return value
-
-
-def _path(value: object, base: Path) -> Path | None:
-    """A path from the kubeconfig; relative ones are relative to the kubeconfig's folder, as kubectl reads them."""
-    if not isinstance(value, str) or not value:
-        return None
-    return base / Path(value).expanduser()
-
-
-def _pem(mapping: dict[str, Any], key: str, base: Path, where: str) -> str | None:
-    """`key-data` (base64 PEM) or the file named by `key`; None when neither is given."""
-    data = mapping.get(f"{key}-data")
-    if isinstance(data, str) and data:
-        try:
-            return base64.b64decode(data, validate=True).decode("ascii")
-        except (binascii.Error, UnicodeDecodeError):
-            raise CredentialsError(f"{where}: {key}-data is not base64 of a PEM text") from None
-    file = _path(mapping.get(key), base)
-    return None if file is None else _read_text(file, key)
-
-
-def _read_text(path: Path, what: str) -> str:
+def _check_file(path: Path, what: str, limit: int) -> str:
+    """The file's text, read with a cap; a one-line `CredentialsError` when it cannot be read or is too big."""
     try:
-        return read_capped_file(path, MAX_CREDENTIAL_FILE_BYTES).decode("utf-8")
+        return read_capped_file(path, limit).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise CredentialsError(f"cannot read {what} from {path}: {reason}") from None

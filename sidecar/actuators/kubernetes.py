@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from lightkube.core.exceptions import ConfigError
+
 from sidecar.actuators import kube_bodies
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.actuators.kube_client import STRATEGIC_MERGE_PATCH, KubeClient, KubeResponse, KubeTransportError
 from sidecar.actuators.kube_credentials import (
     SERVICE_ACCOUNT_DIR,
+    CredentialsError,
     KubeCredentials,
     PodRef,
     in_cluster_credentials,
@@ -220,7 +223,11 @@ def connect(
         else kubeconfig_credentials(kubeconfig, context=context)
     )
     pod = own_pod(env, namespace_fallback=credentials.namespace)
-    return KubeClient(credentials, timeout_s=timeout_s), pod
+    try:  # lightkube loads the CA and client certificate here (and refuses what it cannot authenticate with)
+        return KubeClient(credentials, timeout_s=timeout_s), pod
+    except (ConfigError, OSError, ValueError) as error:  # ssl.SSLError is an OSError, binascii.Error a ValueError
+        detail = " ".join(str(error).split()) or type(error).__name__
+        raise CredentialsError(f"{credentials.source}: {detail}") from None
 
 
 def _predates_policy_v1(answer: KubeResponse) -> bool:

@@ -3,8 +3,9 @@
 The binary comes gzipped in the shared tools folder beside the repository (`../shared/tools/`, or
 `VLLM_SIDECAR_KUBE_APISERVER_GZ`); it is unpacked once into `${VLLM_SIDECAR_CACHE:-~/.cache/vllm-sidecar}`
 under its sha256. etcd is Debian's `etcd-server`; `openssl` makes the keys. Authentication: a static admin
-token (group system:masters) for fixtures, service account tokens minted through the TokenRequest API for
-the code under test, and client certificates signed by a test CA; authorization: RBAC only.
+token (group system:masters) for fixtures, a static token for a test's exec credential plugin, service
+account tokens minted through the TokenRequest API for the code under test, and client certificates signed
+by a test CA; authorization: RBAC only.
 
 What this server cannot do (no controller-manager, scheduler or kubelet): Deployments never make
 ReplicaSets or pods (fixtures create them with ownerReferences by hand), pods stay Pending unless a test
@@ -30,6 +31,8 @@ from typing import Any
 
 import httpx
 import yaml
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.config.models import Cluster, User
 
 from sidecar.actuators.kube_credentials import KubeCredentials
 
@@ -38,6 +41,8 @@ BINARY_GZ = "kube-apiserver-v1.20.2.gz"
 BINARY_SHA256 = "6e030c63e1e20fc5b0b8d126eb4dc7fb6490d8f694997d2225f0adcced77c41e"
 BINARY_ENV = "VLLM_SIDECAR_KUBE_APISERVER_GZ"
 ADMIN_TOKEN = "admin-token"  # noqa: S105 - a test server's fixture token
+EXEC_TOKEN = "exec-plugin-token"  # noqa: S105 - what the test's exec credential plugin hands out
+EXEC_USER = "exec-user"
 READY_TIMEOUT_S = 60.0
 LOG_TAIL_CHARS = 3000
 
@@ -146,7 +151,7 @@ def start_apiserver(folder: Path) -> ApiServer:
     openssl("ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", str(client_ca_key))
     openssl("req", "-x509", "-new", "-key", str(client_ca_key), "-subj", "/CN=test-client-ca", "-days", "1",
             "-out", str(client_ca_cert))  # fmt: skip
-    (folder / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,1,"system:masters"\n')
+    (folder / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,1,"system:masters"\n{EXEC_TOKEN},{EXEC_USER},3,\n')
     client_port, peer_port, secure_port = free_port(), free_port(), free_port()
     etcd_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     server = ApiServer(
@@ -326,6 +331,14 @@ class Workspace:
         return items
 
     def credentials(self, token: str) -> KubeCredentials:
-        return KubeCredentials(
-            server=self.server.url, source="test token", ca_pem=self.server.ca_file.read_text(), token=token
-        )
+        return token_credentials(self.server.url, token, ca_file=self.server.ca_file)
+
+
+def token_credentials(
+    server: str, token: str | None = None, *, ca_file: Path | None = None, source: str = "test token", **user: Any
+) -> KubeCredentials:
+    """Credentials for `server` with a bearer token (or the lightkube `User` fields given), as a kubeconfig gives."""
+    cluster = Cluster(server=server, certificate_auth=None if ca_file is None else str(ca_file))
+    config = KubeConfig.from_one(cluster=cluster, user=User(token=token, **user)).get()
+    assert config is not None
+    return KubeCredentials(config=config, source=source)

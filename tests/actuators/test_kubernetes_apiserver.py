@@ -25,14 +25,14 @@ import yaml
 
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
-from sidecar.actuators.kube_credentials import kubeconfig_credentials
+from sidecar.actuators.kube_credentials import CredentialsError, kubeconfig_credentials
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS, PodLog
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents, connect
 from sidecar.actuators.log_source import LogUnreadableError, Wanted
 from tests.adapters.daemon_process import SidecarProcess
 from tests.scenarios.harness import SimProcess
 
-from .kube_apiserver import ApiServer, StartError, UnavailableError, Workspace, start_apiserver
+from .kube_apiserver import EXEC_TOKEN, EXEC_USER, ApiServer, StartError, UnavailableError, Workspace, start_apiserver
 
 WALL_S = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 WALL_RFC3339 = "2026-11-18T11:06:40Z"
@@ -293,8 +293,11 @@ async def test_rollout_refuses_an_owner_that_was_replaced(workspace: Workspace, 
     assert workspace.deployment_document()["metadata"]["generation"] == 1
 
 
-async def test_in_cluster_credentials_reread_a_rotated_token(workspace: Workspace, tmp_path: Path) -> None:
-    """The projected token file changes under a running sidecar: a 401 makes the client read it again."""
+async def test_in_cluster_credentials_reread_a_rotated_token(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-cluster form (lightkube's `KubeConfig.from_service_account`, its folder set to a temp dir): the
+    projected token file changes under a running sidecar, and a 401 makes lightkube read it again."""
     directory = tmp_path / "serviceaccount"
     directory.mkdir()
     (directory / "token").write_text("expired-token")
@@ -302,6 +305,8 @@ async def test_in_cluster_credentials_reread_a_rotated_token(workspace: Workspac
     (directory / "namespace").write_text(workspace.namespace)
     port = workspace.server.url.rsplit(":", 1)[1]
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port, "POD_NAME": workspace.pod}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # lightkube reads the address from the process's environment
     kube, pod = connect(env=env, service_account_dir=directory)
     assert (pod.name, pod.namespace) == (workspace.pod, workspace.namespace)
     adapter = KubernetesActuator("evict", pod=pod.name, namespace=pod.namespace, client=kube)
@@ -354,6 +359,106 @@ async def test_kubeconfig_with_a_client_certificate(apiserver: ApiServer, admin:
         await adapter.close()
     assert outcome.status is OutcomeStatus.DONE, outcome.detail
     assert space.deployment_document()["metadata"]["generation"] == 2
+
+
+def kubeconfig(folder: Path, server: ApiServer, user: dict[str, Any], *, namespace: str) -> Path:
+    """A kubeconfig file for `server` (its CA given inline) with `user` as the context's user."""
+    ca = base64.b64encode(server.ca_file.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u", "namespace": namespace}}],
+        "clusters": [{"name": "c", "cluster": {"server": server.url, "certificate-authority-data": ca}}],
+        "users": [{"name": "u", "user": user}],
+    }
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def test_kubeconfig_with_an_exec_plugin_run_again_after_a_401(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """The EKS/GKE/AKS form: the user is an exec credential plugin (here a script printing an ExecCredential
+    with the token it is given). The token it first hands out is refused (an expired one); once it hands out
+    one the API server knows, the next request's 401 makes lightkube run it again and retry."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(user=EXEC_USER)
+    space.create_workload()
+    current, runs = tmp_path / "current-token", tmp_path / "runs"
+    current.write_text("expired-token")
+    plugin = tmp_path / "credential-plugin"
+    plugin.write_text(
+        "#!/bin/sh\n"
+        f'echo run >> "{runs}"\n'
+        f'printf \'{{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential", '
+        f'"status": {{"token": "%s"}}}}\' "$(cat "{current}")"\n'
+    )
+    plugin.chmod(0o755)
+    exec_user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "./credential-plugin",  # relative to the kubeconfig's folder, as kubectl takes it
+            "args": ["--cluster", "test"],
+            "interactiveMode": "Never",
+            "provideClusterInfo": False,
+        }
+    }
+    kube, pod = connect(
+        kubeconfig(tmp_path, apiserver, exec_user, namespace=space.namespace), env={"POD_NAME": space.pod}
+    )
+    assert (pod.name, pod.namespace) == (space.pod, space.namespace)
+    adapter = KubernetesActuator("rollout", pod=pod.name, namespace=pod.namespace, client=kube)
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.FAILED
+        assert outcome.detail.startswith("unauthorized: the API server rejected the credentials from kubeconfig ")
+        current.write_text(EXEC_TOKEN)  # the plugin now hands out a token the API server knows
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    finally:
+        await adapter.close()
+    assert space.deployment_document()["metadata"]["generation"] == 2
+    assert runs.read_text().count("run") == 2  # once at the first request, once after the 401; not per request
+
+
+async def test_kubeconfig_with_a_token_file_that_rotates(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac()
+    space.create_workload()
+    token = tmp_path / "token"
+    token.write_text("expired-token\n")
+    path = kubeconfig(tmp_path, apiserver, {"tokenFile": "token"}, namespace=space.namespace)  # relative to it
+    kube, pod = connect(path, env={"POD_NAME": space.pod})
+    adapter = KubernetesActuator("delete", pod=pod.name, namespace=pod.namespace, client=kube, grace_period_s=0)
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.detail == (
+            f"unauthorized: the API server rejected the credentials from kubeconfig {path} (context test) "
+            "(HTTP 401: Unauthorized)"
+        )
+        assert space.pod_exists()
+        token.write_text(space.sidecar_token() + "\n")  # rotated
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    finally:
+        await adapter.close()
+    assert not space.pod_exists()
+
+
+async def test_connect_says_in_one_line_what_it_cannot_authenticate_with(apiserver: ApiServer, tmp_path: Path) -> None:
+    """A kubeconfig whose CA is not a certificate fails at start (lightkube loads it there), in one line."""
+    path = kubeconfig(tmp_path, apiserver, {"token": "t"}, namespace="default")
+    config = yaml.safe_load(path.read_text())
+    config["clusters"][0]["cluster"]["certificate-authority-data"] = base64.b64encode(b"not a PEM").decode()
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(CredentialsError) as caught:
+        connect(path, env={"POD_NAME": "p"})
+    assert str(caught.value).startswith(f"kubeconfig {path} (context test): ")
+    assert "\n" not in str(caught.value)
 
 
 def test_the_daemon_evicts_its_hung_pod_and_reports_events(workspace: Workspace, tmp_path: Path) -> None:

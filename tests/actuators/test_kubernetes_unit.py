@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from lightkube.config.models import UserExec
 
 from sidecar.actuators import kube_bodies
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_credentials import (
     CredentialsError,
-    KubeCredentials,
     in_cluster_credentials,
     kubeconfig_credentials,
     own_pod,
@@ -30,14 +32,13 @@ from sidecar.actuators.kube_names import KubeNameError, event_name
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents
 from tests.loopback import Behaviour, LoopbackServer, closed_port, respond, slow
 
-from .kube_apiserver import RBAC_FILE
+from .kube_apiserver import RBAC_FILE, token_credentials
 
 POD_PATH = "/api/v1/namespaces/ml/pods/vllm-0"
 
 
 def client_for(url: str, *, timeout_s: float = 2.0) -> KubeClient:
-    credentials = KubeCredentials(server=url, source="test", token="t")  # noqa: S106 - a loopback fake's token
-    return KubeClient(credentials, timeout_s=timeout_s)
+    return KubeClient(token_credentials(url, "t", source="test"), timeout_s=timeout_s)
 
 
 def status(code: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> Behaviour:
@@ -167,59 +168,114 @@ def write_kubeconfig(folder: Path, user: dict[str, Any], cluster: dict[str, Any]
     return path
 
 
-def test_kubeconfig_with_token_and_inline_ca(tmp_path: Path) -> None:
+def test_kubeconfig_gives_server_source_and_namespace(tmp_path: Path) -> None:
     ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     cluster = {
         "server": "https://k8s.example:6443/",
         "certificate-authority-data": base64.b64encode(ca.encode()).decode(),
+        "proxy-url": "http://proxy.example:3128",
     }
     credentials = kubeconfig_credentials(write_kubeconfig(tmp_path, {"token": "abc"}, cluster))
-    assert (credentials.server, credentials.token, credentials.ca_pem) == ("https://k8s.example:6443", "abc", ca)
-    assert credentials.namespace == "ml"
+    assert (credentials.server, credentials.namespace) == ("https://k8s.example:6443", "ml")
+    assert credentials.proxy_url == "http://proxy.example:3128"
     assert credentials.source == f"kubeconfig {tmp_path / 'kubeconfig'} (context prod)"
 
 
-def test_kubeconfig_relative_files_and_insecure(tmp_path: Path) -> None:
+def test_kubeconfig_files_are_relative_to_it_and_read_with_a_cap_at_start(tmp_path: Path) -> None:
+    """lightkube reads a tokenFile (and OpenSSL the CA and client files) only at the first request: a missing
+    or oversized one is said at start, in one line, naming the kubeconfig and the file."""
     (tmp_path / "token").write_text("from-file\n")
-    cluster = {"server": "https://k8s.example", "insecure-skip-tls-verify": True}
-    credentials = kubeconfig_credentials(write_kubeconfig(tmp_path, {"tokenFile": "token"}, cluster))
-    assert credentials.token_file == tmp_path / "token"
-    assert credentials.insecure_skip_tls_verify
+    credentials = kubeconfig_credentials(write_kubeconfig(tmp_path, {"tokenFile": "token"}))
+    assert credentials.config.user is not None
+    assert credentials.config.user.token_file == str(tmp_path / "token")  # lightkube alone would open ./token
+    (tmp_path / "token").write_bytes(b"x" * (64 * 2**10 + 1))
+    with pytest.raises(CredentialsError, match=r"cannot read the tokenFile of kubeconfig .* over the 65536 byte limit"):
+        kubeconfig_credentials(tmp_path / "kubeconfig")
+    for key in ("client-certificate", "client-key"):
+        path = write_kubeconfig(tmp_path, {"client-certificate": "c.crt", "client-key": "c.key"})
+        (tmp_path / "c.crt").write_text("x")
+        (tmp_path / "c.key").write_text("x")
+        (tmp_path / ("c.crt" if key == "client-certificate" else "c.key")).unlink()
+        with pytest.raises(CredentialsError, match=f"cannot read the {key} of kubeconfig .*: No such file"):
+            kubeconfig_credentials(path)
 
 
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        ({"exec": {"command": "aws"}}, "uses an exec credential plugin, which the sidecar does not support"),
-        ({"auth-provider": {"name": "gcp"}}, "uses an auth-provider plugin"),
-        ({"username": "a", "password": "b"}, "basic authentication"),
+        ({"auth-provider": {"name": "gcp"}}, "'gcp' auth-provider, .*kubectl 1.26 removed it; use the gke-gcloud"),
+        ({"auth-provider": {"name": "azure"}}, "'azure' auth-provider, .*use the kubelogin exec plugin"),
+        ({"auth-provider": {"name": "oidc"}}, "'oidc' auth-provider, .*id-token expires .*kubectl oidc-login"),
+        ({"auth-provider": {"name": "x"}}, "'x' auth-provider, .*the exec credential plugin your provider ships"),
+        (
+            {
+                "exec": {
+                    "apiVersion": "client.authentication.k8s.io/v1beta1",
+                    "command": "no-such-auth-plugin",
+                    "installHint": "Install gke-gcloud-auth-plugin for use with kubectl by following\n  https://x",
+                }
+            },
+            "exec plugin 'no-such-auth-plugin' is not found or not executable: Install gke-gcloud-auth-plugin "
+            "for use with kubectl by following https://x",
+        ),
+        (
+            {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}},
+            "exec plugin 'aws' is set to apiVersion client.authentication.k8s.io/v1; the sidecar runs "
+            "client.authentication.k8s.io/v1beta1 or",
+        ),
     ],
 )
-def test_kubeconfig_plugin_users_are_refused_clearly(tmp_path: Path, user: dict[str, Any], expected: str) -> None:
-    with pytest.raises(CredentialsError, match=expected):
+def test_users_lightkube_cannot_authenticate_as_are_refused_in_one_line(
+    tmp_path: Path, user: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(CredentialsError, match=expected) as caught:
         kubeconfig_credentials(write_kubeconfig(tmp_path, user))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "sh", "args": ["get-token"]}},
+        {"username": "a", "password": "b"},
+        {"token": "t"},
+    ],
+)
+def test_users_lightkube_authenticates_as_are_accepted(tmp_path: Path, user: dict[str, Any]) -> None:
+    credentials = kubeconfig_credentials(write_kubeconfig(tmp_path, user))
+    assert credentials.config.user is not None
 
 
 def test_kubeconfig_errors_are_one_line(tmp_path: Path) -> None:
     path = write_kubeconfig(tmp_path, {"token": "t"})
-    with pytest.raises(CredentialsError, match="has no context named 'staging'"):
+    with pytest.raises(CredentialsError, match="Context 'staging' not found"):
         kubeconfig_credentials(path, context="staging")
     path.write_text("clusters: [")
     with pytest.raises(CredentialsError, match="is not YAML") as error:
         kubeconfig_credentials(path)
     assert "\n" not in str(error.value)
+    path.write_text(yaml.safe_dump({"current-context": "a", "contexts": [{"name": "a", "context": {"cluster": "b"}}]}))
+    with pytest.raises(CredentialsError, match="no entry named 'clusters'"):
+        kubeconfig_credentials(path)
     with pytest.raises(CredentialsError, match="cannot read kubeconfig"):
         kubeconfig_credentials(tmp_path / "missing")
 
 
-def test_in_cluster_credentials(tmp_path: Path) -> None:
+def test_in_cluster_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, text in (("token", "tok"), ("ca.crt", "CA"), ("namespace", "ml\n")):
         (tmp_path / name).write_text(text)
     env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # lightkube reads the daemon's environment
     credentials = in_cluster_credentials(env, tmp_path)
-    assert (credentials.server, credentials.ca_pem, credentials.namespace) == ("https://[fd00::1]:443", "CA", "ml")
-    assert credentials.token_file == tmp_path / "token"
-    assert credentials.token is None
+    assert (credentials.server, credentials.namespace, credentials.source) == (
+        "https://[fd00::1]:443",
+        "ml",
+        "in-cluster",
+    )
+    assert credentials.config.user is not None
+    assert credentials.config.user.token_file == str(tmp_path / "token")  # re-read by lightkube after a 401
+    assert credentials.config.cluster.certificate_auth == str(tmp_path / "ca.crt")
     with pytest.raises(CredentialsError, match="not running in a Kubernetes pod"):
         in_cluster_credentials({}, tmp_path)
     (tmp_path / "token").unlink()
@@ -347,41 +403,45 @@ async def test_events_never_raise(server: LoopbackServer) -> None:
     await sink.close()
 
 
-async def test_a_token_file_is_reread_after_401_and_every_minute(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("old")
-    seen: list[str] = []
-    now = [0.0]
+async def test_credentials_lost_after_start_fail_in_one_line_and_send_nothing(tmp_path: Path) -> None:
+    """A token file gone, an exec plugin missing or failing or answering no token: lightkube raises from its
+    authentication, before anything is sent; the adapter reports one line naming the request and the source."""
+    sent: list[httpx.Request] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers["Authorization"])
-        if len(seen) == 2:
-            token.write_text("new\n")  # rotated while the request was on its way: the server refuses the old one
-            return httpx.Response(401, json={"kind": "Status", "message": "Unauthorized"})
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
         return httpx.Response(200, json={})
 
-    credentials = KubeCredentials(server="https://k8s.example", source="test", token_file=token)
-    client = KubeClient(credentials, transport=httpx.MockTransport(handler), clock=lambda: now[0])
-    assert (await client.request("GET", POD_PATH)).status_code == 200
-    assert (await client.request("GET", POD_PATH)).status_code == 200  # 401, re-read, retried once
-    token.write_text("newer")
-    now[0] = 59.0
-    await client.request("GET", POD_PATH)
-    now[0] = 60.0
-    await client.request("GET", POD_PATH)
-    await client.close()
-    assert seen == ["Bearer old", "Bearer old", "Bearer new", "Bearer new", "Bearer newer"]
-
-
-async def test_an_unreadable_token_file_fails_before_sending(tmp_path: Path) -> None:
-    credentials = KubeCredentials(server="http://127.0.0.1:1", source="test", token_file=tmp_path / "gone")
-    adapter = KubernetesActuator("delete", pod="vllm-0", namespace="ml", client=KubeClient(credentials))
-    outcome = await adapter.restart(reason="x", dry_run=False)
-    assert (outcome.status, outcome.detail) == (
-        OutcomeStatus.FAILED,
-        f"cannot read a bearer token from {tmp_path / 'gone'}",
-    )
-    await adapter.close()
+    transport = httpx.MockTransport(answer)
+    (tmp_path / "token").write_text("t")
+    answer_no_token = tmp_path / "no-token.sh"
+    answer_no_token.write_text('#!/bin/sh\necho \'{"kind": "ExecCredential", "status": {}}\'\n')
+    answer_no_token.chmod(0o755)
+    beta = "client.authentication.k8s.io/v1beta1"
+    users: list[tuple[dict[str, Any], str]] = [
+        ({"token_file": str(tmp_path / "token")}, f"ConfigError: Token file {tmp_path / 'token'} not found"),
+        ({"exec": {"apiVersion": beta, "command": str(tmp_path / "gone")}}, "FileNotFoundError: [Errno 2]"),
+        ({"exec": {"apiVersion": beta, "command": "sh", "args": ["-c", "echo no >&2; exit 3"]}}, "returned 3: no"),
+        ({"exec": {"apiVersion": beta, "command": str(answer_no_token)}}, "KeyError: 'token'"),
+    ]
+    for user, expected in users:
+        fields = {key: value for key, value in user.items() if key != "exec"}
+        if "exec" in user:
+            fields["exec"] = UserExec(**user["exec"])
+        credentials = token_credentials("https://k8s.example", source="kubeconfig k (context c)", **fields)
+        adapter = KubernetesActuator(
+            "delete", pod="vllm-0", namespace="ml", client=KubeClient(credentials, transport=transport)
+        )
+        (tmp_path / "token").unlink(missing_ok=True)
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.FAILED
+        assert outcome.detail.startswith(f"DELETE {POD_PATH}: no credentials from kubeconfig k (context c): "), (
+            outcome.detail
+        )
+        assert expected in outcome.detail
+        assert "\n" not in outcome.detail
+        await adapter.close()
+    assert sent == []
 
 
 async def test_an_oversized_answer_is_cut_off_with_a_clear_error(server: LoopbackServer) -> None:
@@ -391,3 +451,19 @@ async def test_an_oversized_answer_is_cut_off_with_a_clear_error(server: Loopbac
     assert outcome.status is OutcomeStatus.FAILED
     assert outcome.detail.endswith("answer exceeds 8388608 bytes")
     await adapter.close()
+
+
+def test_a_daemon_without_kubernetes_never_imports_lightkube() -> None:
+    """lightkube and its generated models cost about 130 modules and 8 MB: only a daemon that talks to
+    Kubernetes loads them (the import-linter contract holds the static imports; this, the lazy ones)."""
+    script = (
+        "import sys\n"
+        "import sidecar.shell.daemon\n"
+        "from sidecar.shell.acting_setup import build_acting_parts\n"
+        "from sidecar.shell.settings import load_settings\n"
+        "for flags in ({}, {'actuator': 'exec', 'exec_command': 'true'}):\n"
+        "    build_acting_parts(load_settings(flags))\n"
+        "print(sorted(name for name in sys.modules if 'kube' in name))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.stdout == "['sidecar.actuators.kube_names']\n", result.stderr  # the settings' name check

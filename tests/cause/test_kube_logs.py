@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from sidecar.actuators.kube_client import KubeClient
-from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.actuators.kube_logs import LIMIT_BYTES, TAIL_LINES, PodLog
 from sidecar.actuators.log_source import LogUnreadableError, Wanted
 from sidecar.shell.cause_reading import explain
+from tests.actuators.kube_apiserver import token_credentials
 from tests.cause.logs import OOM_CAUSE, OOM_FLAGS, STARTED, WALL_S, oom_death
 
 POD, NAMESPACE, CONTAINER = "vllm-7d4b9c8f6-x2k9p", "ml", "vllm"
@@ -63,7 +63,7 @@ async def kube() -> AsyncIterator[Callable[[Answer], tuple[PodLog, FakeApiServer
 
     def make(answer: Answer) -> tuple[PodLog, FakeApiServer]:
         server = FakeApiServer(answer)
-        credentials = KubeCredentials(server="https://kube.test", source="test token", token=TOKEN)
+        credentials = token_credentials("https://kube.test", TOKEN)
         client = KubeClient(credentials, transport=httpx.MockTransport(server))
         clients.append(client)
         return PodLog(client, pod=POD, namespace=NAMESPACE, container=CONTAINER), server
@@ -181,7 +181,7 @@ async def test_no_answer_at_all(kube: Callable[[Answer], tuple[PodLog, FakeApiSe
 
 
 def test_names_are_checked_before_any_request() -> None:
-    credentials = KubeCredentials(server="https://kube.test", source="test", token=TOKEN)
+    credentials = token_credentials("https://kube.test", TOKEN, source="test")
     client = KubeClient(credentials, transport=httpx.MockTransport(lambda request: httpx.Response(500)))
     with pytest.raises(ValueError, match=re.escape("container name 'vLLM/../x' is not a valid RFC 1123 label")):
         PodLog(client, pod=POD, namespace=NAMESPACE, container="vLLM/../x")

@@ -35,10 +35,10 @@ from hypothesis import strategies as st
 
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
-from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain, event_name
 from sidecar.actuators.kubernetes import KubernetesActuator, KubernetesEvents, Mode
 from sidecar.actuators.unit_name import validate_unit_name
+from tests.actuators.kube_apiserver import token_credentials
 from tests.property.profile import budget
 
 # --- systemd ------------------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ _SERVERS = ("https://k8s.test", "https://k8s.test:6443/cluster/prefix")
 @cache
 def _client(server: str) -> tuple[KubeClient, Recorder]:
     recorder = Recorder()
-    credentials = KubeCredentials(server=server, source="test", token="t")  # noqa: S106 - a fake's token
+    credentials = token_credentials(server, "t", source="test")
     return KubeClient(credentials, transport=httpx.MockTransport(recorder)), recorder
 
 

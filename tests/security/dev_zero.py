@@ -7,7 +7,6 @@ ends in a MemoryError reported as that case's outcome instead of in the test pro
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import resource
@@ -19,8 +18,7 @@ ADDRESS_SPACE_BYTES = 2 * 2**30
 
 
 def _cases(folder: Path) -> dict[str, Callable[[], object]]:
-    from sidecar.actuators.kube_client import KubeClient
-    from sidecar.actuators.kube_credentials import KubeCredentials, kubeconfig_credentials
+    from sidecar.actuators.kube_credentials import kubeconfig_credentials
     from sidecar.doctor import gather
     from sidecar.exporter.admin import AdminAuth
     from sidecar.exporter.tls import server_context
@@ -35,11 +33,15 @@ def _cases(folder: Path) -> dict[str, Callable[[], object]]:
         return path
 
     def kube_token() -> object:
-        client = KubeClient(KubeCredentials(server="https://127.0.0.1:1", source="test", token_file=link("token")))
-        try:
-            return client._current_token()
-        finally:
-            asyncio.run(client.close())
+        """lightkube reads a token file whole at the first request: the file is read with a cap before that."""
+        config = {
+            "current-context": "c",
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "users": [{"name": "u", "user": {"tokenFile": str(link("token"))}}],
+        }
+        (folder / "token-kubeconfig").write_text(json.dumps(config))
+        return kubeconfig_credentials(folder / "token-kubeconfig")
 
     def proc() -> object:
         (folder / "proc" / "1").mkdir(parents=True)

@@ -132,7 +132,7 @@ def test_every_file_the_sidecar_reads_is_bounded_even_when_it_is_dev_zero(tmp_pa
         "webhook HMAC key file": "SettingsError: --webhook-hmac-key-file",
         "vLLM API key file": "SettingsError: --vllm-api-key-file",
         "kubeconfig": "CredentialsError: cannot read kubeconfig",
-        "kubernetes token file": "KubeTransportError: cannot read a bearer token",
+        "kubernetes token file": "CredentialsError: cannot read the tokenFile of kubeconfig",
         "state file": "returned '",
         "doctor --vllm-log": "returned 'LogFacts'",
         "/proc comm and cmdline": "returned ProcessIdentity(",
