@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from sidecar.exporter.http import HttpServer, Request, Response
+from sidecar.exporter.server import HttpServer, Request, Response
 
 
 async def _echo(request: Request) -> Response:
@@ -102,8 +102,8 @@ async def test_a_client_hanging_up_mid_stream_ends_the_producer(server: HttpServ
         (b"NONSENSE\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nbadheader\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", b"413"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
     ],
 )
@@ -120,7 +120,7 @@ async def test_a_silent_client_is_dropped_after_the_read_timeout(server: HttpSer
 
 
 async def test_a_truncated_body_is_dropped(server: HttpServer) -> None:
-    answer = await _raw(server, b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
+    answer = await _raw(server, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
     assert answer == b""
 
 
