@@ -71,53 +71,38 @@ class _RefusedError(Exception):
         self.status = status
 
 
-@dataclass(slots=True)
-class _Connections:
-    limit: int | None
-    open: int = 0
-
-
 class _Protocol(web.RequestHandler):
-    """aiohttp's connection protocol, counted against the cap, with the request deadline's start, and with
-    our status and silence for a head aiohttp refuses."""
+    """aiohttp's connection protocol, within the cap, with the start of the request's deadline, and with our
+    status and silence for a head aiohttp refuses."""
 
-    def __init__(
-        self,
-        manager: web.Server,
-        *,
-        connections: _Connections,
-        logger: FilteringBoundLogger | None,
-        loop: asyncio.AbstractEventLoop,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(manager, loop=loop, **kwargs)
-        self._counted = connections
-        self._log = logger
-        self._refused = False
-        self.started_s = loop.time()
+    def __init__(self, manager: _Manager, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._owner = manager
+        self._log = manager.logger
+        self.started_s = 0.0
+        self.received_any = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        limit = self._counted.limit
-        if limit is not None and self._counted.open >= limit and isinstance(transport, asyncio.Transport):
-            self._refused = True  # over the cap: dropped at once, costing nothing while the flood lasts
-            transport.abort()
+        # aiohttp's count of connections being served (a refused one is never in it): over the cap, a
+        # connection is dropped at once, costing nothing while the flood lasts.
+        limit = self._owner.max_connections
+        if limit is not None and len(self._owner.connections) >= limit and isinstance(transport, asyncio.Transport):
+            transport.abort()  # aiohttp's connection_lost, which follows, copes with a connection never made
             return
-        self._counted.open += 1
         self.started_s = asyncio.get_running_loop().time()  # after a TLS handshake: that had its own bound
         super().connection_made(transport)
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._refused:
-            return
-        self._counted.open -= 1
-        super().connection_lost(exc)
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        super().data_received(data)
 
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's contract: True keeps the transport
-        """A client that half-closes after its request still gets the answer: asyncio closes the transport
-        unless this says to keep it (over TLS it cannot, and says so in a warning, so it is not asked).
-        What is still missing then never comes: the request deadline ends the connection."""
+        """A client that half-closes after sending its request still gets the answer: asyncio closes the
+        transport unless this says to keep it (over TLS it cannot, and warns if asked). One that sent nothing
+        is gone; one whose request is incomplete waits for nothing but its deadline."""
         super().eof_received()
-        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+        plain = self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+        return self.received_any and plain
 
     def handle_error(
         self,
@@ -154,20 +139,17 @@ class _Manager(web.Server):
         self,
         handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
         *,
-        connections: _Connections,
+        max_connections: int | None,
         logger: FilteringBoundLogger | None,
         **protocol_kwargs: Any,
     ) -> None:
         super().__init__(handler, **protocol_kwargs)
-        self._protocol_kwargs = protocol_kwargs
-        self._counted = connections
-        self._logger = logger
-        self._event_loop = asyncio.get_running_loop()
+        self.max_connections = max_connections
+        self.logger = logger
+        self._protocol_kwargs = {"loop": asyncio.get_running_loop(), **protocol_kwargs}
 
     def __call__(self) -> web.RequestHandler:
-        return _Protocol(
-            self, connections=self._counted, logger=self._logger, loop=self._event_loop, **self._protocol_kwargs
-        )
+        return _Protocol(self, **self._protocol_kwargs)
 
 
 class HttpServer:
@@ -188,7 +170,7 @@ class HttpServer:
         self._handler = handler
         self._read_timeout_s = read_timeout_s
         self._max_body_bytes = max_body_bytes
-        self._counted = _Connections(limit=max_connections)
+        self._max_connections = max_connections
         self._tls = tls
         self._log = logger
         # Requests being served (the handling task, its connection): those whose body is being read, those answered.
@@ -204,7 +186,7 @@ class HttpServer:
     async def start(self) -> None:
         self._manager = _Manager(
             self._serve,
-            connections=self._counted,
+            max_connections=self._max_connections,
             logger=self._log,
             access_log=None,  # a line per request would drown the daemon's one line per change
             # Closes a connection whose request head has not arrived this long after it opened.
