@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
 
-from sidecar.exporter.http import HttpServer, Request, Response
+from sidecar.exporter.server import HttpServer, Request, Response
 
 MAX_REASON_BYTES = 4096
 

@@ -18,8 +18,8 @@ from prometheus_client.exposition import choose_encoder
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.exporter.admin import AdminAuth
-from sidecar.exporter.http import Request, Response
 from sidecar.exporter.rate_limit import AdminRateLimiter
+from sidecar.exporter.server import Request, Response
 from sidecar.model.acting import ActingView
 from sidecar.model.view import View
 from sidecar.report.document import finite, policy_document, status_document

@@ -26,8 +26,8 @@ from sidecar.derive.window import Window
 from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.collector import SidecarCollector
 from sidecar.exporter.endpoints import Endpoints, Liveness
-from sidecar.exporter.http import DAEMON_MAX_CONNECTIONS, HttpServer
 from sidecar.exporter.rate_limit import AdminRateLimiter
+from sidecar.exporter.server import DAEMON_MAX_CONNECTIONS, HttpServer
 from sidecar.exporter.tls import ReloadingServerTls, TlsError
 from sidecar.model.acting import ActingView
 from sidecar.model.health import HEALTH_STANDS
@@ -254,6 +254,7 @@ class Daemon:
             handler=endpoints.handle,
             max_connections=DAEMON_MAX_CONNECTIONS,
             tls=self.tls.listener if self.tls is not None else None,
+            logger=self._log,
         )
         self._started_s = time.monotonic()
         self._stop = asyncio.Event()

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import TextIO
 
-from sidecar.exporter.http import HttpServer, Request, Response
+from sidecar.exporter.server import HttpServer, Request, Response
 from sidecar.sim.config import SimConfig
 from sidecar.sim.engine import RequestRejectedError
 from sidecar.sim.exposition import MetricsWriter

@@ -1,15 +1,17 @@
-"""The small asyncio HTTP server: routing, limits, streaming, and clients that misbehave."""
+"""The HTTP server on aiohttp: requests and answers, limits, streaming, stop, and clients that misbehave."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import structlog
 
-from sidecar.exporter.http import HttpServer, Request, Response
+from sidecar.exporter.server import HttpServer, Request, Response
 
 
 async def _echo(request: Request) -> Response:
@@ -102,8 +104,8 @@ async def test_a_client_hanging_up_mid_stream_ends_the_producer(server: HttpServ
         (b"NONSENSE\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nbadheader\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n", b"400"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 5000\r\n\r\n", b"413"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n", b"413"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
     ],
 )
@@ -120,7 +122,7 @@ async def test_a_silent_client_is_dropped_after_the_read_timeout(server: HttpSer
 
 
 async def test_a_truncated_body_is_dropped(server: HttpServer) -> None:
-    answer = await _raw(server, b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
+    answer = await _raw(server, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly-this", wait_s=3.0)
     assert answer == b""
 
 
@@ -167,3 +169,55 @@ async def test_stop_gives_an_answer_in_progress_a_second_then_cuts_it_and_closes
     await asyncio.sleep(0.05)
     assert closed_streams == ["endless closed"]
     writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100,  # a head trickled in (slow-loris)
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"b" * 90,  # then a body trickled in
+    ],
+)
+async def test_a_trickling_client_is_dropped_at_the_read_timeout_from_its_start(
+    server: HttpServer, head: bytes
+) -> None:
+    """Each byte restarts no clock: the request must be in within the read timeout (0.5 s) of the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    started = time.monotonic()
+    try:
+        for index in range(len(head)):
+            writer.write(head[index : index + 1])
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        async with asyncio.timeout(3):
+            answer = await reader.read()
+    except ConnectionError:
+        answer = b""  # dropped while still sending
+    assert answer == b""
+    assert time.monotonic() - started < 2.0
+    writer.close()
+
+
+async def test_a_failing_handler_is_a_500_and_one_log_line_and_no_request_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def handler(request: Request) -> Response:
+        if request.path == "/bug":
+            raise ValueError("a bug")
+        return Response.text(200, "ok")
+
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as logs:
+        served = HttpServer(host="127.0.0.1", port=0, handler=handler, logger=structlog.get_logger())
+        await served.start()
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
+                assert (await client.get("/ok")).status_code == 200
+                failed = await client.get("/bug")
+            assert await _raw(served, b"NONSENSE\r\n\r\n") != b""
+        finally:
+            await served.stop()
+    assert failed.status_code == 500
+    assert failed.text == "internal server error\n"
+    assert logs == [{"event": "http_handler_failed", "error": "ValueError: a bug", "log_level": "error"}]
+    assert [record for record in caplog.records if record.name.startswith("aiohttp")] == []  # no access log

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families as text_fami
 
 from sidecar.exporter.collector import SidecarCollector
 from sidecar.exporter.endpoints import Endpoints, Liveness
-from sidecar.exporter.http import Request, Response
+from sidecar.exporter.server import Request, Response
 from tests.adapters.test_exporter import _acting_view, _busy_view
 from tests.conftest import required_in_ci
 from tests.property.profile import budget

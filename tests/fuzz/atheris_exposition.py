@@ -1,21 +1,23 @@
-"""Coverage-guided fuzzing (atheris, libFuzzer) of what turns vLLM's bytes into a reading, and of the HTTP head parser.
+"""Coverage-guided fuzzing (atheris, libFuzzer) of what turns vLLM's bytes into a reading, and of the daemon's routes.
 
 Not part of pytest (atheris is not a dev dependency: `pip install atheris`, Python <= 3.11 wheels). Run:
 
     python -m tests.fuzz.atheris_exposition --seconds 300                  # the exposition path (default)
-    python -m tests.fuzz.atheris_exposition --seconds 60 --target http      # the daemon's request parser
+    python -m tests.fuzz.atheris_exposition --seconds 60 --target http      # the daemon's routes and admin check
     python -m tests.fuzz.atheris_exposition --seconds 60 -- -jobs=2         # extra flags go to libFuzzer
 
 The corpus starts from the recorded expositions in tests/fixtures and lives in a scratch folder (never the
 repository); a crash is written as `crash-*` there and its path printed. What a target checks is what the
 property tests check (tests/property), so a crash here is a failing property with its input.
+
+The http target starts after aiohttp has parsed a request (its parser is aiohttp's to fuzz, and is): what is
+ours is the routing, the OpenMetrics negotiation on Accept, the admin rate limit and the bearer token check.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import math
 import shutil
@@ -24,11 +26,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 # atheris has no type information; it is reached through importlib so mypy sees Any, not a missing module.
 atheris: Any = importlib.import_module("atheris")
 
 with atheris.instrument_imports():  # coverage feedback from our code only, not the standard library's
-    from sidecar.exporter.http import BadRequestError, _read_request
+    from sidecar.exporter.admin import AdminAuth
+    from sidecar.exporter.endpoints import Endpoints, Liveness
+    from sidecar.exporter.rate_limit import AdminRateLimiter, RateLimit
+    from sidecar.exporter.server import Request
     from sidecar.model.exposition import Exposition
     from sidecar.parse.exposition import ExpositionError, parse_exposition
     from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm, vllm_sample_picker
@@ -82,24 +89,55 @@ def _key(value: float) -> str:
     return "nan" if math.isnan(value) else repr(value)
 
 
-async def _parse_head(data: bytes) -> None:
-    reader = asyncio.StreamReader(limit=16 * 1024)
-    reader.feed_data(data)
-    reader.feed_eof()
-    with contextlib.suppress(BadRequestError, asyncio.IncompleteReadError):
-        await _read_request(reader, "127.0.0.1:1", 64 * 1024)
+class _Admin:
+    def pause(self, caller: str) -> str:
+        return f"paused for {caller}"
+
+    def resume(self, caller: str) -> str:
+        return f"resumed for {caller}"
+
+    def restart(self, caller: str) -> str:
+        return f"restarting for {caller}"
+
+
+_TOKEN_FILE = Path(tempfile.mkdtemp(prefix="fuzz-http-")) / "token"
+_TOKEN_FILE.write_bytes(b"0123456789abcdef\n")
+_ENDPOINTS = Endpoints(
+    registry=CollectorRegistry(auto_describe=False),
+    latest_view=lambda: None,
+    liveness=lambda: Liveness(alive=True, reason="ok"),
+    vllm_url="http://vllm",
+    version="fuzz",
+    admin=_Admin(),
+    admin_auth=AdminAuth(_TOKEN_FILE),
+    admin_rate_limiter=AdminRateLimiter(RateLimit(requests=10_000, period_s=1.0)),
+)
+_STATUSES = {200, 401, 403, 404, 405, 429}
 
 
 def http_target(data: bytes) -> None:
-    """The daemon's request parser: a Request or BadRequestError, never anything else."""
-    _LOOP.run_until_complete(_parse_head(data))
+    """The routes behind aiohttp: any method, path, Accept, Authorization and body (lines of the input, as
+    latin-1, as the server hands them over) get a status from the list and a body, never an exception."""
+    method, path, accept, authorization, body = [*data.split(b"\n", 4), b"", b"", b"", b"", b""][:5]
+    request = Request(
+        method=method.decode("latin-1"),
+        path=path.decode("latin-1"),
+        headers={"accept": accept.decode("latin-1"), "authorization": authorization.decode("latin-1")},
+        body=body,
+        peer="127.0.0.1:1",
+    )
+    response = _LOOP.run_until_complete(_ENDPOINTS.handle(request))
+    assert response.status in _STATUSES, response.status
+    assert response.content_type.isascii(), response.content_type
+    assert response.content_type.isprintable(), response.content_type
+    assert all(value.isascii() and "\n" not in value for value in response.headers.values())
 
 
 TARGETS = {"exposition": exposition_target, "http": http_target}
 HTTP_SEEDS = (
-    b"GET /metrics HTTP/1.1\r\nHost: sidecar\r\n\r\n",
-    b"POST /admin/pause HTTP/1.1\r\nAuthorization: Bearer 0123456789abcdef\r\nContent-Length: 2\r\n\r\n{}",
-    b"HEAD /status?x=1 HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"GET\n/metrics\napplication/openmetrics-text; version=1.0.0\n\n",
+    b"POST\n/admin/pause\n\nBearer 0123456789abcdef\n{}",
+    b"HEAD\n/status\n*/*\nbearer x\n",
 )
 
 

@@ -27,7 +27,7 @@ from sidecar.actuators.none import NoActuator
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.collector import SidecarCollector
 from sidecar.exporter.endpoints import Endpoints, Liveness
-from sidecar.exporter.http import Request, Response
+from sidecar.exporter.server import Request, Response
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
 from sidecar.notify.message import Notification

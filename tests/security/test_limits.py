@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sidecar.exporter.http import MAX_HEADER_FIELDS, HttpServer, Request, Response
+from sidecar.exporter.server import MAX_HEADER_FIELDS, HttpServer, Request, Response
 from sidecar.sources.sim_gpu import SimGpuSource
 
 MIB = 2**20
@@ -69,7 +69,8 @@ async def test_a_100_mb_header_line_is_refused_quickly_with_bounded_memory(serve
     finally:
         tracemalloc.stop()
     assert answer
-    assert answer[0] == b"" or answer[0].startswith(b"HTTP/1.1 431 ")  # 431, or a reset that overtook it
+    # 431, or a reset that overtook it (aiohttp answers a head it could not read as HTTP/1.0: its version is unknown)
+    assert answer[0] == b"" or answer[0].startswith((b"HTTP/1.0 431 ", b"HTTP/1.1 431 "))
     assert elapsed_s < 5.0
     assert peak_bytes < 8 * MIB, f"peak {peak_bytes / MIB:.1f} MiB while refusing a 100 MiB header"
     async with httpx.AsyncClient() as client:
@@ -82,12 +83,14 @@ async def test_the_431_is_what_a_patient_client_reads(server: HttpServer) -> Non
     async with asyncio.timeout(5):
         answer = await reader.read()
     writer.close()
-    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert answer.startswith((b"HTTP/1.0 431 ", b"HTTP/1.1 431 "))
 
 
 @pytest.mark.parametrize(("fields", "status"), [(MAX_HEADER_FIELDS, b"200"), (MAX_HEADER_FIELDS + 1, b"431")])
 async def test_header_fields_are_counted(server: HttpServer, fields: int, status: bytes) -> None:
-    head = b"GET /x HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % index for index in range(fields)) + b"\r\n"
+    # HTTP/1.1 requires Host (aiohttp answers 400 without it), and it counts as one of the fields
+    others = b"".join(b"X-%d: 1\r\n" % index for index in range(fields - 1))
+    head = b"GET /x HTTP/1.1\r\nHost: x\r\n" + others + b"\r\n"
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(head)
     async with asyncio.timeout(5):
@@ -101,7 +104,7 @@ async def test_connections_over_the_cap_are_dropped_at_once_and_the_server_recov
     await asyncio.sleep(0.1)  # let the server accept them all
     started = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /x HTTP/1.1\r\n\r\n")
+    writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
     try:
         async with asyncio.timeout(5):
             answer = await reader.read()

@@ -22,7 +22,7 @@ import structlog
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.exporter.http import HttpServer, Request, Response
+from sidecar.exporter.server import HttpServer, Request, Response
 from sidecar.exporter.tls import ReloadingServerTls, TlsError, server_context
 from tests.adapters.daemon_process import SidecarProcess
 from tests.conftest import EXPOSITIONS, required_in_ci
