@@ -39,7 +39,7 @@ from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings, read_api_key
 from sidecar.shell.crash_cause import CrashCauseStep
 from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
-from sidecar.shell.schedule import LoopScheduler, OnTime, add_tick_job
+from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings, SettingsError, setting_error
@@ -277,8 +277,6 @@ class Daemon:
 
     async def _tick_job(self) -> None:
         self._current_tick = asyncio.current_task()
-        if self._on_time is not None:
-            self._on_time.tick_started()
         try:
             await self.poller.tick()
         except asyncio.CancelledError:
@@ -301,7 +299,7 @@ class Daemon:
             self._log.error("listen_failed", listen=self._settings.listen, error=str(error))
             await self._close()
             return 1
-        scheduler = LoopScheduler(event_loop=loop)
+        scheduler = tick_scheduler(loop)
         add_tick_job(scheduler, self._tick_job, self._settings.interval)
         scheduler.start()
         self._on_time = OnTime(scheduler, self._settings.interval, self._log, loop=loop)

@@ -1,17 +1,20 @@
 """The tick's schedule: APScheduler's one interval job, kept on time when the wall clock jumps. Reads both clocks.
 
+Built on APScheduler 3's public API only: a scheduler configured with its job store and executor, an interval
+trigger's `get_next_fire_time`, `get_job`/`modify_job`, and event listeners.
+
 APScheduler 3 times its jobs by the wall clock (`datetime.now`), which NTP steps, VM resumes and a host that
 booted with a dead RTC move by minutes to decades. Left alone:
 - a jump back of N seconds leaves the next run N seconds in the future: no poll, no policy, for as long as
-  the jump (an NTP step back of an hour is an hour blind). `keep_on_time` checks against the monotonic clock
-  every interval and pulls the next run in;
+  the jump (an NTP step back of an hour is an hour blind). `OnTime` watches the schedule by the monotonic clock
+  and pulls the next run in;
 - a jump forward makes the interval trigger walk through every missed run one at a time to find the next one
   (20 years at 2 s: 3 x 10^8 steps, minutes of a frozen event loop and gigabytes of datetimes).
   `SteadyInterval` skips them in one step.
 
-Both run without waking the process between ticks: the watch over the schedule is a monotonic deadline that
-every tick pushes back (it fires only when a tick is overdue), and `LoopScheduler` runs APScheduler's timer on
-the loop directly. On an idle node a daemon that wakes once a tick instead of three times costs visibly less.
+The watch costs no wake-up between ticks: it is a monotonic deadline that every run of the job (APScheduler's
+`EVENT_JOB_SUBMITTED`, or `EVENT_JOB_MAX_INSTANCES` while the previous tick still runs) pushes back, so it fires
+only when a tick is overdue.
 """
 
 from __future__ import annotations
@@ -22,12 +25,17 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED, JobSubmissionEvent
+from apscheduler.executors.asyncio import AsyncIOExecutor
+from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from structlog.typing import FilteringBoundLogger
 
 TICK_JOB = "tick"
 WALL_JUMP_S = 1.0  # a change of wall minus monotonic time bigger than this is a jump, not drift or slewing
+# The scheduler is on time: a run started, or came due while the previous tick still ran (max_instances=1).
+ON_TIME_EVENTS = EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES
 
 
 class SteadyInterval(IntervalTrigger):  # type: ignore[misc] # apscheduler has no type hints: its classes are Any
@@ -42,8 +50,19 @@ class SteadyInterval(IntervalTrigger):  # type: ignore[misc] # apscheduler has n
         return following + missed * interval
 
 
+def tick_scheduler(loop: asyncio.AbstractEventLoop) -> AsyncIOScheduler:
+    """APScheduler's asyncio scheduler on `loop`: jobs in memory, run as tasks on the loop, timed in UTC."""
+    return AsyncIOScheduler(
+        event_loop=loop,
+        jobstores={"default": MemoryJobStore()},
+        executors={"default": AsyncIOExecutor()},
+        timezone=UTC,
+    )
+
+
 def add_tick_job(scheduler: AsyncIOScheduler, job: Callable[[], Awaitable[None]], interval_s: float) -> None:
-    """The one job: never two ticks at once, missed runs coalesced into one."""
+    """The one job: never two ticks at once, missed runs coalesced into one, a late run still run (a late
+    tick is better than none: `misfire_grace_time=None`)."""
     scheduler.add_job(
         job,
         SteadyInterval(seconds=interval_s),
@@ -55,32 +74,12 @@ def add_tick_job(scheduler: AsyncIOScheduler, job: Callable[[], Awaitable[None]]
     )
 
 
-class LoopScheduler(AsyncIOScheduler):  # type: ignore[misc] # apscheduler has no type hints: its classes are Any
-    """APScheduler's asyncio scheduler, its timer handled on the loop it already runs on.
-
-    `AsyncIOScheduler.wakeup` is written for calls from any thread: it always goes through
-    `call_soon_threadsafe`, which for its own timer (a `call_later` callback, on the loop already) costs a write
-    to the loop's self-pipe, a wake-up and two reads every tick. Calls from elsewhere (`add_job`, `modify_job`)
-    still use it; the timer runs the same three steps directly. Relies on APScheduler 3.x's `_stop_timer`,
-    `_process_jobs` and `_start_timer`, which pyproject pins (`<4`); tests/unit/test_schedule.py checks them.
-    """
-
-    def _start_timer(self, wait_seconds: float | None) -> None:
-        self._stop_timer()
-        if wait_seconds is not None:
-            self._timeout = self._eventloop.call_later(wait_seconds, self._wake_on_loop)
-
-    def _wake_on_loop(self) -> None:
-        self._stop_timer()
-        self._start_timer(self._process_jobs())
-
-
 class OnTime:
     """Keeps the tick on time across wall-clock jumps, by the monotonic clock, without a timer of its own.
 
-    `tick_started` (first thing in every tick) logs a jump of the wall clock since the previous tick and moves
-    a monotonic deadline to one interval plus `WALL_JUMP_S` ahead; ticks on time keep pushing it back, so it
-    never fires. When it does, the tick is overdue: after a jump back APScheduler's next run lies in the
+    Every run of the tick job (an APScheduler event) logs a jump of the wall clock since the previous one and
+    moves a monotonic deadline to one interval plus `WALL_JUMP_S` ahead; runs on time keep pushing it back, so
+    it never fires. When it does, the tick is overdue: after a jump back APScheduler's next run lies in the
     future, and it is pulled in to now (then the deadline is set again, in case the jump was not the cause).
     """
 
@@ -104,16 +103,19 @@ class OnTime:
         self._deadline: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        self._scheduler.add_listener(self._on_time, ON_TIME_EVENTS)
         self._arm()
 
     def stop(self) -> None:
+        self._scheduler.remove_listener(self._on_time)
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def tick_started(self) -> None:
-        self._note_jump()
-        self._arm()
+    def _on_time(self, event: JobSubmissionEvent) -> None:
+        if event.job_id == TICK_JOB:
+            self._note_jump()
+            self._arm()
 
     def _arm(self) -> None:
         if self._deadline is not None:

@@ -100,6 +100,13 @@ class UserSystemd:
         (variant,) = self._call(new_method_call(PROPERTIES, "Get", "ss", (MANAGER.interface, name)))
         return variant[1] if isinstance(variant, tuple) else variant
 
+    def unit_property(self, unit: str, name: str, interface: str = "org.freedesktop.systemd1.Unit") -> object:
+        """A property of a loaded unit (`ActiveExitTimestampMonotonic`, say), as systemd itself recorded it."""
+        (path,) = self.call("GetUnit", "s", unit)
+        properties = DBusAddress(str(path), bus_name=PROPERTIES.bus_name, interface=PROPERTIES.interface)
+        (variant,) = self._call(new_method_call(properties, "Get", "ss", (interface, name)))
+        return variant[1] if isinstance(variant, tuple) else variant
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

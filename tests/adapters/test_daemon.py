@@ -51,6 +51,13 @@ def _wait_for(predicate: object, timeout_s: float = 10.0) -> None:
     raise AssertionError("condition not met in time")
 
 
+def _polls(vllm: LoopbackServer, count: int) -> None:
+    """Wait until the sidecar has asked vLLM for /metrics `count` more times: `count - 1` whole polls from now
+    (the first may have read the route as it was)."""
+    target = vllm.hits.count("/metrics") + count
+    _wait_for(lambda: vllm.hits.count("/metrics") >= target)
+
+
 def test_serves_metrics_health_readiness_and_status(sidecar: SidecarProcess) -> None:
     sidecar.wait_ready()
     metrics = sidecar.get("/metrics")
@@ -110,7 +117,7 @@ def test_keeps_running_through_vllm_failures_and_logs_each_change_once(
     sidecar.wait_ready()
     vllm.routes["/metrics"] = respond(500, b"boom")
     _wait_for(lambda: "vllm_sidecar_up 0.0" in sidecar.get("/metrics").text)
-    time.sleep(1.5)  # several more failing polls
+    _polls(vllm, 4)  # several more failing polls
     vllm.routes["/metrics"] = respond(body=b"not an exposition at all")
     _wait_for(lambda: "not a Prometheus text exposition" in json.dumps(sidecar.get("/status").json()))
     vllm.routes["/metrics"] = respond(body=CAPTURE)

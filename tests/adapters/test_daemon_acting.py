@@ -48,6 +48,13 @@ def _wait_for(predicate: object, timeout_s: float = 20.0) -> float:
     raise AssertionError("condition not met in time")
 
 
+def _polls(vllm: LoopbackServer, count: int) -> None:
+    """Wait until the sidecar has asked vLLM for /metrics `count` more times: `count - 1` whole polls from now
+    (the first may have read the route as it was)."""
+    target = vllm.hits.count("/metrics") + count
+    _wait_for(lambda: vllm.hits.count("/metrics") >= target)
+
+
 def _start(vllm: LoopbackServer, tmp_path: Path, *args: str) -> SidecarProcess:
     process = SidecarProcess(
         [
@@ -83,7 +90,7 @@ def test_kv_pressure_pauses_admission_with_hysteresis_and_dwell(vllm: LoopbackSe
         assert 'vllm_sidecar_policy_state{state="paused"} 1.0' in metrics
         assert 'vllm_sidecar_actions_total{action="pause_admission"} 1.0' in metrics
         vllm.routes["/metrics"] = respond(body=_with_usage(0.85))  # inside the hysteresis band: stays paused
-        time.sleep(2)
+        _polls(vllm, 5)  # four whole polls of 0.85
         assert sidecar.get("/readyz").status_code == 503
         vllm.routes["/metrics"] = respond(body=_with_usage(0.5))
         _wait_for(lambda: sidecar.get("/readyz").status_code == 200, 20)
@@ -149,7 +156,7 @@ def test_admin_api_needs_the_token_and_logs_the_caller(vllm: LoopbackServer, tmp
         assert answer.status_code == 200
         assert "paused by hand" in answer.json()["result"]
         assert sidecar.get("/readyz").status_code == 503
-        time.sleep(1.5)  # a manual pause holds, whatever the metrics say
+        _polls(vllm, 4)  # a manual pause holds, whatever the metrics say
         assert sidecar.get("/readyz").status_code == 503
         resume = httpx.post(sidecar.url + "/admin/resume", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
         assert resume.status_code == 200

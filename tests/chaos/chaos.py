@@ -61,6 +61,20 @@ def wait_until(
     return time.monotonic() - started
 
 
+def wait_polls(sidecar: SidecarProcess, count: int, timeout_s: float = 20.0) -> None:
+    """Wait until the sidecar has completed `count` more polls: its last-poll timestamp took `count` new values.
+    Polls that land between two reads count as one, so this never waits less than `count` polls."""
+    values = [value(scrape(sidecar), "vllm_sidecar_last_poll_timestamp_seconds")]
+
+    def another() -> bool:
+        latest = value(scrape(sidecar), "vllm_sidecar_last_poll_timestamp_seconds")
+        if latest is not None and latest != values[-1]:
+            values.append(latest)
+        return len(values) > count
+
+    wait_until(another, timeout_s, f"{count} more polls")
+
+
 class VllmStandIn:
     """A loopback vLLM 0.32: /health, /version, and a /metrics from a real capture whose generation counter
     grows on every scrape (so the engine shows progress), until a test breaks /metrics with a `Behaviour`."""

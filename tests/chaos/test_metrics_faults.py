@@ -38,6 +38,7 @@ from .chaos import (
     scrape,
     status,
     value,
+    wait_polls,
     wait_until,
 )
 
@@ -122,8 +123,8 @@ def test_a_broken_metrics_endpoint_is_held_through_and_nothing_is_lost(rig: Rig,
         healed_at = time.monotonic()
         wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "the sidecar to read /metrics again")
         recover_s = time.monotonic() - healed_at
-        # The next scrape of vLLM is the one to compare with: read both around one poll.
-        time.sleep(INTERVAL_S)
+        # The latest scrape of vLLM is the one to compare with: read both after a whole poll of the healed server.
+        wait_polls(sidecar, 2)
         served = vllm.last_served
         after = engine_values_from_sidecar(sidecar, **ENGINE)
     watch.assert_monotonic()
@@ -206,7 +207,7 @@ def test_well_formed_garbage_values_are_unknown_not_a_crash(rig: Rig) -> None:
             10,
             "the values to come back",
         )
-        time.sleep(2 * INTERVAL_S)
+        wait_polls(sidecar, 2)
         served = vllm.last_served
         after = engine_values_from_sidecar(sidecar, **ENGINE)
     watch.assert_monotonic()

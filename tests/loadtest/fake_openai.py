@@ -2,8 +2,8 @@
 
 It streams Server-Sent Events (chunked, as uvicorn does) with a usage chunk, serves `/v1/models`, a small
 vLLM-like `/metrics` and `/health`, and records what it saw (prompts, arrival times, the most requests at
-once). A test scripts it to answer slowly, fail every n-th request, or die mid-run (`kill`: the listening
-socket closes and every open connection is cut).
+once). A test scripts it to answer slowly, fail every n-th request, or die mid-run (`kill`, or `die_at_request`:
+the listening socket closes and every open connection is cut).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Behaviour:
     kv_usage_ratio: float = 0.42
     preemptions_at_start: int = 5
     preemptions_per_request: int = 0
+    die_at_request: int | None = None  # kill() when the n-th completion request arrives: a death mid-run by count
 
 
 @dataclass
@@ -64,6 +65,7 @@ class FakeOpenAI:
         self.seen = Seen()
         self.lock = threading.Lock()
         self.killed = threading.Event()
+        self.killed_at_s: float | None = None  # monotonic, when kill() began
         self.connections: set[socket.socket] = set()
         self.preemptions = self.behaviour.preemptions_at_start
         self._server = _Server(self)
@@ -79,6 +81,7 @@ class FakeOpenAI:
         """Die like a crashed server: no more connections, the open ones cut mid-answer."""
         if self.killed.is_set():
             return
+        self.killed_at_s = time.monotonic()
         self.killed.set()
         self._server.shutdown()
         self._server.server_close()
@@ -154,6 +157,8 @@ class _Handler(BaseHTTPRequestHandler):
             fake.seen.in_flight += 1
             fake.seen.max_in_flight = max(fake.seen.max_in_flight, fake.seen.in_flight)
             fake.preemptions += fake.behaviour.preemptions_per_request
+        if number == fake.behaviour.die_at_request:
+            fake.kill()  # this request, and every one in flight, is cut mid-answer
         try:
             if fake.behaviour.fail_every and number % fake.behaviour.fail_every == 0:
                 error = {"error": {"message": "simulated failure", "type": "InternalServerError", "code": 500}}

