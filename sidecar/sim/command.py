@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.shell.settings import split_listen  # noqa: PLC0415
+    from sidecar.shell.address import split_listen  # noqa: PLC0415
     from sidecar.sim.config import SimConfig, scenario_config  # noqa: PLC0415
     from sidecar.sim.server import SimServer  # noqa: PLC0415
 
