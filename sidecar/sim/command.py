@@ -12,9 +12,6 @@ import asyncio
 import signal
 import sys
 
-# cli.py leaves the environment and the config file to this command's settings model (no argparse defaults).
-OWN_LAYERING = True
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sidecar.sim.config import SCENARIOS  # noqa: PLC0415 - keeps the CLI's start light
@@ -41,9 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from sidecar.sim.server import SimServer  # noqa: PLC0415
     from sidecar.sim.settings import load_sim_settings  # noqa: PLC0415
 
-    flags = {name: value for name, value in vars(args).items() if name != "command" and value is not None}
     try:
-        settings = load_sim_settings(flags)
+        settings = load_sim_settings(vars(args))
     except SettingsError as error:
         print(f"vllm-sidecar: error: {error}", file=sys.stderr)
         return 2
