@@ -7,7 +7,7 @@ import sys
 from typing import Literal
 
 from sidecar.shell.config_file import SettingsError
-from sidecar.shell.tool_settings import ToolSettings, add_flag, load_tool_settings
+from sidecar.shell.tool_settings import ToolSettings, flags_for, load_tool_settings
 
 
 class DemoSettings(ToolSettings):
@@ -33,61 +33,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = help_epilog()
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    settings = DemoSettings
-    add_flag(
-        parser,
-        settings,
+    flag = flags_for(parser, DemoSettings)
+    flag(
         "--scenario",
-        dest="scenario",
         choices=SCENARIOS,
         metavar="NAME",
         help=f"simulator scenario to show: {', '.join(SCENARIOS)} (default leak; timings below)",
     )
-    add_flag(
-        parser,
-        settings,
-        "--vllm-version",
-        dest="vllm_version",
-        choices=("0.6", "0.10", "0.32"),
-        help="metric schema to simulate",
-    )
-    add_flag(
-        parser,
-        settings,
-        "--interval",
-        dest="interval",
-        type=float,
-        help="the sidecar's poll interval, seconds (default %(default)g)",
-    )
-    add_flag(
-        parser,
-        settings,
-        "--duration",
-        dest="duration",
-        type=float,
-        help="stop after this many seconds (default: at the story's end)",
-    )
-    add_flag(
-        parser,
-        settings,
-        "--concurrency",
-        dest="concurrency",
-        type=int,
-        help="requests in flight (default: the scenario's calibrated load)",
-    )
-    add_flag(
-        parser,
-        settings,
-        "--restart-delay",
-        dest="restart_delay",
-        type=float,
-        help="seconds before the demo restarts a simulator that died",
-    )
-    add_flag(
-        parser,
-        settings,
+    flag("--vllm-version", choices=("0.6", "0.10", "0.32"), help="metric schema to simulate")
+    flag("--interval", type=float, help="the sidecar's poll interval, seconds (default %(default)g)")
+    flag("--duration", type=float, help="stop after this many seconds (default: at the story's end)")
+    flag("--concurrency", type=int, help="requests in flight (default: the scenario's calibrated load)")
+    flag("--restart-delay", type=float, help="seconds before the demo restarts a simulator that died")
+    flag(
         "--keep-running",
-        dest="keep_running",
         action="store_true",
         help="do not stop 10 s after vLLM is back from the sidecar's first restart; run until Ctrl-C or --duration",
     )

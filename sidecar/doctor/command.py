@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from sidecar.shell.config_file import SettingsError
-from sidecar.shell.tool_settings import ReportSettings, add_flag, load_tool_settings
+from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
 
 EXIT_USAGE = 2
 MAX_TIMEOUT_S = 300
@@ -34,59 +34,37 @@ class DoctorSettings(ReportSettings):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    settings = DoctorSettings
-    add_flag(parser, settings, "--vllm-url", dest="vllm_url", help="base URL of the vLLM server (default %(default)s)")
-    add_flag(
-        parser,
-        settings,
+    flag = flags_for(parser, DoctorSettings)
+    flag("--vllm-url", help="base URL of the vLLM server (default %(default)s)")
+    flag(
         "--vllm-log",
-        dest="vllm_log",
         type=Path,
         metavar="FILE",
         help="vLLM's log (stdout/stderr of its start, a refused start or a crash), '-' for stdin (kubectl logs ... | "
         "vllm-sidecar doctor --vllm-log -); works with vLLM not running",
     )
-    add_flag(
-        parser,
-        settings,
+    flag(
         "--history",
-        dest="history",
         metavar="SOURCE",
         help="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir",
     )
-    add_flag(
-        parser,
-        settings,
+    flag(
         "--gpu-source",
-        dest="gpu_source",
         choices=("nvml", "sim", "none"),
         help="nvml; sim: the simulator's /sim/gpu at --vllm-url; none (default %(default)s)",
     )
-    add_flag(parser, settings, "--gpus", dest="gpus", help="GPU indices: all, or a list such as 0,1 (default all)")
-    add_flag(
-        parser,
-        settings,
+    flag("--gpus", help="GPU indices: all, or a list such as 0,1 (default all)")
+    flag(
         "--vllm-process-pattern",
-        dest="vllm_process_pattern",
         help="regular expression matched on a GPU process's name to tell vLLM from other tenants",
     )
-    add_flag(
-        parser,
-        settings,
-        "--timeout",
-        dest="timeout",
-        type=float,
-        help="seconds each request to vLLM may take (default %(default)g)",
-    )
-    add_flag(
-        parser,
-        settings,
+    flag("--timeout", type=float, help="seconds each request to vLLM may take (default %(default)g)")
+    flag(
         "--fail-on",
-        dest="fail_on",
         choices=("info", "warning", "critical"),
         help="exit 1 when a finding is at least this severe (default %(default)s: any finding)",
     )
-    add_flag(parser, settings, "--json", dest="json", action="store_true", help="print the contract's JSON document")
+    flag("--json", action="store_true", help="print the contract's JSON document")
 
 
 def _gpu_indices(text: str) -> tuple[int, ...] | None:

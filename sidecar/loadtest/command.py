@@ -21,7 +21,7 @@ from sidecar.loadtest.runner import POOL_SLACK, ProgressSink, run_load
 from sidecar.loadtest.spec import Api, LoadSpec, PromptEntry, SpecError, parse_length, parse_prompts
 from sidecar.loadtest.summary import Verdict, summarise
 from sidecar.shell.config_file import SettingsError
-from sidecar.shell.tool_settings import ReportSettings, add_flag, load_tool_settings
+from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -65,141 +65,65 @@ class LoadtestSettings(ReportSettings):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The loadtest flags, on the subcommand's parser."""
-    settings = LoadtestSettings
-    add_flag(
-        parser,
-        settings,
-        "--url",
-        "--vllm-url",
-        dest="url",
-        help="base URL of the OpenAI-compatible server (default %(default)s)",
-    )
-    add_flag(
-        parser,
-        settings,
+    flag = flags_for(parser, LoadtestSettings)
+    flag("--url", "--vllm-url", help="base URL of the OpenAI-compatible server (default %(default)s)")
+    flag(
         "--api",
-        dest="api",
         choices=[str(api) for api in Api],
         help="completions: POST /v1/completions; chat: POST /v1/chat/completions (default %(default)s)",
     )
-    add_flag(parser, settings, "--model", dest="model", help="model name (default: the first of GET /v1/models)")
-    add_flag(parser, settings, "--api-key", dest="api_key", help="sent as 'Authorization: Bearer KEY' (default: none)")
-    arrivals = parser.add_mutually_exclusive_group()
-    add_flag(
-        arrivals,
-        settings,
-        "--rate",
-        dest="rate",
-        type=float,
-        metavar="R",
-        help="open loop: Poisson arrivals at R requests/s",
-    )
-    add_flag(
-        arrivals,
-        settings,
-        "--concurrency",
-        dest="concurrency",
-        type=int,
-        metavar="N",
-        help="closed loop: N workers back to back",
-    )
-    add_flag(
-        parser, settings, "--duration", dest="duration", type=float, metavar="S", help="stop sending after S seconds"
-    )
-    add_flag(
-        parser,
-        settings,
-        "--max-requests",
-        dest="max_requests",
-        type=int,
-        metavar="N",
-        help="stop sending after N requests",
-    )
-    add_flag(
-        parser,
-        settings,
+    flag("--model", help="model name (default: the first of GET /v1/models)")
+    flag("--api-key", help="sent as 'Authorization: Bearer KEY' (default: none)")
+    arrival = flags_for(parser.add_mutually_exclusive_group(), LoadtestSettings)
+    arrival("--rate", type=float, metavar="R", help="open loop: Poisson arrivals at R requests/s")
+    arrival("--concurrency", type=int, metavar="N", help="closed loop: N workers back to back")
+    flag("--duration", type=float, metavar="S", help="stop sending after S seconds")
+    flag("--max-requests", type=int, metavar="N", help="stop sending after N requests")
+    flag(
         "--timeout",
         dest="request_timeout",
         type=float,
         metavar="S",
         help="per request, in seconds (default %(default)g)",
     )
-    add_flag(
-        parser,
-        settings,
+    flag(
         "--max-in-flight",
-        dest="max_in_flight",
         type=int,
         metavar="N",
         help="open loop: an arrival with N requests in flight is dropped by the client (default %(default)s)",
     )
     length_help = "tokens: N, uniform:MIN-MAX or normal:MEAN,SD (default %(default)s)"
-    add_flag(
-        parser,
-        settings,
-        "--prompt-tokens",
-        dest="prompt_tokens",
-        metavar="SPEC",
-        help=length_help.replace("%(default)s", "256"),
-    )
-    add_flag(parser, settings, "--output-tokens", dest="output_tokens", metavar="SPEC", help=length_help)
-    add_flag(
-        parser,
-        settings,
+    flag("--prompt-tokens", metavar="SPEC", help=length_help.replace("%(default)s", "256"))
+    flag("--output-tokens", metavar="SPEC", help=length_help)
+    flag(
         "--prompts-file",
-        dest="prompts_file",
         type=Path,
         metavar="FILE",
         help='JSON lines {"prompt": ..., "max_tokens": ...} (max_tokens optional), sent in turn',
     )
-    add_flag(
-        parser,
-        settings,
+    flag(
         "--shared-prefix-ratio",
-        dest="shared_prefix_ratio",
         type=float,
         metavar="P",
         help="share of requests that start with a shared prefix, 0 to 1 (default %(default)g)",
     )
-    add_flag(
-        parser,
-        settings,
-        "--shared-prefixes",
-        dest="shared_prefixes",
-        type=int,
-        metavar="K",
-        help="how many (default %(default)s)",
-    )
-    add_flag(
-        parser,
-        settings,
-        "--shared-prefix-tokens",
-        dest="shared_prefix_tokens",
-        type=int,
-        metavar="T",
-        help="their length (default %(default)s)",
-    )
-    add_flag(parser, settings, "--seed", dest="seed", type=int, help="for arrivals and lengths (default %(default)s)")
-    add_flag(
-        parser,
-        settings,
+    flag("--shared-prefixes", type=int, metavar="K", help="how many (default %(default)s)")
+    flag("--shared-prefix-tokens", type=int, metavar="T", help="their length (default %(default)s)")
+    flag("--seed", type=int, help="for arrivals and lengths (default %(default)s)")
+    flag(
         "--max-error-rate",
-        dest="max_error_rate",
         type=float,
         metavar="RATIO",
         help="FAIL when more than this share of requests fail (default %(default)g)",
     )
-    add_flag(
-        parser,
-        settings,
+    flag(
         "--readiness-url",
-        dest="readiness_url",
         metavar="URL",
         help="send only while this URL answers 200 (e.g. the sidecar's /readyz), as a Kubernetes Service or "
         "router honours readiness; arrivals while it does not are counted as not_ready",
     )
-    add_flag(parser, settings, "--json", dest="json", action="store_true", help="print the report as one JSON document")
-    add_flag(parser, settings, "--quiet", dest="quiet", action="store_true", help="no progress bar")
+    flag("--json", action="store_true", help="print the report as one JSON document")
+    flag("--quiet", action="store_true", help="no progress bar")
 
 
 def build_spec(args: LoadtestSettings, *, run_tag: str | None = None) -> LoadSpec:

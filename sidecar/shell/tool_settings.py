@@ -1,7 +1,7 @@
 """The settings of the tool commands (sim, loadtest, demo, doctor): one pydantic-settings model per command.
 
 Reads the environment and the config file. Each command's model declares its options with their types and
-defaults; its argparse flags only collect what the user gave (`add_flag`: no default of their own, so a flag
+defaults; its argparse flags only collect what the user gave (`flags_for`: no default of their own, so a flag
 left out lets the lower layers fill it). pydantic-settings layers flag > `VLLM_SIDECAR_<OPTION>` > `--config`
 file > the model's default and parses each value for its type, so a boolean takes the daemon's forms. A bad
 value is a `SettingsError` of one line naming the setting, the value and where it came from.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,18 +58,17 @@ with warnings.catch_warnings():
         json: bool = False  # type: ignore[assignment]  # shadows the deprecated BaseModel.json()
 
 
-def add_flag(
-    parser: Any,  # an ArgumentParser, or a group of one (argparse names no public type for both)
-    model: type[ToolSettings],
-    *flags: str,
-    dest: str,
-    help: str,
-    **kwargs: Any,
-) -> None:
-    """A flag for `model`'s setting `dest`, its help's `%(default)s` filled from the model (the one default)."""
-    default = model.model_fields[dest].default
-    text = (help % {"default": default}).replace("%", "%%")
-    parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=text, **kwargs)
+def flags_for(parser: Any, model: type[ToolSettings]) -> Callable[..., None]:
+    """`add(*flags, help=..., **argparse_options)`: a flag on `parser` (an ArgumentParser or a group of one) for
+    `model`'s setting of the same name (or `dest=`), with no default of its own and its help's `%(default)s`
+    filled from the model, the one place the default is written."""
+
+    def add(*flags: str, help: str, **kwargs: Any) -> None:
+        dest = kwargs.pop("dest", flags[0].lstrip("-").replace("-", "_"))
+        text = (help % {"default": model.model_fields[dest].default}).replace("%", "%%")
+        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=text, **kwargs)
+
+    return add
 
 
 def given(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
