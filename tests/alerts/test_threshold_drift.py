@@ -214,6 +214,17 @@ def test_runbooks_state_the_defaults() -> None:
         assert number == _default(name), f"{RUNBOOKS.name} says --{name.replace('_', '-')} is {number:g}"
 
 
+@pytest.mark.parametrize(
+    "path",
+    [*sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "deploy").glob("*/README.md")), README],
+    ids=lambda path: str(path.relative_to(ROOT)),
+)
+def test_every_document_states_the_defaults(path: Path) -> None:
+    """Any "`--flag` (default N)" or "`--flag` (N s)" of a daemon setting, in any document, is its default."""
+    for name, number in _flag_defaults_stated(path):
+        assert number == _default(name), f"{path.relative_to(ROOT)} says --{name.replace('_', '-')} is {number:g}"
+
+
 def test_runbooks_quote_the_shipped_expressions() -> None:
     """The "**Means:** `expr`" of each alert's section is the shipped expression (or its start)."""
     alerts = _alerts(RULES)
