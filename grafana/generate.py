@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter import names
 from sidecar.exporter.names import Kind, MetricSpec
 from sidecar.policy.settings import PolicySettings
@@ -32,13 +33,17 @@ GRID_COLUMNS = 24
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RUNBOOKS = "https://github.com/vllm-sidecar/vllm-sidecar/blob/main/docs/runbooks.md"
 
-# The defaults of the daemon's flags, drawn as threshold lines: where the sidecar acts.
-PAUSE_KV_USAGE = 0.9
-RESUME_KV_USAGE = 0.8
-OOM_FORECAST_S = 900.0
-HUNG_AFTER_S = 120.0
-PREEMPTIONS_PER_S = PolicySettings().preemptions_per_s  # the preemption pause's threshold, from the policy itself
-ALLOC_RETRIES = PolicySettings().pause_alloc_retries  # the allocator pause's threshold, from the policy itself
+# The defaults of the daemon's flags, drawn as threshold lines: where the sidecar acts. Read from the policy and
+# the derivation themselves, the one place each default is written (tests/alerts/test_threshold_drift.py).
+POLICY = PolicySettings()
+DERIVE = DeriveSettings()
+PAUSE_KV_USAGE = POLICY.pause_kv_usage_ratio
+RESUME_KV_USAGE = POLICY.resume_kv_usage_ratio
+OOM_FORECAST_S = POLICY.oom_forecast_s
+HUNG_AFTER_S = POLICY.hung_after_s
+PREEMPTIONS_PER_S = POLICY.preemptions_per_s
+ALLOC_RETRIES = POLICY.pause_alloc_retries
+SHORT_HORIZON_POLLS = DERIVE.short_horizon_polls  # the polls the judged rates span
 
 # The sidecar's own series carry the sidecar's scrape `instance`; vLLM's series come from another target (another
 # instance label), so vLLM panels select by model and engine only. V0 vLLM has no engine label at all (the sidecar
@@ -234,7 +239,8 @@ OVERVIEW = Row(
         Panel(
             title="Time to OOM (soonest GPU)",
             what="Forecast from the trend of used GPU memory. Empty while memory is not growing. Under "
-            f"--oom-forecast ({OOM_FORECAST_S:g} s) for 3 polls the sidecar restarts vLLM in a planned way.",
+            f"--oom-forecast ({OOM_FORECAST_S:g} s) for {POLICY.oom_forecast_ticks} polls the sidecar restarts vLLM "
+            "in a planned way.",
             queries=(Query(f"min by (instance) ({sel(names.GPU_TIME_TO_OOM, GPU)})", LEGEND_SIDECAR, instant=True),),
             viz=Viz.STAT,
             unit="s",
@@ -424,7 +430,8 @@ GPU_MEMORY = Row(
         ),
         Panel(
             title="Memory growth",
-            what="Least-squares slope of used memory over --memory-trend-window (needs 6 polls over 30 s).",
+            what="Least-squares slope of used memory over --memory-trend-window (needs "
+            f"{DERIVE.min_trend_points} polls over {DERIVE.min_trend_span_s:g} s).",
             queries=(Query(sel(names.GPU_GROWTH, GPU), LEGEND_GPU),),
             unit="Bps",
             width=6,
@@ -512,7 +519,7 @@ VLLM_ENGINE = Row(
         Panel(
             title="Preemptions",
             what="Requests vLLM evicted from the KV cache to make room (recomputed later): the cache is too small "
-            "for the concurrency. 'judged' is the sidecar's rate over its last 5 polls: above "
+            f"for the concurrency. 'judged' is the sidecar's rate over its last {SHORT_HORIZON_POLLS} polls: above "
             f"the policy's {PREEMPTIONS_PER_S:g}/s (drawn) it pauses admission, and the pause ends when the "
             "storm has left those polls. 'vLLM' is vLLM's counter over the panel's rate window.",
             queries=(
@@ -586,7 +593,8 @@ VLLM_ADMISSION = Row(
         Panel(
             title="vLLM refusing requests",
             what="Requests vLLM itself answered 503 because its --max-num-queued-reqs or --max-num-queued-tokens "
-            "cap was full (vLLM 0.32+), per served model, over the sidecar's last 5 polls. Clients should retry on "
+            "cap was full (vLLM 0.32+), per served model, over the sidecar's last "
+            f"{SHORT_HORIZON_POLLS} polls. Clients should retry on "
             "another instance; a steady rate means this replica is full (alert VllmShedding).",
             queries=(Query(sel(names.VLLM_REJECTIONS_RATE, MODEL), LEGEND_MODEL),),
             unit="reqps",
@@ -758,7 +766,8 @@ ALLOCATOR = Row(
         Panel(
             title="Allocator retries and OOMs",
             what="Allocations that made the allocator free its whole cache and retry (the step before an OOM; the "
-            f"sidecar pauses admission at {ALLOC_RETRIES:g} in 5 polls), and allocations that failed even then.",
+            f"sidecar pauses admission at {ALLOC_RETRIES:g} in {SHORT_HORIZON_POLLS} polls), and allocations that "
+            "failed even then.",
             queries=(
                 Query(
                     f"sum by (instance, gpu, rank) (increase({sel(names.TORCH_ALLOC_RETRIES, GPU)}[$__rate_interval]))",

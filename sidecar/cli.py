@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sidecar import __version__
-from sidecar.shell.arguments import apply_defaults, check_environment, option_actions
+from sidecar.shell.arguments import check_environment, option_actions
 from sidecar.shell.setting_origin import closest
 from sidecar.shell.settings import BOOLEAN_FORMS, Settings, SettingsError, load_settings
 
@@ -117,15 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     tool = _subparser(parser, argv[0]) if argv and argv[0] in {name for name, _, _ in _TOOL_COMMANDS} else None
     if tool is not None:
+        modules = {name: module for name, _, module in _TOOL_COMMANDS}
+        module = importlib.import_module(modules[argv[0]])
         try:
-            _check_environment(parser, argv[0])
-            apply_defaults(tool, argv[1:])
+            _check_environment(parser, argv[0])  # the command's settings model reads the environment and file
         except SettingsError as error:
             print(f"vllm-sidecar: error: {error}", file=sys.stderr)
             return EXIT_USAGE
         args = _parse(parser, argv)
-        modules = {name: module for name, _, module in _TOOL_COMMANDS}
-        return int(importlib.import_module(modules[argv[0]]).run(args))
+        return int(module.run(args))
     arguments = vars(_parse(parser, argv))
     command = arguments.pop("command")
     as_json = bool(arguments.pop("json", False))

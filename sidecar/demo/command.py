@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Literal
+
+from sidecar.shell.config_file import SettingsError
+from sidecar.shell.tool_settings import ToolSettings, flags_for, load_tool_settings
+
+
+class DemoSettings(ToolSettings):
+    """The demo's options, with their defaults: flag > VLLM_SIDECAR_<OPTION> > config file > these."""
+
+    scenario: str = "leak"  # checked against the simulator's scenarios in `run`, with the list in the error
+    vllm_version: Literal["0.6", "0.10", "0.32"] = "0.32"
+    interval: float = 1.0
+    duration: float = 0.0
+    concurrency: int | None = None
+    restart_delay: float = 5.0
+    keep_running: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,39 +33,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = help_epilog()
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
+    flag = flags_for(parser, DemoSettings)
+    flag(
         "--scenario",
-        default="leak",
         choices=SCENARIOS,
         metavar="NAME",
         help=f"simulator scenario to show: {', '.join(SCENARIOS)} (default leak; timings below)",
     )
-    parser.add_argument(
-        "--vllm-version", default="0.32", choices=("0.6", "0.10", "0.32"), help="metric schema to simulate"
-    )
-    parser.add_argument("--interval", type=float, default=1.0, help="the sidecar's poll interval, seconds (default 1)")
-    parser.add_argument(
-        "--duration", type=float, default=0.0, help="stop after this many seconds (default: at the story's end)"
-    )
-    parser.add_argument(
-        "--concurrency", type=int, default=None, help="requests in flight (default: the scenario's calibrated load)"
-    )
-    parser.add_argument(
-        "--restart-delay", type=float, default=5.0, help="seconds before the demo restarts a simulator that died"
-    )
-    parser.add_argument(
+    flag("--vllm-version", choices=("0.6", "0.10", "0.32"), help="metric schema to simulate")
+    flag("--interval", type=float, help="the sidecar's poll interval, seconds (default %(default)g)")
+    flag("--duration", type=float, help="stop after this many seconds (default: at the story's end)")
+    flag("--concurrency", type=int, help="requests in flight (default: the scenario's calibrated load)")
+    flag("--restart-delay", type=float, help="seconds before the demo restarts a simulator that died")
+    flag(
         "--keep-running",
         action="store_true",
         help="do not stop 10 s after vLLM is back from the sidecar's first restart; run until Ctrl-C or --duration",
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(flags: argparse.Namespace) -> int:
     from sidecar.demo.load import LoadShape  # noqa: PLC0415 - keeps `vllm-sidecar --help` light
     from sidecar.demo.runner import DemoOptions, run_demo  # noqa: PLC0415
     from sidecar.sim.config import SCENARIOS  # noqa: PLC0415
 
-    if args.scenario not in SCENARIOS:  # a value from a config file is not checked by argparse
+    try:
+        args = load_tool_settings(DemoSettings, flags)
+    except SettingsError as error:
+        print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+        return 2
+    if args.scenario not in SCENARIOS:  # a value from the environment or a config file is not checked by argparse
         print(
             f"vllm-sidecar: error: demo: unknown scenario {args.scenario!r}; choose one of {', '.join(SCENARIOS)}",
             file=sys.stderr,

@@ -11,51 +11,60 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Literal
+
+from sidecar.shell.config_file import SettingsError
+from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
 
 EXIT_USAGE = 2
 MAX_TIMEOUT_S = 300
 
 
+class DoctorSettings(ReportSettings):
+    """The doctor's options, with their defaults: flag > VLLM_SIDECAR_<OPTION> > config file > these."""
+
+    vllm_url: str = "http://127.0.0.1:8000"
+    vllm_log: Path | None = None
+    history: str | None = None
+    gpu_source: Literal["nvml", "sim", "none"] = "nvml"
+    gpus: str = "all"
+    vllm_process_pattern: str = r"vllm|VLLM::"
+    timeout: float = 10.0
+    fail_on: Literal["info", "warning", "critical"] = "info"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--vllm-url", default="http://127.0.0.1:8000", help="base URL of the vLLM server (default %(default)s)"
-    )
-    parser.add_argument(
+    flag = flags_for(parser, DoctorSettings)
+    flag("--vllm-url", help="base URL of the vLLM server (default %(default)s)")
+    flag(
         "--vllm-log",
         type=Path,
-        default=None,
         metavar="FILE",
         help="vLLM's log (stdout/stderr of its start, a refused start or a crash), '-' for stdin (kubectl logs ... | "
         "vllm-sidecar doctor --vllm-log -); works with vLLM not running",
     )
-    parser.add_argument(
+    flag(
         "--history",
-        default=None,
         metavar="SOURCE",
         help="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir",
     )
-    parser.add_argument(
+    flag(
         "--gpu-source",
         choices=("nvml", "sim", "none"),
-        default="nvml",
         help="nvml; sim: the simulator's /sim/gpu at --vllm-url; none (default %(default)s)",
     )
-    parser.add_argument("--gpus", default="all", help="GPU indices: all, or a list such as 0,1 (default all)")
-    parser.add_argument(
+    flag("--gpus", help="GPU indices: all, or a list such as 0,1 (default all)")
+    flag(
         "--vllm-process-pattern",
-        default=r"vllm|VLLM::",
         help="regular expression matched on a GPU process's name to tell vLLM from other tenants",
     )
-    parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds each request to vLLM may take (default %(default)g)"
-    )
-    parser.add_argument(
+    flag("--timeout", type=float, help="seconds each request to vLLM may take (default %(default)g)")
+    flag(
         "--fail-on",
         choices=("info", "warning", "critical"),
-        default="info",
         help="exit 1 when a finding is at least this severe (default %(default)s: any finding)",
     )
-    parser.add_argument("--json", action="store_true", help="print the contract's JSON document")
+    flag("--json", action="store_true", help="print the contract's JSON document")
 
 
 def _gpu_indices(text: str) -> tuple[int, ...] | None:
@@ -92,12 +101,17 @@ def _timeout(value: object) -> float:
     return timeout
 
 
-def run(args: argparse.Namespace) -> int:
+def run(flags: argparse.Namespace) -> int:
     from sidecar.doctor.diagnose import diagnose  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.doctor.finding import Severity  # noqa: PLC0415
     from sidecar.doctor.gather import InputError, Options, gather  # noqa: PLC0415
     from sidecar.doctor.render import exit_code, render_json, render_text  # noqa: PLC0415
 
+    try:
+        args = load_tool_settings(DoctorSettings, flags)
+    except SettingsError as error:
+        print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         options = Options(
             vllm_url=_checked_url(str(args.vllm_url), "--vllm-url"),

@@ -18,6 +18,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock, tokens
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import available
+from sidecar.policy.settings import PolicySettings
 
 CONCURRENCY_RATIO = 1.5  # max_num_seqs at least this many times what the pool holds
 
@@ -134,7 +135,7 @@ def _fewer_seqs(value: int, setup: Setup, *, unknown: str, why: Callable[[str], 
 _KV_PAUSE = re.compile(r"KV cache usage (?P<usage>[\d.]+) >= (?P<limit>[\d.]+) on (?P<engine>engine \S+)")
 _PREEMPTION_PAUSE = re.compile(r"preemptions (?P<rate>[\d.]+)/s > (?P<limit>[\d.]+)/s on (?P<engine>engine \S+)")
 _WAITING_PAUSE = re.compile(r"waiting(?: for capacity)? (?P<waiting>[\d.]+).*? > [\d.]+ x running (?P<running>[\d.]+)")
-DEFAULT_PAUSE_KV = 0.9  # the daemon's --pause-kv-usage default, when no pause reason says the threshold
+DEFAULT_PAUSE_KV = PolicySettings().pause_kv_usage_ratio  # --pause-kv-usage's, when no pause reason says it
 
 
 def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:

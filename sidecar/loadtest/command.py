@@ -13,11 +13,15 @@ import secrets
 import sys
 from pathlib import Path
 
+from pydantic import field_validator
+
 from sidecar.loadtest.monitor import UnreachableError
 from sidecar.loadtest.report import render_json, render_text
 from sidecar.loadtest.runner import POOL_SLACK, ProgressSink, run_load
 from sidecar.loadtest.spec import Api, LoadSpec, PromptEntry, SpecError, parse_length, parse_prompts
 from sidecar.loadtest.summary import Verdict, summarise
+from sidecar.shell.config_file import SettingsError
+from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -27,86 +31,103 @@ MAX_PROMPTS_FILE_BYTES = 1 << 30
 _PROG = "vllm-sidecar loadtest"
 
 
+class LoadtestSettings(ReportSettings):
+    """The loadtest's options, with their defaults: flag > VLLM_SIDECAR_<OPTION> > config file > these."""
+
+    url: str = "http://127.0.0.1:8000"
+    api: Api = Api.COMPLETIONS
+    model: str | None = None
+    api_key: str | None = None
+    # Not required here: a value from VLLM_SIDECAR_RATE or a config file must count; LoadSpec checks one is set.
+    rate: float | None = None
+    concurrency: int | None = None
+    duration: float | None = None
+    max_requests: int | None = None
+    # Not `timeout`: the daemon's VLLM_SIDECAR_TIMEOUT (< its interval) must not leak in.
+    request_timeout: float = 120.0
+    max_in_flight: int = 1000
+    prompt_tokens: str | None = None  # None: 256 (a length spec; a config file may give a number)
+    output_tokens: str = "128"
+    prompts_file: Path | None = None
+    shared_prefix_ratio: float = 0.0
+    shared_prefixes: int = 1
+    shared_prefix_tokens: int = 64
+    seed: int = 0
+    max_error_rate: float = 0.01
+    readiness_url: str | None = None
+    quiet: bool = False
+
+    @field_validator("prompt_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _length_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The loadtest flags, on the subcommand's parser."""
-    parser.add_argument(
-        "--url",
-        "--vllm-url",
-        dest="url",
-        default="http://127.0.0.1:8000",
-        help="base URL of the OpenAI-compatible server (default %(default)s)",
-    )
-    parser.add_argument(
+    flag = flags_for(parser, LoadtestSettings)
+    flag("--url", "--vllm-url", help="base URL of the OpenAI-compatible server (default %(default)s)")
+    flag(
         "--api",
         choices=[str(api) for api in Api],
-        default=str(Api.COMPLETIONS),
         help="completions: POST /v1/completions; chat: POST /v1/chat/completions (default %(default)s)",
     )
-    parser.add_argument("--model", default=None, help="model name (default: the first of GET /v1/models)")
-    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: none)")
-    # Not required here: a default from VLLM_SIDECAR_RATE or a config file must count; LoadSpec checks one is set.
-    arrivals = parser.add_mutually_exclusive_group()
-    arrivals.add_argument("--rate", type=float, metavar="R", help="open loop: Poisson arrivals at R requests/s")
-    arrivals.add_argument("--concurrency", type=int, metavar="N", help="closed loop: N workers back to back")
-    parser.add_argument("--duration", type=float, metavar="S", help="stop sending after S seconds")
-    parser.add_argument("--max-requests", type=int, metavar="N", help="stop sending after N requests")
-    parser.add_argument(
+    flag("--model", help="model name (default: the first of GET /v1/models)")
+    flag("--api-key", help="sent as 'Authorization: Bearer KEY' (default: none)")
+    arrival = flags_for(parser.add_mutually_exclusive_group(), LoadtestSettings)
+    arrival("--rate", type=float, metavar="R", help="open loop: Poisson arrivals at R requests/s")
+    arrival("--concurrency", type=int, metavar="N", help="closed loop: N workers back to back")
+    flag("--duration", type=float, metavar="S", help="stop sending after S seconds")
+    flag("--max-requests", type=int, metavar="N", help="stop sending after N requests")
+    flag(
         "--timeout",
-        dest="request_timeout",  # not `timeout`: the daemon's VLLM_SIDECAR_TIMEOUT (< its interval) must not leak in
+        dest="request_timeout",
         type=float,
-        default=120.0,
         metavar="S",
         help="per request, in seconds (default %(default)g)",
     )
-    parser.add_argument(
+    flag(
         "--max-in-flight",
         type=int,
-        default=1000,
         metavar="N",
         help="open loop: an arrival with N requests in flight is dropped by the client (default %(default)s)",
     )
     length_help = "tokens: N, uniform:MIN-MAX or normal:MEAN,SD (default %(default)s)"
-    parser.add_argument("--prompt-tokens", default=None, metavar="SPEC", help=length_help.replace("%(default)s", "256"))
-    parser.add_argument("--output-tokens", default="128", metavar="SPEC", help=length_help)
-    parser.add_argument(
+    flag("--prompt-tokens", metavar="SPEC", help=length_help.replace("%(default)s", "256"))
+    flag("--output-tokens", metavar="SPEC", help=length_help)
+    flag(
         "--prompts-file",
         type=Path,
-        default=None,
         metavar="FILE",
         help='JSON lines {"prompt": ..., "max_tokens": ...} (max_tokens optional), sent in turn',
     )
-    parser.add_argument(
+    flag(
         "--shared-prefix-ratio",
         type=float,
-        default=0.0,
         metavar="P",
         help="share of requests that start with a shared prefix, 0 to 1 (default %(default)g)",
     )
-    parser.add_argument("--shared-prefixes", type=int, default=1, metavar="K", help="how many (default %(default)s)")
-    parser.add_argument(
-        "--shared-prefix-tokens", type=int, default=64, metavar="T", help="their length (default %(default)s)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="for arrivals and lengths (default %(default)s)")
-    parser.add_argument(
+    flag("--shared-prefixes", type=int, metavar="K", help="how many (default %(default)s)")
+    flag("--shared-prefix-tokens", type=int, metavar="T", help="their length (default %(default)s)")
+    flag("--seed", type=int, help="for arrivals and lengths (default %(default)s)")
+    flag(
         "--max-error-rate",
         type=float,
-        default=0.01,
         metavar="RATIO",
         help="FAIL when more than this share of requests fail (default %(default)g)",
     )
-    parser.add_argument(
+    flag(
         "--readiness-url",
-        default=None,
         metavar="URL",
         help="send only while this URL answers 200 (e.g. the sidecar's /readyz), as a Kubernetes Service or "
         "router honours readiness; arrivals while it does not are counted as not_ready",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    flag("--json", action="store_true", help="print the report as one JSON document")
+    flag("--quiet", action="store_true", help="no progress bar")
 
 
-def build_spec(args: argparse.Namespace, *, run_tag: str | None = None) -> LoadSpec:
-    """The run's options from the parsed flags (and the prompts file); raises SpecError."""
+def build_spec(args: LoadtestSettings, *, run_tag: str | None = None) -> LoadSpec:
+    """The run's options from its settings (and the prompts file); raises SpecError."""
     prompts: tuple[PromptEntry, ...] = ()
     if args.prompts_file is not None:
         if args.prompt_tokens is not None:
@@ -114,7 +135,7 @@ def build_spec(args: argparse.Namespace, *, run_tag: str | None = None) -> LoadS
         prompts = parse_prompts(_read_prompts_file(args.prompts_file), str(args.prompts_file))
     return LoadSpec(
         url=args.url,
-        api=Api(args.api),
+        api=args.api,
         model=args.model,
         api_key=args.api_key,
         rate_per_s=args.rate,
@@ -124,8 +145,8 @@ def build_spec(args: argparse.Namespace, *, run_tag: str | None = None) -> LoadS
         timeout_s=args.request_timeout,
         max_in_flight=args.max_in_flight,
         # str(): a config file may give a length as a number
-        prompt_tokens=parse_length(str(args.prompt_tokens or 256), "--prompt-tokens"),
-        output_tokens=parse_length(str(args.output_tokens), "--output-tokens"),
+        prompt_tokens=parse_length(args.prompt_tokens or "256", "--prompt-tokens"),
+        output_tokens=parse_length(args.output_tokens, "--output-tokens"),
         prompts=prompts,
         prompts_file=None if args.prompts_file is None else str(args.prompts_file),
         shared_prefix_ratio=args.shared_prefix_ratio,
@@ -138,8 +159,14 @@ def build_spec(args: argparse.Namespace, *, run_tag: str | None = None) -> LoadS
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the load test the flags describe, print the report; the exit code."""
+def run(flags: argparse.Namespace) -> int:
+    """Run the load test the flags (over the environment and the config file) describe, print the report; the
+    exit code."""
+    try:
+        args = load_tool_settings(LoadtestSettings, flags)
+    except SettingsError as error:  # worded like every command's settings error
+        print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         spec = build_spec(args)
     except SpecError as error:

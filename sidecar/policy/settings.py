@@ -1,7 +1,10 @@
 """Every threshold of the policy, with its unit in its name, validated at construction. Pure.
 
-The defaults are the issue's. The shell builds one `PolicySettings` from the command line and passes it to
-`Policy`; nothing here reads the environment.
+The defaults are the issue's, and this is the one place each is written: the daemon's flags take their defaults
+from here (`sidecar/shell/settings.py`), and so do the alert rules' and the dashboard's generators
+(`alerts/generate.py`, `grafana/generate.py`); tests/alerts/test_threshold_drift.py fails when a shipped file
+shows another number. The shell builds one `PolicySettings` from the command line and passes it to `Policy`;
+nothing here reads the environment.
 """
 
 from __future__ import annotations

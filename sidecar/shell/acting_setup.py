@@ -24,7 +24,7 @@ from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
 from sidecar.notify.webhook import WebhookSink
 from sidecar.policy.settings import PolicySettings, PolicySettingsError, stale_after_for_interval
-from sidecar.shell.settings import Settings, SettingsError
+from sidecar.shell.settings import Settings, SettingsError, core_values
 
 MAX_KEY_BYTES = 4096
 
@@ -40,23 +40,7 @@ class ActingParts:
 def policy_settings(settings: Settings) -> PolicySettings:
     try:
         return PolicySettings(
-            pause_kv_usage_ratio=settings.pause_kv_usage,
-            resume_kv_usage_ratio=settings.resume_kv_usage,
-            min_gpu_free_ratio=settings.min_gpu_free,
-            pause_alloc_retries=settings.pause_alloc_retries,
-            dead_after_s=settings.dead_after,
-            down_after_s=settings.down_after,
-            hung_after_s=settings.hung_after,
-            stall_pause_after_s=settings.stall_pause_after,
-            probe_after_s=settings.probe_after,
-            probe_timeout_s=settings.probe_timeout,
-            oom_forecast_s=settings.oom_forecast,
-            min_uptime_for_forecast_restart_s=settings.forecast_min_uptime,
-            max_restarts_per_hour=settings.max_restarts_per_hour,
-            drain_timeout_s=settings.drain_timeout,
-            startup_timeout_s=settings.startup_timeout,
-            pressure_events_restart=settings.pressure_restarts,
-            stale_after_s=stale_after_for_interval(settings.interval),
+            **core_values(settings, "policy"), stale_after_s=stale_after_for_interval(settings.interval)
         )
     except PolicySettingsError as error:
         raise SettingsError(f"invalid policy settings: {error}") from None

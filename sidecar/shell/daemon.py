@@ -42,7 +42,7 @@ from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_prob
 from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
-from sidecar.shell.settings import Settings, SettingsError, setting_error
+from sidecar.shell.settings import Settings, SettingsError, core_values, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.allocator_probe import AllocatorProbeSource
@@ -56,12 +56,7 @@ SHUTDOWN_GRACE_S = 2.0
 
 
 def derive_settings(settings: Settings) -> DeriveSettings:
-    return DeriveSettings(
-        window_s=settings.window,
-        memory_trend_window_s=settings.memory_trend_window,
-        min_trend_r2=settings.min_trend_r2,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-    )
+    return DeriveSettings(**core_values(settings, "derive"))
 
 
 def build_gpu_source(settings: Settings, client: httpx.AsyncClient | HttpGetClient) -> GpuSource | None:

@@ -11,36 +11,48 @@ from __future__ import annotations
 import math
 import os
 import shlex
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
-import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
-from sidecar.file_cap import read_capped_file
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell import setting_origin
+from sidecar.shell.address import split_listen
+from sidecar.shell.config_file import ConfigFileSource, config_path
+from sidecar.shell.config_file import SettingsError as SettingsError  # noqa: PLC0414 - re-exported, as before
+from sidecar.shell.config_file import read_config_file as read_config_file  # noqa: PLC0414 - re-exported
 from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
-from sidecar.shell.setting_origin import Origin, closest, flag_of, origins
+from sidecar.shell.setting_origin import Origin, flag_of, origins
 
 ENV_PREFIX = setting_origin.ENV_PREFIX
 BOOLEAN_FORMS = "true|false, 1|0, yes|no, on|off"  # what pydantic reads as a bool (also t|f, y|n)
-MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
 SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status
-
-
-class SettingsError(Exception):
-    """A setting is invalid; the message is one line naming it and what it accepts."""
 
 
 def _allowed(text: str) -> dict[str, Any]:
     return {"allowed": text}
+
+
+# The pure core's settings hold the defaults; a setting that feeds one names its field there and takes its default
+# from it, so the flag, the policy, the alert rules and the dashboard cannot disagree (see `core_values`).
+POLICY = PolicySettings()
+DERIVE = DeriveSettings()
+
+
+def _policy(field: str, *, allowed: str, **kwargs: Any) -> Any:
+    """A setting that is `PolicySettings.<field>`: its default is the policy's."""
+    return Field(getattr(POLICY, field), json_schema_extra={"allowed": allowed, "policy": field}, **kwargs)
+
+
+def _derive(field: str, *, allowed: str, **kwargs: Any) -> Any:
+    """A setting that is `DeriveSettings.<field>`: its default is the derivation's."""
+    return Field(getattr(DERIVE, field), json_schema_extra={"allowed": allowed, "derive": field}, **kwargs)
 
 
 class Settings(BaseSettings):
@@ -79,26 +91,26 @@ class Settings(BaseSettings):
         description="largest /metrics body read from vLLM",
         json_schema_extra=_allowed("bytes, 1024 to 1073741824"),
     )
-    window: float = Field(
-        300.0,
+    window: float = _derive(
+        "window_s",
         gt=0,
         le=86400,
         description="seconds of history for the prefix-cache hit ratio and rates",
-        json_schema_extra=_allowed("seconds, > 0 and <= 86400"),
+        allowed="seconds, > 0 and <= 86400",
     )
-    memory_trend_window: float = Field(
-        600.0,
+    memory_trend_window: float = _derive(
+        "memory_trend_window_s",
         gt=0,
         le=86400,
         description="seconds of history for the GPU memory growth trend",
-        json_schema_extra=_allowed("seconds, > 0 and <= 86400"),
+        allowed="seconds, > 0 and <= 86400",
     )
-    min_trend_r2: float = Field(
-        0.5,
+    min_trend_r2: float = _derive(
+        "min_trend_r2",
         ge=0,
         le=1,
         description="least R² of the memory trend before time to OOM is forecast",
-        json_schema_extra=_allowed("a number from 0 to 1"),
+        allowed="a number from 0 to 1",
     )
     gpu_source: Literal["nvml", "sim", "none"] = Field(
         "nvml",
@@ -110,12 +122,12 @@ class Settings(BaseSettings):
         description="GPU indices to watch",
         json_schema_extra=_allowed("'all' or a comma-separated list of indices such as 0,1"),
     )
-    gpu_memory_utilization: float | None = Field(
-        None,
+    gpu_memory_utilization: float | None = _derive(
+        "gpu_memory_utilization",
         gt=0,
         le=1,
         description="vLLM's --gpu-memory-utilization, when its cache_config_info does not say",
-        json_schema_extra=_allowed("a number > 0 and <= 1"),
+        allowed="a number > 0 and <= 1",
     )
     probe_dir: Path | None = Field(
         None,
@@ -152,118 +164,123 @@ class Settings(BaseSettings):
     )
 
     # --- acting: the policy's main thresholds (the others keep the defaults documented in the README) ---
-    pause_kv_usage: float = Field(
-        0.90,
+    pause_kv_usage: float = _policy(
+        "pause_kv_usage_ratio",
         gt=0,
         le=1,
         description="pause admission when an engine's KV usage reaches this",
-        json_schema_extra=_allowed("a ratio > 0 and <= 1, above --resume-kv-usage"),
+        allowed="a ratio > 0 and <= 1, above --resume-kv-usage",
     )
-    resume_kv_usage: float = Field(
-        0.80,
+    resume_kv_usage: float = _policy(
+        "resume_kv_usage_ratio",
         gt=0,
         le=1,
         description="resume admission only when every engine is at or below this",
-        json_schema_extra=_allowed("a ratio > 0 and <= 1, below --pause-kv-usage"),
+        allowed="a ratio > 0 and <= 1, below --pause-kv-usage",
     )
-    min_gpu_free: float = Field(
-        0.05,
+    min_gpu_free: float = _policy(
+        "min_gpu_free_ratio",
         gt=0,
         le=1,
         description="pause admission when a GPU's free memory falls below this share",
-        json_schema_extra=_allowed("a ratio > 0 and <= 1"),
+        allowed="a ratio > 0 and <= 1",
     )
-    pause_alloc_retries: int = Field(
-        PolicySettings().pause_alloc_retries,
+    pause_alloc_retries: int = _policy(
+        "pause_alloc_retries",
         ge=0,
         description=(
             "pause admission when PyTorch's allocator in vLLM retried this many allocations (or failed one) over "
-            "the last 5 polls (needs --probe-dir); 0: never"
+            f"the last {DERIVE.short_horizon_polls} polls (needs --probe-dir); 0: never"
         ),
-        json_schema_extra=_allowed("a whole number >= 0"),
+        allowed="a whole number >= 0",
     )
-    dead_after: float = Field(
-        30.0,
+    dead_after: float = _policy(
+        "dead_after_s",
         gt=0,
         description="seconds /health may fail, after it was healthy, before vLLM is restarted",
-        json_schema_extra=_allowed("seconds > 0"),
+        allowed="seconds > 0",
     )
-    down_after: float = Field(
-        900.0,
+    down_after: float = _policy(
+        "down_after_s",
         gt=0,
         description="seconds nothing may listen at vLLM's address (process gone, not brought back) before a restart",
-        json_schema_extra=_allowed("seconds > 0; longer than vLLM takes to load if a supervisor restarts it"),
+        allowed="seconds > 0; longer than vLLM takes to load if a supervisor restarts it",
     )
-    hung_after: float = Field(
-        120.0,
+    hung_after: float = _policy(
+        "hung_after_s",
         gt=0,
         description=(
             "seconds without engine progress before a restart: with requests waiting or running, or, with the "
             "probe, once a 1-token completion got no answer"
         ),
-        json_schema_extra=_allowed("seconds > 0"),
+        allowed="seconds > 0",
     )
-    stall_pause_after: float = Field(
-        10.0,
+    stall_pause_after: float = _policy(
+        "stall_pause_after_s",
         gt=0,
         description="seconds without engine progress, with requests waiting or running, before admission pauses",
-        json_schema_extra=_allowed("seconds > 0; a pause this early costs little, the restart waits for --hung-after"),
+        allowed="seconds > 0; a pause this early costs little, the restart waits for --hung-after",
     )
-    probe_after: float = Field(
-        PolicySettings().probe_after_s,
+    probe_after: float = _policy(
+        "probe_after_s",
         ge=0,
         description=(
             "seconds without engine progress (idle or not) before one 1-token completion probes the engine for "
             "a wedge; 0: never (an engine wedged while idle then goes unseen)"
         ),
-        json_schema_extra=_allowed("seconds >= 0"),
+        allowed="seconds >= 0",
     )
-    probe_timeout: float = Field(
-        PolicySettings().probe_timeout_s,
+    probe_timeout: float = _policy(
+        "probe_timeout_s",
         gt=0,
         description="seconds the probe may take before its silence proves a wedge (generous: slow is not hung)",
-        json_schema_extra=_allowed("seconds > 0"),
+        allowed="seconds > 0",
     )
     vllm_api_key_file: Path | None = Field(
         None,
         description="file with vLLM's --api-key, for the probe's requests to /v1 (never logged)",
         json_schema_extra=_allowed("a path"),
     )
-    oom_forecast: float = Field(
-        900.0,
+    oom_forecast: float = _policy(
+        "oom_forecast_s",
         gt=0,
-        description="restart in a planned way when the time to OOM stays under this (3 polls)",
-        json_schema_extra=_allowed("seconds > 0"),
+        description=(
+            f"restart in a planned way when the time to OOM stays under this ({POLICY.oom_forecast_ticks} polls)"
+        ),
+        allowed="seconds > 0",
     )
-    forecast_min_uptime: float = Field(
-        600.0,
+    forecast_min_uptime: float = _policy(
+        "min_uptime_for_forecast_restart_s",
         ge=0,
         description="seconds vLLM must have been up before a forecast-driven restart (a young trend is noise)",
-        json_schema_extra=_allowed("seconds >= 0"),
+        allowed="seconds >= 0",
     )
-    max_restarts_per_hour: int = Field(
-        3,
+    max_restarts_per_hour: int = _policy(
+        "max_restarts_per_hour",
         ge=0,
         le=60,
         description="automatic restarts allowed in any hour (0: none)",
-        json_schema_extra=_allowed("0 to 60"),
+        allowed="0 to 60",
     )
-    drain_timeout: float = Field(
-        120.0,
+    drain_timeout: float = _policy(
+        "drain_timeout_s",
         gt=0,
         description="seconds to wait for running requests to finish before restarting anyway",
-        json_schema_extra=_allowed("seconds > 0"),
+        allowed="seconds > 0",
     )
-    startup_timeout: float = Field(
-        900.0,
+    startup_timeout: float = _policy(
+        "startup_timeout_s",
         gt=0,
         description="seconds to wait for vLLM to be healthy after a restart",
-        json_schema_extra=_allowed("seconds > 0"),
+        allowed="seconds > 0",
     )
-    pressure_restarts: bool = Field(
-        False,
-        description="also restart after 3 pauses in 5 minutes (off: under pure load it loses capacity)",
-        json_schema_extra=_allowed("true or false"),
+    pressure_restarts: bool = _policy(
+        "pressure_events_restart",
+        description=(
+            f"also restart after {POLICY.pressure_events} pauses in {POLICY.pressure_window_s / 60:g} minutes "
+            "(off: under pure load it loses capacity)"
+        ),
+        allowed="true or false",
     )
     # --- acting: how vLLM is restarted, who is told, who may override ---
     actuator: Literal["none", "systemd", "kubernetes", "exec"] = Field(
@@ -481,66 +498,16 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))
 
 
-def config_path(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
-    """The config file named by --config, else by VLLM_SIDECAR_CONFIG."""
-    path = flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
-    return Path(path) if path else None
-
-
-class ConfigFileSource(PydanticBaseSettingsSource):
-    """Settings from a TOML or YAML file; keys may use '-' or '_'; an unknown key is an error."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self._values = read_config_file(path, set(settings_cls.model_fields)) if path is not None else {}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self._values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._values)
-
-
-def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
-    """The settings in a TOML or YAML file, keys normalised to `_`; unknown keys are an error."""
-    try:
-        text = read_capped_file(path, MAX_CONFIG_BYTES).decode("utf-8")
-    except OSError as error:
-        raise SettingsError(f"cannot read config file {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise SettingsError(f"config file {path} is not UTF-8 text (byte {error.start})") from None
-    try:
-        if path.suffix.lower() == ".toml":
-            document: object = tomllib.loads(text)
-        else:
-            document = yaml.safe_load(text) if text.strip() else {}
-    # ValueError: an integer of over 4300 digits (Python's int() limit, hit inside both parsers; TOMLDecodeError
-    # is one too); RecursionError: brackets nested thousands deep. Both are a bad file, not a crash.
-    except (ValueError, yaml.YAMLError, RecursionError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise SettingsError(f"config file {path} is not valid {_format_name(path)}: {first_line}") from None
-    if not isinstance(document, dict):
-        raise SettingsError(f"config file {path} must hold a table of settings, not {type(document).__name__}")
+def core_values(settings: Settings, core: Literal["policy", "derive"]) -> dict[str, Any]:
+    """The values of the settings that feed `PolicySettings` or `DeriveSettings`, by the core's field names:
+    the mapping is the one each setting declares (`_policy`, `_derive`), so no second list can fall behind."""
     values: dict[str, Any] = {}
-    for key, value in document.items():
-        name = str(key).replace("-", "_")
-        if name not in known or name == "config":
-            raise SettingsError(f"unknown setting {key!r} in config file {path}; {_suggestion(str(key), known)}")
-        values[name] = value
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        target = extra.get(core)
+        if isinstance(target, str):
+            values[target] = getattr(settings, name)
     return values
-
-
-def _suggestion(key: str, known: set[str]) -> str:
-    """'did you mean ...?' in the key's own spelling (dashes or underscores), else the list of known keys."""
-    candidates = sorted(known - {"config"})
-    match = closest(key.replace("-", "_"), candidates)
-    if match is not None:
-        return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}?"
-    return "known settings: " + ", ".join(candidates)
-
-
-def _format_name(path: Path) -> str:
-    return "TOML" if path.suffix.lower() == ".toml" else "YAML"
 
 
 # What follows /v1 in the OpenAI API's paths, so /v1/chat/completions is caught but a proxy's /api/v1/... is not.
@@ -567,14 +534,6 @@ def _check_url_characters(url: str) -> None:
     # httpx refuses them: such a URL would load, then fail every poll.
     if any(char.isspace() or not char.isprintable() for char in url):
         raise ValueError("contains whitespace or a control character")
-
-
-def split_listen(value: str) -> tuple[str, int]:
-    host, separator, port_text = value.rpartition(":")
-    if not separator or not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError("not HOST:PORT")
-    host = host.removeprefix("[").removesuffix("]")
-    return host, int(port_text)
 
 
 def parse_gpu_indices(value: str) -> tuple[int, ...] | None:

@@ -354,7 +354,23 @@ def test_a_dry_run_that_is_no_yes_or_no_is_one_line_with_the_forms(
 
 def test_a_tool_option_from_the_environment_or_the_file_names_where_it_came_from(cli: Cli) -> None:
     line = cli(["loadtest"], {"VLLM_SIDECAR_RATE": "fast"})
-    assert line == "vllm-sidecar: error: invalid setting rate='fast' from environment VLLM_SIDECAR_RATE: not a number"
+    assert line == (
+        "vllm-sidecar: error: invalid setting rate='fast': Input should be a valid number, unable to parse string "
+        "as a number (environment VLLM_SIDECAR_RATE)"
+    )
     os.environ.pop("VLLM_SIDECAR_RATE")
     line = cli(["loadtest", "--config", CONFIG], file='concurrency: "many"\n')
-    assert line == "vllm-sidecar: error: invalid setting concurrency='many' from config file {config}: not an integer"
+    assert line == (
+        "vllm-sidecar: error: invalid setting concurrency='many': Input should be a valid integer, unable to parse "
+        "string as an integer (in {config})"
+    )
+    os.environ["VLLM_SIDECAR_FAIL_ON"] = "fatal"
+    line = cli(["doctor"])
+    assert line == (
+        "vllm-sidecar: error: invalid setting fail_on='fatal': Input should be 'info', 'warning' or 'critical' "
+        "(environment VLLM_SIDECAR_FAIL_ON)"
+    )
+    os.environ.pop("VLLM_SIDECAR_FAIL_ON")
+    line = cli(["demo", "--config", CONFIG], file="keep-running: maybe\n")
+    assert line.startswith("vllm-sidecar: error: invalid setting keep_running='maybe': ")
+    assert line.endswith("(in {config})")

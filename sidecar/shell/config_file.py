@@ -1,0 +1,89 @@
+"""Settings from a TOML or YAML config file (`--config FILE`, `VLLM_SIDECAR_CONFIG`), as a pydantic-settings
+source for every command's model. Reads the file; no other I/O.
+
+Keys may use '-' or '_'; an unknown key is a `SettingsError` with the closest known one suggested. Apart from
+`sidecar.shell.settings` so the simulator, an independent witness, can read its file without importing the
+daemon's settings (which import the pure core's defaults).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from sidecar.file_cap import read_capped_file
+from sidecar.shell.setting_origin import ENV_PREFIX, closest
+
+MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
+
+
+class SettingsError(Exception):
+    """A setting is invalid; the message is one line naming it and what it accepts."""
+
+
+def config_path(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Path | None:
+    """The config file named by --config, else by VLLM_SIDECAR_CONFIG."""
+    path = flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    return Path(path) if path else None
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """Settings from a TOML or YAML file; keys may use '-' or '_'; an unknown key is an error."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._values = read_config_file(path, set(settings_cls.model_fields)) if path is not None else {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
+    """The settings in a TOML or YAML file, keys normalised to `_`; unknown keys are an error."""
+    try:
+        text = read_capped_file(path, MAX_CONFIG_BYTES).decode("utf-8")
+    except OSError as error:
+        raise SettingsError(f"cannot read config file {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"config file {path} is not UTF-8 text (byte {error.start})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            document: object = tomllib.loads(text)
+        else:
+            document = yaml.safe_load(text) if text.strip() else {}
+    # ValueError: an integer of over 4300 digits (Python's int() limit, hit inside both parsers; TOMLDecodeError
+    # is one too); RecursionError: brackets nested thousands deep. Both are a bad file, not a crash.
+    except (ValueError, yaml.YAMLError, RecursionError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise SettingsError(f"config file {path} is not valid {_format_name(path)}: {first_line}") from None
+    if not isinstance(document, dict):
+        raise SettingsError(f"config file {path} must hold a table of settings, not {type(document).__name__}")
+    values: dict[str, Any] = {}
+    for key, value in document.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name == "config":
+            raise SettingsError(f"unknown setting {key!r} in config file {path}; {_suggestion(str(key), known)}")
+        values[name] = value
+    return values
+
+
+def _suggestion(key: str, known: set[str]) -> str:
+    """'did you mean ...?' in the key's own spelling (dashes or underscores), else the list of known keys."""
+    candidates = sorted(known - {"config"})
+    match = closest(key.replace("-", "_"), candidates)
+    if match is not None:
+        return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}?"
+    return "known settings: " + ", ".join(candidates)
+
+
+def _format_name(path: Path) -> str:
+    return "TOML" if path.suffix.lower() == ".toml" else "YAML"

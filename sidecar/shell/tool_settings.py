@@ -1,0 +1,95 @@
+"""The settings of the tool commands (sim, loadtest, demo, doctor): one pydantic-settings model per command.
+
+Reads the environment and the config file. Each command's model declares its options with their types and
+defaults; its argparse flags only collect what the user gave (`flags_for`: no default of their own, so a flag
+left out lets the lower layers fill it). pydantic-settings layers flag > `VLLM_SIDECAR_<OPTION>` > `--config`
+file > the model's default and parses each value for its type, so a boolean takes the daemon's forms. A bad
+value is a `SettingsError` of one line naming the setting, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from sidecar.shell.config_file import ConfigFileSource, SettingsError, config_path, read_config_file
+from sidecar.shell.setting_origin import ENV_PREFIX, Origin, origins
+
+ToolSettingsT = TypeVar("ToolSettingsT", bound="ToolSettings")
+
+
+class ToolSettings(BaseSettings):
+    """A tool command's options: flags as init values, then the environment, then the config file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True, protected_namespaces=()
+    )
+
+    config: Path | None = Field(None, description="TOML or YAML file with options")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
+        return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))
+
+
+# pydantic warns that a field named `json` shadows BaseModel.json(), a deprecated method nothing here calls; the
+# option is --json (VLLM_SIDECAR_JSON), so the name stays, declared once, here.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "json"', category=UserWarning)
+
+    class ReportSettings(ToolSettings):
+        """A tool that prints a report, as text or (`--json`) as one JSON document."""
+
+        json: bool = False  # type: ignore[assignment]  # shadows the deprecated BaseModel.json()
+
+
+def flags_for(parser: Any, model: type[ToolSettings]) -> Callable[..., None]:
+    """`add(*flags, help=..., **argparse_options)`: a flag on `parser` (an ArgumentParser or a group of one) for
+    `model`'s setting of the same name (or `dest=`), with no default of its own and its help's `%(default)s`
+    filled from the model, the one place the default is written."""
+
+    def add(*flags: str, help: str, **kwargs: Any) -> None:
+        dest = kwargs.pop("dest", flags[0].lstrip("-").replace("-", "_"))
+        text = (help % {"default": model.model_fields[dest].default}).replace("%", "%%")
+        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=text, **kwargs)
+
+    return add
+
+
+def given(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """The options the user gave on the command line (argparse keeps no entry for the others)."""
+    values = dict(vars(args) if isinstance(args, argparse.Namespace) else args)
+    return {name: value for name, value in values.items() if name != "command" and value is not None}
+
+
+def load_tool_settings(model: type[ToolSettingsT], args: argparse.Namespace | Mapping[str, Any]) -> ToolSettingsT:
+    """`model` from the flags in `args`, the environment and the config file; `SettingsError` with one line
+    naming the first bad setting, its value and where it came from."""
+    flags = given(args)
+    names = set(model.model_fields)
+    path = config_path(flags, os.environ)
+    file_keys = read_config_file(path, names) if path is not None else {}
+    found = origins(names, flags=flags, environ=os.environ, config_file=path, file_keys=set(file_keys))
+    try:
+        return model(**flags)
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else "settings"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        origin = found.get(name) or Origin(setting=name, layer=None)
+        raise SettingsError(f"invalid setting {name}={first['input']!r}: {message} ({origin.describe()})") from None
