@@ -29,6 +29,7 @@ PROMETHEUS_RULE = ROOT / "alerts" / "vllm-sidecar.prometheusrule.yaml"
 DASHBOARD = ROOT / "grafana" / "vllm-sidecar.json"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 README = ROOT / "README.md"
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
 POLICY = PolicySettings()
 DERIVE = DeriveSettings()
 
@@ -243,18 +244,44 @@ def test_runbooks_quote_the_shipped_expressions() -> None:
     assert checked >= 10
 
 
-def _readme_table_defaults() -> dict[str, str]:
-    """The default column of the README's settings table, by setting."""
-    rows = re.findall(r"^\| `--([a-z0-9-]+)` \| `VLLM_SIDECAR_[A-Z0-9_]+` \| ([^|]+) \|", README.read_text(), re.M)
+def _settings_table_defaults() -> dict[str, str]:
+    """The default column of docs/settings.md's table of every setting, by setting."""
+    rows = re.findall(
+        r"^\| `--([a-z0-9-]+)` \| `VLLM_SIDECAR_[A-Z0-9_]+` \| ([^|]+) \|", SETTINGS_DOC.read_text(), re.M
+    )
     return {flag.replace("-", "_"): cell.strip().strip("`") for flag, cell in rows}
 
 
-def test_readme_settings_table_states_the_defaults() -> None:
-    table = _readme_table_defaults()
-    assert set(POLICY_SETTINGS) | (set(DERIVE_SETTINGS) - {"gpu_memory_utilization"}) <= set(table)
+def _readme_table_defaults() -> dict[str, str]:
+    """The default column of the README's short table (`| `--a`, `--b` | `1`, `2` | meaning |`), by setting."""
+    table: dict[str, str] = {}
+    for flags, cells in re.findall(
+        r"^\| (`--[a-z0-9-]+`(?:, `--[a-z0-9-]+`)*) \| ([^|]+) \|", README.read_text(), re.M
+    ):
+        names = re.findall(r"`--([a-z0-9-]+)`", flags)
+        values = [cell.strip().strip("`") for cell in cells.split(",")]
+        if len(values) == len(names):
+            table.update({name.replace("-", "_"): value for name, value in zip(names, values, strict=True)})
+    return table
+
+
+def _check_defaults(where: str, table: dict[str, str]) -> None:
     for name, cell in table.items():
+        if name not in POLICY_SETTINGS and name not in DERIVE_SETTINGS:
+            continue
         default = _default(name)
         if isinstance(default, bool):
-            assert cell == ("on" if default else "off"), f"README: --{name} default {cell!r}"
+            assert cell == ("on" if default else "off"), f"{where}: --{name} default {cell!r}"
         elif isinstance(default, int | float) and re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", cell):
-            assert float(cell) == default, f"README: --{name.replace('_', '-')} default {cell}, the code's {default:g}"
+            assert float(cell) == default, f"{where}: --{name.replace('_', '-')} default {cell}, the code's {default:g}"
+
+
+def test_settings_tables_state_the_defaults() -> None:
+    """docs/settings.md lists every policy and derive setting with the code's default; the README's short table,
+    where it names one, states the same default."""
+    full = _settings_table_defaults()
+    assert set(POLICY_SETTINGS) | (set(DERIVE_SETTINGS) - {"gpu_memory_utilization"}) <= set(full)
+    _check_defaults("docs/settings.md", full)
+    short = _readme_table_defaults()
+    assert {"pause_kv_usage", "resume_kv_usage", "min_gpu_free", "max_restarts_per_hour"} <= set(short)
+    _check_defaults("README.md", short)
