@@ -7,10 +7,8 @@ Pure: the window, its positions and `now_s` come from the caller.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sidecar.derive.counter import increase
 from sidecar.derive.kv import NullBlock, derive_kv
 from sidecar.derive.progress import EngineProgress
 from sidecar.derive.running import CounterSteps
@@ -25,9 +23,9 @@ EngineKey = tuple[str, str]
 class EngineWindow:
     """What one engine's readings in the window say beyond its latest one."""
 
-    hit_ratio: float | None  # `windowed_hit_ratio` of the window
-    preemptions_per_s: float | None  # `preemption_rate` of the short horizon
-    preemptions_in_window: float | None  # `preemptions_in` of the window
+    hit_ratio: float | None  # Δhits / Δqueries over the window (the V0 gauge where there are no counters)
+    preemptions_per_s: float | None  # preemptions per second over the short horizon
+    preemptions_in_window: float | None  # preemptions counted over the window (through resets)
     unhealthy_s: float | None = None  # since vLLM first reported it unhealthy (in a row); 0 healthy; None unknown
 
 
@@ -70,18 +68,6 @@ def derive_engine(
     )
 
 
-def engine_history(snapshots: Iterable[Snapshot]) -> dict[EngineKey, list[tuple[float, EngineMetrics]]]:
-    """Every successful reading of every engine in `snapshots`, keyed by (model_name, engine)."""
-    history: dict[EngineKey, list[tuple[float, EngineMetrics]]] = {}
-    for snapshot in snapshots:
-        reading = snapshot.vllm.value
-        if reading is None or snapshot.vllm.error is not None:
-            continue
-        for engine in reading.engines:
-            history.setdefault((engine.model_name, engine.engine), []).append((snapshot.monotonic_s, engine))
-    return history
-
-
 class _Track:
     """One engine's readings in push order, and its counters as running increases (sidecar.derive.running)."""
 
@@ -89,7 +75,7 @@ class _Track:
         self.numbers: list[int] = []
         self.times: list[float] = []
         self.entries: list[tuple[float, EngineMetrics]] = []
-        self.queries = CounterSteps()  # readings with both prefix-cache counters, as windowed_hit_ratio takes
+        self.queries = CounterSteps()  # readings with both prefix-cache counters
         self.hits = CounterSteps()
         self.preemptions = CounterSteps()
         self.unhealthy_since_s: float | None = None  # first of the latest readings in a row with engine_healthy 0
@@ -121,9 +107,10 @@ class _Track:
 
 
 class EngineHistory:
-    """What `engine_history(window.since(start_s))` holds, kept up to date one snapshot at a time, and the values
-    derived from it (`windowed_hit_ratio`, `preemptions_in`, and `preemption_rate` of the short horizon) without
-    walking it.
+    """Every successful reading of every engine since `start_s`, keyed by (model_name, engine), kept up to date
+    one snapshot at a time, and the values derived from it (the hit ratio and the preemptions over the window,
+    the preemption rate over the short horizon) without walking it. Its oracles, the same values computed from
+    the window's snapshots, are the tests' (tests/unit/derive_oracles.py).
 
     Rebuilding the history scanned the whole window every tick (300 snapshots x every engine at a 1 s
     interval), and the windowed values walked it again; this appends each new snapshot's engines once, cuts
@@ -187,7 +174,8 @@ class EngineHistory:
 
 
 def _hit_ratio(track: _Track, position: int) -> float | None:
-    """`windowed_hit_ratio` of the track's entries from `position` on."""
+    """Δhits / Δqueries over the track's entries from `position` on; None when no query happened (0/0 is not
+    0 %). V0 exports only its own hit-rate gauge (-1: prefix caching off), read from the latest entry."""
     first = track.queries.first_at(position)
     if first < len(track.queries):
         queries = track.queries.increase_from(first)
@@ -198,7 +186,8 @@ def _hit_ratio(track: _Track, position: int) -> float | None:
 
 
 def _rate(counter: CounterSteps, position: int) -> float | None:
-    """`preemption_rate` (of any counter) of the readings from `position` on."""
+    """The counter's increase per second (through resets) over the readings from `position` on; None with
+    fewer than two readings or no time between them."""
     first = counter.first_at(position)
     if len(counter) - first < 2 or counter.times[-1] <= counter.times[first]:
         return None
@@ -206,26 +195,10 @@ def _rate(counter: CounterSteps, position: int) -> float | None:
 
 
 def _increase(counter: CounterSteps, position: int) -> float | None:
-    """`preemptions_in` (of any counter) of the readings from `position` on."""
+    """The counter's increase (through resets) over the readings from `position` on; None with fewer than two
+    readings: one reading has no increase to tell."""
     first = counter.first_at(position)
     return counter.increase_from(first) if len(counter) - first >= 2 else None
-
-
-def windowed_hit_ratio(history: list[tuple[float, EngineMetrics]]) -> float | None:
-    """Δhits / Δqueries over the window; None when no query happened (0/0 is not 0 %)."""
-    latest = history[-1][1]
-    pairs = [
-        (engine.prefix_cache_queries_total, engine.prefix_cache_hits_total)
-        for _, engine in history
-        if engine.prefix_cache_queries_total is not None and engine.prefix_cache_hits_total is not None
-    ]
-    if pairs:
-        queries = increase([q for q, _ in pairs])
-        hits = increase([h for _, h in pairs])
-        return _clamp_ratio(hits / queries) if queries > 0 else None
-    # V0 exports only its own hit-rate gauge; -1 means prefix caching is off.
-    gauge = latest.prefix_cache_hit_rate_gauge
-    return _clamp_ratio(gauge) if gauge is not None and gauge >= 0 else None
 
 
 def lifetime_hit_ratio(engine: EngineMetrics) -> float | None:
@@ -234,20 +207,6 @@ def lifetime_hit_ratio(engine: EngineMetrics) -> float | None:
         return _clamp_ratio(hits / queries) if queries > 0 else None
     gauge = engine.prefix_cache_hit_rate_gauge
     return _clamp_ratio(gauge) if gauge is not None and gauge >= 0 else None
-
-
-def preemption_rate(history: list[tuple[float, EngineMetrics]]) -> float | None:
-    points = [(t, engine.preemptions_total) for t, engine in history if engine.preemptions_total is not None]
-    if len(points) < 2 or points[-1][0] <= points[0][0]:
-        return None
-    return increase([value for _, value in points if value is not None]) / (points[-1][0] - points[0][0])
-
-
-def preemptions_in(history: list[tuple[float, EngineMetrics]]) -> float | None:
-    """Preemptions counted over `history` (through resets); None with fewer than two readings: one reading has
-    no increase to tell."""
-    values = [engine.preemptions_total for _, engine in history if engine.preemptions_total is not None]
-    return increase([value for value in values if value is not None]) if len(values) >= 2 else None
 
 
 def _clamp_ratio(value: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable
 
 from sidecar.derive.settings import DeriveSettings
 from sidecar.derive.trend import fit_line
@@ -16,23 +15,10 @@ from sidecar.model.snapshot import Snapshot
 REGIME_DROP_RATIO = 0.05
 
 
-def memory_history(snapshots: Iterable[Snapshot]) -> dict[int, list[tuple[float, float]]]:
-    """(time, used bytes) per GPU index since its last large drop, from every successful GPU reading."""
-    history: dict[int, list[tuple[float, float]]] = {}
-    for snapshot in snapshots:
-        if snapshot.gpu is None or snapshot.gpu.value is None or snapshot.gpu.error is not None:
-            continue
-        for device in snapshot.gpu.value.devices:
-            points = history.setdefault(device.index, [])
-            used = float(device.memory_used_bytes)
-            if points and points[-1][1] - used > REGIME_DROP_RATIO * device.memory_total_bytes:
-                points.clear()
-            points.append((snapshot.monotonic_s, used))
-    return history
-
-
 class MemoryHistory:
-    """What `memory_history(window.since(start_s))` returns, kept up to date one snapshot at a time.
+    """(time, used bytes) per GPU index since `start_s` and since its last large drop, from every successful GPU
+    reading, kept up to date one snapshot at a time (the tests hold it to the scan it replaces:
+    tests/unit/derive_oracles.py).
 
     A large drop clears a GPU's points, and whether a point is one depends only on the point before it. So
     the answer is the points from the newest drop on, if the point before that drop is in the range too, else

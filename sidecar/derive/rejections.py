@@ -11,7 +11,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 
-from sidecar.derive.counter import increase
 from sidecar.derive.running import CounterSteps
 from sidecar.model.derived import ModelDerived
 from sidecar.model.snapshot import Snapshot
@@ -32,7 +31,8 @@ class _ModelTrack:
 
 class RejectionHistory:
     """Each model's rejection counter over the window, kept a snapshot at a time (as EngineHistory keeps the
-    engines' counters): `derive` equals `rejections_over` of the readings in the window and in the short horizon."""
+    engines' counters): `derive` gives the counter's increase over the window and its rate over the short horizon
+    (the tests hold it to the scan it replaces: tests/unit/derive_oracles.py)."""
 
     def __init__(self) -> None:
         self._models: dict[str, _ModelTrack] = {}
@@ -80,15 +80,3 @@ class RejectionHistory:
                 )
             )
         return tuple(derived)
-
-
-def rejections_over(readings: list[tuple[float, ModelMetrics]]) -> tuple[float | None, float | None]:
-    """(increase, increase per second) of one model's rejection counter over `readings`, oldest first: the
-    oracle of `RejectionHistory` and what it computes; None where fewer than two readings carry the counter."""
-    points = [(t, model.admission_rejections_total) for t, model in readings]
-    known = [(t, value) for t, value in points if value is not None]
-    if len(known) < 2:
-        return None, None
-    total = increase([value for _, value in known])
-    span_s = known[-1][0] - known[0][0]
-    return total, total / span_s if span_s > 0 else None

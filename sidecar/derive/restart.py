@@ -7,8 +7,6 @@ engine that went backwards (Prometheus' own reset rule).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import EngineMetrics
 
@@ -17,32 +15,10 @@ def _counters(engine: EngineMetrics) -> tuple[float | None, ...]:
     return (engine.prompt_tokens_total, engine.generation_tokens_total, engine.iterations_total)
 
 
-def last_restart_s(snapshots: Iterable[Snapshot]) -> float | None:
-    """Time of the first snapshot of the current vLLM process, or None when the window shows no restart."""
-    restart: float | None = None
-    previous: dict[tuple[str, str], tuple[float | None, ...]] = {}
-    after_failure = False
-    for snapshot in snapshots:
-        reading = snapshot.vllm.value if snapshot.vllm.error is None else None
-        if reading is None:
-            after_failure = True
-            previous = {}
-            continue
-        current = {(engine.model_name, engine.engine): _counters(engine) for engine in reading.engines}
-        went_back = any(
-            now is not None and before is not None and now < before
-            for key, values in current.items()
-            for now, before in zip(values, previous.get(key, ()), strict=False)
-        )
-        if after_failure or went_back:
-            restart = snapshot.monotonic_s
-        after_failure = False
-        previous = current
-    return restart
-
-
 class RestartTracker:
-    """What `last_restart_s(window.since(start_s))` returns, from a mark set once per snapshot.
+    """Time of the first snapshot of the current vLLM process since `start_s` (None when the range shows no
+    restart), from a mark set once per snapshot (the tests hold it to the scan it replaces:
+    tests/unit/derive_oracles.py).
 
     Whether a snapshot is a sign of a restart depends only on the snapshot before it (a failed poll, or a
     counter above this one's), and a range's first snapshot has no sign since the scan starts there. So the

@@ -23,8 +23,8 @@ import httpx
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.spec import MAX_DURATION_S, MAX_TIMEOUT_S, LoadSpec, SpecError
 from sidecar.model.vllm import EngineMetrics
-from sidecar.parse.exposition import ExpositionError, parse_exposition
-from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+from sidecar.parse.exposition import ExpositionError
+from sidecar.parse.vllm import read_vllm, vllm_sample_picker
 
 PROBE_TIMEOUT_S = 10.0
 POLL_TIMEOUT_S = 5.0
@@ -165,6 +165,11 @@ class _DownError(Exception):
     pass
 
 
+# What the daemon's tick reads /metrics with, at its cost (a few ms for 1 MB): the samples the daemon reads,
+# parsed strictly. Kept for the process: what it remembers (label sets) is a bounded cache, never an answer.
+_PICKER = vllm_sample_picker()
+
+
 async def _read_metrics(
     client: httpx.AsyncClient, url: str, *, raise_down: bool = False
 ) -> tuple[EngineMetrics, ...] | None:
@@ -180,7 +185,7 @@ async def _read_metrics(
     if status != httpx.codes.OK:
         return None
     try:
-        exposition = parse_exposition(body.decode("utf-8"), KEPT_SAMPLES)
+        exposition = _PICKER.pick(body.decode("utf-8"))
     except (UnicodeDecodeError, ExpositionError):
         return None
     return read_vllm(exposition, url=url, version=None).engines

@@ -1,23 +1,33 @@
 """A fast parser for the Prometheus text exposition format (0.0.4), as vLLM serves it. Pure: no I/O.
 
-It runs every tick on expositions of hundreds of kilobytes, most of which (histogram buckets, HTTP and
-process metrics) the sidecar never reads. So it takes the set of sample names it should keep and only
-checks the shape of every other line, which is several times cheaper than a full parse. With no filter it
-parses everything; the tests compare that full parse with `prometheus_client.parser` on real captures.
+It can take the set of sample names it should keep and only check the shape of every other line, which
+is several times cheaper than a full parse (the doctor reads so; the tick and the load tester read through
+`sidecar.parse.pick`, which hands this module the lines it wants). With no filter it parses everything; the
+tests compare that full parse with `prometheus_client.parser` on real captures, and with what Prometheus'
+own parser does on the published conformance cases (tests/unit/exposition_conformance_cases.json).
 
 Like Prometheus, it rejects the whole exposition on the first malformed line it parses: a half-read
-scrape must never pass for a whole one.
+scrape must never pass for a whole one. Where the format is loose, it reads what Prometheus' scrape parser
+(model/textparse/promparse.go) reads: TYPE takes the five types of format 0.0.4, a HELP or TYPE line names
+a metric, a value is what Go's ParseFloat reads in decimal (ASCII, no '_', no signed NaN, nothing out of
+float range), a timestamp is ASCII digits within int64, a label name appears once in a sample.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection
+from typing import NoReturn
 
 from sidecar.model.exposition import Exposition, Labels, Sample
-from sidecar.parse.skim import skim_exposition
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# "# HELP " and "# TYPE " (blanks are space and tab): metadata, which must name a metric; "#HELP", "# HELP"
+# alone or "# HELPER" are comments, as in Prometheus' lexer.
+_METADATA = re.compile(r"#[ \t]+(HELP|TYPE)[ \t]+")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_LABEL_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 # A label set without blanks or escapes, as prometheus_client writes it; read by the C regex engine in one go.
 _PLAIN_LABELS = re.compile(r'\{((?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*",)*[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"),?\}')
 _PLAIN_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
@@ -28,9 +38,19 @@ _NAME_THEN_SEPARATOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*(\{)|[ \t
 # names, reads.
 _VALUE_END = "0123456789.NnFfYy"
 _VALUE_END_SET = frozenset(_VALUE_END)
+# A value, then maybe a timestamp (ASCII digits: Prometheus' lexer takes no sign), blanks around either.
+_VALUE_AND_TIMESTAMP = re.compile(r"[ \t]*([^ \t]+)(?:[ \t]+([0-9]+))?[ \t]*")
+_MAX_TIMESTAMP = 2**63 - 1  # Go's ParseInt into an int64
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
-_KNOWN_TYPES = frozenset(
-    {"counter", "gauge", "histogram", "summary", "untyped", "info", "stateset", "gaugehistogram", "unknown"}
+# Format 0.0.4's types. OpenMetrics adds info, stateset, gaugehistogram and unknown; Prometheus refuses
+# them in a 0.0.4 exposition ("invalid metric type"), and so does this parser.
+_KNOWN_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+# A regular expression that matches, at a line's first non-blank character, exactly the HELP and TYPE lines
+# `_read_comment` refuses (the picker finds them with it, without a Python step per valid line): HELP or TYPE
+# without a metric name, or a TYPE not followed by one blank and a known type up to the line's end.
+REFUSED_METADATA = (
+    r"#[ \t]+(?:HELP[ \t]++(?![a-zA-Z_:])"
+    r"|TYPE[ \t]++(?![a-zA-Z_:][a-zA-Z0-9_:]*[ \t](?:" + "|".join(sorted(_KNOWN_TYPES)) + r")\r?(?:\n|\Z)))"
 )
 
 
@@ -48,18 +68,9 @@ def parse_exposition(text: str, keep: Collection[str] | None = None) -> Expositi
     """Parse `text`; keep only samples whose name is in `keep` (all when `keep` is None).
 
     Every sample line is checked at least for a valid metric name followed by a separator, so garbage
-    (HTML error pages, binary data) is rejected even when nothing in it would be kept. With a filter, the
-    families that keep nothing are skimmed a family at a time (sidecar.parse.skim); the result is the same.
+    (HTML error pages, binary data) is rejected even when nothing in it would be kept.
     """
-    if keep is None:
-        return parse_lines(text, None)
-    wanted = frozenset(keep)
-    try:
-        return skim_exposition(text, wanted, lambda part: parse_lines(part, wanted))
-    except ExpositionError:
-        # The skim parsed that part alone, so the line number is the part's: parse the whole text for the
-        # error numbered within it (and should the whole text parse after all, that is the answer).
-        return parse_lines(text, wanted)
+    return parse_lines(text, None if keep is None else frozenset(keep))
 
 
 def parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
@@ -104,14 +115,23 @@ def parse_lines(text: str, keep: Collection[str] | None) -> Exposition:
 
 
 def _read_comment(line: str, line_number: int, types: dict[str, str]) -> None:
-    parts = line.split(None, 3)
-    if len(parts) >= 2 and parts[1] == "TYPE":
-        if len(parts) != 4:
-            raise ExpositionError(line_number, "a TYPE line needs a metric name and a type", line)
-        kind = parts[3].strip()
-        if kind not in _KNOWN_TYPES:
-            raise ExpositionError(line_number, f"unknown metric type {kind!r}", line)
-        types[parts[2]] = kind
+    metadata = _METADATA.match(line)
+    if metadata is None:
+        return  # a comment
+    keyword = metadata.group(1)
+    name = _METRIC_NAME.match(line, metadata.end())
+    if name is None:
+        raise ExpositionError(line_number, f"a {keyword} line needs a metric name", line)
+    if keyword == "HELP":
+        return  # the docstring is free text
+    # As Prometheus reads it: one blank after the name, then the type, exactly (no further blanks).
+    rest = line[name.end() :]
+    if not rest[1:] or rest[0] not in " \t":
+        raise ExpositionError(line_number, "a TYPE line needs a metric name and a type", line)
+    kind = rest[1:]
+    if kind not in _KNOWN_TYPES:
+        raise ExpositionError(line_number, f"unknown metric type {kind!r}", line)
+    types[name.group()] = kind
 
 
 def _read_name(line: str, line_number: int) -> tuple[str, int]:
@@ -128,7 +148,9 @@ def _read_labels(line: str, at: int, line_number: int) -> tuple[Labels, int]:  #
     plain = _PLAIN_LABELS.match(line, at)
     if plain is not None:
         # What the scanner below reads from such a set, label for label (vLLM's cache_config_info has 38).
-        return tuple(_PLAIN_LABEL.findall(plain.group(1))), plain.end()
+        found = _PLAIN_LABEL.findall(plain.group(1))
+        _check_distinct(found, line, line_number)
+        return tuple(found), plain.end()
     labels: list[tuple[str, str]] = []
     pos = at + 1
     length = len(line)
@@ -138,6 +160,7 @@ def _read_labels(line: str, at: int, line_number: int) -> tuple[Labels, int]:  #
         if pos >= length:
             raise ExpositionError(line_number, "unterminated label set", line)
         if line[pos] == "}":
+            _check_distinct(labels, line, line_number)
             return tuple(labels), pos + 1
         equals = line.find("=", pos)
         if equals == -1:
@@ -163,8 +186,21 @@ def _read_labels(line: str, at: int, line_number: int) -> tuple[Labels, int]:  #
             pos += 1
         if pos < length and line[pos] == ",":
             pos += 1
-        elif pos >= length or line[pos] != "}":
+        elif pos >= length or (line[pos] != "}" and line[pos] not in _LABEL_NAME_START):
+            # Prometheus reads `{a="1" b="2"}` as two labels (promparse.go: "this allows spaces between label
+            # names ..."), so a scrape it takes is not refused here; anything else must be ',' or '}'.
             raise ExpositionError(line_number, "labels must be separated by ','", line)
+
+
+def _check_distinct(labels: list[tuple[str, str]], line: str, line_number: int) -> None:
+    """A label name appears once in a sample, and `__name__` not at all (the metric name is that label)."""
+    names = {name for name, _ in labels}
+    if len(names) != len(labels) or "__name__" in names:
+        seen = {"__name__"}
+        for name, _ in labels:
+            if name in seen:
+                raise ExpositionError(line_number, f"label name {name!r} is not unique", line)
+            seen.add(name)
 
 
 def _read_escaped(line: str, start: int, line_number: int, label_name: str) -> tuple[str, int]:
@@ -191,19 +227,28 @@ def _read_escaped(line: str, start: int, line_number: int, label_name: str) -> t
 
 def read_value(line: str, at: int, line_number: int) -> float:
     """The value of a sample line whose value (and optional timestamp) starts at `at`; raises ExpositionError."""
-    fields = line[at:].split()
+    found = _VALUE_AND_TIMESTAMP.fullmatch(line, at)
+    if found is None:
+        _refuse_value_part(line, at, line_number)
+    text, timestamp = found.group(1, 2)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ExpositionError(line_number, f"invalid sample value {text!r}", line) from None
+    # Python's float() reads more than Go's ParseFloat, which the format names: "1_000", other scripts'
+    # digits, a signed NaN, and a number beyond float range (as infinity, where Go fails).
+    if not text.isascii() or "_" in text or (math.isnan(value) and text[0] in "+-"):
+        raise ExpositionError(line_number, f"invalid sample value {text!r}", line)
+    if math.isinf(value) and text.lstrip("+-")[:1] not in ("i", "I"):
+        raise ExpositionError(line_number, f"sample value {text!r} is out of range", line)
+    if timestamp is not None and int(timestamp) > _MAX_TIMESTAMP:
+        raise ExpositionError(line_number, f"timestamp {timestamp!r} is out of range", line)
+    return value
+
+
+def _refuse_value_part(line: str, at: int, line_number: int) -> NoReturn:
+    """Why the rest of a sample line is not a value and an optional timestamp (the error path, not hot)."""
+    fields = [field for field in re.split("[ \t]+", line[at:]) if field]
     if not fields or len(fields) > 2:
         raise ExpositionError(line_number, "a sample needs a value and at most a timestamp", line)
-    try:
-        value = float(fields[0])
-    except ValueError:
-        value = None
-    # Python also reads "1_000"; the exposition format does not.
-    if value is None or "_" in fields[0]:
-        raise ExpositionError(line_number, f"invalid sample value {fields[0]!r}", line)
-    if len(fields) == 2:
-        try:
-            int(fields[1])
-        except ValueError:
-            raise ExpositionError(line_number, f"invalid timestamp {fields[1]!r}", line) from None
-    return value
+    raise ExpositionError(line_number, f"invalid timestamp {fields[1]!r}", line)

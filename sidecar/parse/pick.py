@@ -7,8 +7,12 @@ which is most of a tick's CPU; a `SamplePicker` finds the wanted lines with one 
 only them, to the strict line parser: every value the caller gets is checked exactly as a full parse checks it,
 and a malformed wanted line is an `ExpositionError` numbered within the whole text.
 
-What it does not check, on purpose: the lines of families nobody reads. A malformed line there leaves the
-wanted values as they are (Prometheus would drop the whole scrape; the sidecar keeps watching vLLM, and
+The same search also finds every `# HELP` or `# TYPE` line the line parser refuses (a type Prometheus does not
+know, metadata without a metric name: `REFUSED_METADATA`), so such a line fails the pick as it fails the full
+parse; a valid one costs the search a few characters and Python nothing.
+
+What it does not check, on purpose: the sample lines of families nobody reads. A malformed line there leaves
+the wanted values as they are (Prometheus would drop the whole scrape; the sidecar keeps watching vLLM, and
 `vllm-sidecar doctor`, which parses strictly, reports the line). What is not an exposition at all (an HTML
 error page, JSON, binary) is still refused: the first and the last non-blank lines are checked as the line
 parser checks any line, and a truncated body is the HTTP client's to refuse (Content-Length, chunked framing).
@@ -24,7 +28,7 @@ import re
 from collections.abc import Iterable
 
 from sidecar.model.exposition import Exposition, Labels, Sample
-from sidecar.parse.exposition import ExpositionError, parse_lines, read_value
+from sidecar.parse.exposition import REFUSED_METADATA, ExpositionError, parse_lines, read_value
 
 _BLANKS = "[ \t]*"
 _NAME_ENDS = "(?![a-zA-Z0-9_:])"  # the whole name: a longer name that starts the same is another one
@@ -48,7 +52,8 @@ class SamplePicker:
         self._notice = frozenset(notice) - self.keep
         names = sorted(self.keep | self._notice, key=lambda name: (-len(name), name))  # longest first
         alternatives = "|".join(re.escape(name) for name in names) or "(?!)"
-        line = f"{_BLANKS}(?P<name>{alternatives}){_NAME_ENDS}[^\n]*"
+        # Metadata first: tried at a line's first non-blank character, it fails there at once unless that is '#'.
+        line = f"{_BLANKS}(?:{REFUSED_METADATA}|(?P<name>{alternatives}){_NAME_ENDS})[^\n]*"
         self._first_line = re.compile(line)
         self._later_lines = re.compile(f"\n(?P<line>{line})")
         self._label_sets: dict[str, Labels] = {}
@@ -62,6 +67,9 @@ class SamplePicker:
         seen: set[str] = set()
         samples: dict[str, list[Sample]] = {}
         for start, name, line in self._lines(text):
+            if name is None:
+                _check_metadata(text, start, line)
+                continue
             seen.add(name)
             if name not in self.keep:
                 continue
@@ -80,8 +88,9 @@ class SamplePicker:
                 seen.add(first_under_prefix.group("name"))
         return Exposition(samples={name: tuple(found) for name, found in samples.items()}, names_seen=frozenset(seen))
 
-    def _lines(self, text: str) -> list[tuple[int, str, str]]:
-        """Where each line of a wanted or noticed name starts, its name, and the line (without its '\\n')."""
+    def _lines(self, text: str) -> list[tuple[int, str | None, str]]:
+        """Where each line of a wanted or noticed name starts, its name, and the line (without its '\\n');
+        and the same for each metadata line the line parser refuses, with None for a name."""
         first = self._first_line.match(text)
         found = [(0, first.group("name"), first.group(0))] if first is not None else []
         found += [(match.start("line"), match["name"], match["line"]) for match in self._later_lines.finditer(text)]
@@ -98,6 +107,14 @@ class SamplePicker:
                 self._label_sets.clear()
             self._label_sets[line[: close + 1]] = sample.labels
         return sample
+
+
+def _check_metadata(text: str, start: int, line: str) -> None:
+    """Raise the line parser's error for a metadata line the search found refused, numbered in `text`."""
+    try:
+        parse_lines(line, frozenset())
+    except ExpositionError as error:
+        raise ExpositionError(_line_number(text, start), error.reason, _line_at(text, start)) from None
 
 
 def _check_outer_lines(text: str) -> None:

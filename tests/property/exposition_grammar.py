@@ -10,20 +10,23 @@ parser, so the two can disagree. What it generates, per the text format:
   and without the `_total` suffix, and `_created` gauges as prometheus_client writes them;
 - label sets with any Unicode value (`\\\\`, `\\"`, `\\n` escaped), blanks around every token, a trailing
   comma, `{}`; values as Go's ParseFloat reads them (integers, decimals, exponents, signs, `NaN`, `+Inf`,
-  `-Inf`, `Inf`, `Infinity`); optional int64 millisecond timestamps;
+  `-Inf`, `Inf`, `Infinity`); optional millisecond timestamps, unsigned and within int64 (Prometheus'
+  lexer reads digits only);
 - leading and trailing blanks on a line, blank lines, and free comments;
-- of OpenMetrics, only what the parser claims: its type names in TYPE lines (`unknown`, `info`, `stateset`,
-  in `_KNOWN_TYPES`) and a final `# EOF`. The parser is for format 0.0.4, which vLLM serves to a scraper
-  that asks for no other (the source sends no Accept header); exemplars, units and OpenMetrics' own
-  `_created` and `_total` rules are not claimed, so not generated.
+- a TYPE line's type after exactly one blank, ending the line (Prometheus reads the rest of the line as
+  the type);
+- of OpenMetrics, only a final `# EOF` (a comment to format 0.0.4): its type names (`unknown`, `info`,
+  `stateset`, `gaugehistogram`) Prometheus refuses in a 0.0.4 TYPE line, and so does the parser. The
+  parser is for format 0.0.4, which vLLM serves to a scraper that asks for no other (the source sends no
+  Accept header); exemplars, units and OpenMetrics' own `_created` and `_total` rules are not claimed, so
+  not generated.
 
 What it leaves out, and why (the valid inputs the two Python parsers cannot agree on by design):
 - label names starting with `__`: reserved for Prometheus; prometheus_client refuses them, Prometheus's own
   parser and the sidecar accept them;
-- hexadecimal floats (`0x1p3`) and values out of float range (`1e400`, a 400-digit integer): Go's ParseFloat
-  reads the first and refuses the second, Python's float() does the opposite (and prometheus_client keeps a
-  long integer as an exact int, where the sidecar has +Inf); so mantissas have at most 12 digits and
-  exponents at most 290;
+- hexadecimal floats (`0x1p3`) and values out of float range (`1e400`, a 400-digit integer): Prometheus and
+  the sidecar refuse both, prometheus_client reads the second (a long integer as an exact int); so
+  mantissas have at most 12 digits and exponents at most 290;
 - UTF-8 quoted metric names (`{"my.metric"}`): Prometheus 3's extension, not format 0.0.4.
 """
 
@@ -96,7 +99,7 @@ VLLM_FAMILIES: tuple[tuple[str, str], ...] = (
     ("http_requests", "counter"),  # a counter without _total: prometheus_client renames its samples
     ("process_resident_memory_bytes", "gauge"),
 )
-TYPES = ("counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset")
+TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 
 _LETTERS = string.ascii_letters + "_"
 _DIGITS = string.digits
@@ -113,6 +116,7 @@ label_values = st.text(st.one_of(st.sampled_from('\\"\n{},=# \t:'), _unicode), m
 help_texts = st.text(st.one_of(st.sampled_from('\\\n" '), _unicode), max_size=20)
 blanks = st.sampled_from((" ", "\t", "  ", " \t"))
 optional_blanks = st.sampled_from(("", "", "", " ", "\t", "  "))
+_one_blank = st.sampled_from((" ", "\t"))
 _SPECIAL_VALUES = ("NaN", "+Inf", "-Inf", "Inf", "nan", "+inf", "-Infinity", "Infinity")
 _value_kinds = st.sampled_from(("repr", "int", "decimal", "exponent", "special"))
 _finite_floats = st.floats(allow_nan=False, allow_infinity=False)
@@ -123,7 +127,7 @@ _exponent_markers = st.sampled_from(("e", "E", "e+", "e-", "E-"))
 _exponents = st.integers(0, 290)  # with 12 digits, under 1e303: in float range
 _bounds = st.lists(st.floats(-1e6, 1e6), max_size=3, unique=True)
 _quantiles = st.lists(st.floats(0, 1), max_size=3, unique=True)
-timestamps = st.integers(-(2**63), 2**63 - 1).map(str)
+timestamps = st.integers(0, 2**63 - 1).map(str)  # Prometheus reads digits, no sign, into an int64
 _label_name_lists = st.lists(label_names, max_size=4, unique=True)
 
 
@@ -201,7 +205,8 @@ def family(draw: st.DrawFn, name: str, kind: str) -> tuple[list[str], list[GenSa
     if draw(st.booleans()):
         lines.append(f"#{draw(blanks)}HELP{draw(blanks)}{name} {escape_help(draw(help_texts))}")
     if kind != "untyped" or draw(st.booleans()):
-        lines.append(f"{draw(optional_blanks)}#{draw(blanks)}TYPE{draw(blanks)}{name}{draw(blanks)}{kind}")
+        # One blank before the type, which ends the line: Prometheus reads the rest of the line as the type.
+        lines.append(f"{draw(optional_blanks)}#{draw(blanks)}TYPE{draw(blanks)}{name}{draw(_one_blank)}{kind}")
         declared = kind
     samples: list[GenSample] = []
 

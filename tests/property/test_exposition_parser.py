@@ -11,17 +11,19 @@ parsers are not compared, as the sidecar checks less in lines it does not keep (
 from __future__ import annotations
 
 import math
+import re
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.model.exposition import Exposition, Sample
-from sidecar.parse.exposition import ExpositionError, parse_exposition
+from sidecar.parse.exposition import REFUSED_METADATA, ExpositionError, parse_exposition, parse_lines
 from sidecar.parse.pick import SamplePicker
 from sidecar.parse.vllm import KEPT_SAMPLES, vllm_sample_picker
 from tests.property.exposition_grammar import GenExposition, GenSample, expositions
 from tests.property.profile import budget
+from tests.unit.test_exposition_conformance import CASES, case_text, sample_names_at_line_starts
 
 Row = tuple[str, tuple[tuple[str, str], ...], str]  # name, sorted labels, value (repr; NaN as "nan")
 
@@ -197,3 +199,51 @@ def test_near_valid_text_parses_or_fails_cleanly_and_filtering_never_rejects_mor
         picked = _only_exposition_errors(text, KEPT_SAMPLES, pick=True)
         assert picked is not None
         assert _comparable(picked.samples) == _comparable(kept)
+
+
+# The published conformance cases (tests/unit/exposition_conformance_cases.json) as seeds: near-valid text of
+# every shape those test suites thought of.
+_CONFORMANCE_TEXTS = sorted({text for case in CASES if (text := case_text(case)) is not None})
+
+
+@st.composite
+def _mutated_conformance_case(draw: st.DrawFn) -> str:
+    text = draw(st.sampled_from(_CONFORMANCE_TEXTS))
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(text)))
+        cut = draw(st.integers(0, 2))
+        text = text[:at] + draw(st.one_of(_tokens, st.text(max_size=2))) + text[at + cut :]
+    return text
+
+
+@budget()
+@given(_mutated_conformance_case())
+def test_conformance_cases_mutated_parse_or_fail_cleanly_and_the_picker_reads_them_alike(text: str) -> None:
+    full = _only_exposition_errors(text, None)
+    names = frozenset(sample_names_at_line_starts(text))
+    picked = _only_exposition_errors(text, names, pick=True)
+    if full is not None:
+        # Built to read every name at a line's start, the picker reads every sample line: the same samples.
+        assert picked is not None
+        assert _comparable(picked.samples) == _comparable(full.samples)
+
+
+_refused_metadata = re.compile(f"[ \t]*(?:{REFUSED_METADATA})")
+_metadata_pieces = st.sampled_from(
+    ["#", " ", "\t", "  ", "HELP", "TYPE", "m", "a_b:c", "9", "-", "{", "counter", "gauge", "untyped", "info", "\r"]
+)
+
+
+@budget()
+@given(st.lists(_metadata_pieces, max_size=8).map(lambda pieces: "#" + "".join(pieces)), st.sampled_from(["", " "]))
+@example("# HELP  HELP", "")  # two blanks before the name: the search must not give one back to find none after it
+@example("# TYPE\t m counter", " ")
+def test_the_pickers_search_finds_exactly_the_metadata_lines_the_line_parser_refuses(line: str, indent: str) -> None:
+    line = indent + line
+    try:
+        parse_lines(line, frozenset())
+        accepted = True
+    except ExpositionError:
+        accepted = False
+    found = _refused_metadata.match(line + "\n") is not None
+    assert found == (not accepted)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sidecar.derive.counter import increase
-from sidecar.derive.engine import lifetime_hit_ratio, preemption_rate, windowed_hit_ratio
+from sidecar.derive.engine import lifetime_hit_ratio
 from sidecar.derive.kv import derive_kv, fragmentation
 from sidecar.derive.progress import EngineProgress, ProgressTracker
 from sidecar.derive.settings import DeriveSettings
@@ -17,6 +17,7 @@ from sidecar.derive.window import Window
 from sidecar.model.gpu import GpuProcess, ProcessOwner
 from sidecar.model.vllm import EngineMetrics
 from tests.unit.builders import GIB, cache_config, device, engine, snapshot
+from tests.unit.derive_oracles import preemption_rate, windowed_hit_ratio
 
 
 class TestIncrease:

@@ -3,10 +3,10 @@
 The Deriver keeps engine readings, GPU memory points, restart signs and vLLM's rejection counters up to date one
 snapshot at a time (sidecar.derive.engine.EngineHistory, gpu.MemoryHistory, restart.RestartTracker,
 rejections.RejectionHistory) instead of rescanning the window every tick. Oracle: the functions over
-`window.since(start_s)` (engine_history, memory_history, last_restart_s, rejections_over), and over the last
-polls of it for the short horizon, on generated sequences with failed polls, counter resets, memory drops, GPU
-errors, equal timestamps, windows that forget by age and by count, ticks that skip a derive, and a window
-swapped for another.
+`window.since(start_s)` in tests/unit/derive_oracles.py (engine_history, memory_history, last_restart_s,
+rejections_over), and over the last polls of it for the short horizon, on generated sequences with failed polls,
+counter resets, memory drops, GPU errors, equal timestamps, windows that forget by age and by count, ticks that
+skip a derive, and a window swapped for another.
 """
 
 from __future__ import annotations
@@ -17,17 +17,10 @@ from collections.abc import Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sidecar.derive.engine import (
-    EngineHistory,
-    EngineWindow,
-    engine_history,
-    preemption_rate,
-    preemptions_in,
-    windowed_hit_ratio,
-)
-from sidecar.derive.gpu import MemoryHistory, memory_history
-from sidecar.derive.rejections import RejectionHistory, rejections_over
-from sidecar.derive.restart import RestartTracker, last_restart_s
+from sidecar.derive.engine import EngineHistory, EngineWindow
+from sidecar.derive.gpu import MemoryHistory
+from sidecar.derive.rejections import RejectionHistory
+from sidecar.derive.restart import RestartTracker
 from sidecar.derive.trend import LineFit, fit_line
 from sidecar.derive.window import Follower, Window
 from sidecar.model.gpu import GpuReading
@@ -36,6 +29,15 @@ from sidecar.model.source import SourceResult
 from sidecar.model.vllm import ModelMetrics
 from tests.property.profile import budget
 from tests.unit.builders import GIB, device, engine, snapshot
+from tests.unit.derive_oracles import (
+    engine_history,
+    last_restart_s,
+    memory_history,
+    preemption_rate,
+    preemptions_in,
+    rejections_over,
+    windowed_hit_ratio,
+)
 
 ENGINES = (("m", "0"), ("m", "1"), ("n", "0"))
 

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.parse.exposition import ExpositionError, parse_exposition
+from sidecar.parse.pick import SamplePicker
 from sidecar.parse.vllm import KEPT_SAMPLES
 from tests.conftest import exposition_files
 
@@ -107,6 +108,29 @@ def test_label_values_may_hold_separators() -> None:
         ("# TYPE m\n", "TYPE line"),
         ("# TYPE m flavour\n", "unknown metric type"),
         ("m-x 1\n", "valid metric name"),
+        # What Prometheus refuses and Python's float() and int() would read (issue 15):
+        ('m{a="1",a="2"} 1\n', "label name 'a' is not unique"),
+        ('m{a="1", b="2",a="3"} 1\n', "label name 'a' is not unique"),  # the scanner's path (blanks)
+        ('m{__name__="n"} 1\n', "label name '__name__' is not unique"),
+        ("m 1 1_700\n", "invalid timestamp"),
+        ("m 1 -5\n", "invalid timestamp"),  # Prometheus' lexer reads digits only
+        ("m 1 +5\n", "invalid timestamp"),
+        ("m 1 9223372036854775808\n", "timestamp '9223372036854775808' is out of range"),
+        ("m \u0661\u0662\n", "invalid sample value"),  # Arabic-Indic digits: float() reads 12
+        ("m \uff11\n", "invalid sample value"),  # a fullwidth digit
+        ("m 1 \u0661\u0662\n", "invalid timestamp"),
+        ("m 1\u20032\n", "invalid sample value"),  # an em space is no separator (str.split() thinks it is)
+        ("m +NaN\n", "invalid sample value"),  # Go's ParseFloat reads NaN without a sign
+        ("m 1e400\n", "out of range"),  # float() gives inf, ParseFloat an error
+        ("# TYPE m info\n", "unknown metric type 'info'"),
+        ("# TYPE m stateset\n", "unknown metric type 'stateset'"),
+        ("# TYPE m gaugehistogram\n", "unknown metric type 'gaugehistogram'"),
+        ("# TYPE m unknown\n", "unknown metric type 'unknown'"),
+        ("# TYPE m  gauge\n", "unknown metric type ' gauge'"),  # Prometheus reads all after one blank
+        ("# TYPE m gauge \n", "unknown metric type 'gauge '"),
+        ("# HELP \n", "a HELP line needs a metric name"),
+        ("# HELP #\n", "a HELP line needs a metric name"),
+        ("\t#\tTYPE\t9m gauge\n", "a TYPE line needs a metric name"),
     ],
 )
 def test_malformed_lines_are_rejected_with_their_line_number(text: str, reason: str) -> None:
@@ -114,6 +138,28 @@ def test_malformed_lines_are_rejected_with_their_line_number(text: str, reason: 
         parse_exposition("ok_metric 1\n" + text)
     assert caught.value.line_number == 2
     assert reason in str(caught.value)
+    if text.lstrip(" \t")[:1] not in ("m", "#"):
+        return  # a line the tick's picker does not read (see test_exposition_pick)
+    # The tick's picker, reading that name, refuses the line alike (metadata it finds by its search).
+    with pytest.raises(ExpositionError) as picked:
+        SamplePicker({"m", "ok_metric"}).pick("ok_metric 1\n" + text + "ok_metric 2\n")
+    assert picked.value.line_number == 2
+    assert reason in str(picked.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '# HELP\n# TYPE\n# HELPER m\n#TYPE m info\n# HELP m\n# HELP m text with "quotes"\nm 1\n',  # comments
+        'm{a="1" b="2"} 1\n',  # no comma between labels: Prometheus reads two labels
+        "m 1 0\nm 1 9223372036854775807\n",  # timestamps from 0 to int64's largest
+        "m Inf\nm -infinity\nm nan\nm 5.\nm .5e-3\n",  # what Go's ParseFloat reads
+        "# TYPE m counter\r\nm 1\r\n",  # CRLF (Prometheus refuses it; the sidecar keeps reading it)
+    ],
+)
+def test_what_prometheus_reads_is_read(text: str) -> None:
+    parse_exposition(text)
+    SamplePicker({"m"}).pick(text)
 
 
 def test_garbage_is_rejected_even_when_nothing_would_be_kept() -> None:

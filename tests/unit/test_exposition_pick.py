@@ -2,7 +2,7 @@
 
 Oracles: `parse_exposition` (every line checked) on valid text, where the picked samples must be exactly its
 kept samples, and on broken text a naive one written here: the strict line parser run on just the lines that
-start with a kept name (found by a Python loop, not a regular expression), plus the first and last lines.
+start with a kept name or '#' (found by a Python loop, not a regular expression), plus the first and last lines.
 What the picker leaves unchecked on purpose (a malformed line of a family nobody reads) is pinned too.
 """
 
@@ -23,7 +23,82 @@ from sidecar.sim.exposition import MetricsWriter
 from sidecar.sim.exposition_cache import CacheSettings
 from tests.conftest import exposition_files
 from tests.property.profile import budget
-from tests.unit.test_exposition_skim import ODD_FAMILIES, broken_exposition
+
+# Odd shapes: a summary with quantiles, a histogram with a series missing its _sum, families without HELP, a
+# kept name inside a foreign family.
+ODD_FAMILIES = """# HELP s a summary with quantiles
+# TYPE s summary
+s{quantile="0.5"} 1
+s_count 2
+s_sum 3
+# HELP t a summary without
+# TYPE t summary
+t_count{a="1"} 2
+t_sum{a="1"} 3.5
+# HELP h a histogram cut short
+# TYPE h histogram
+h_bucket{le="1"} 1
+h_bucket{le="+Inf"} 2
+h_count 2
+h_bucket{le="1"} 1
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+# HELP g a gauge
+# TYPE g gauge
+g 1
+vllm:num_requests_waiting{engine="0",model_name="m"} 4
+"""
+TRICKY_LINES = [
+    "",
+    " ",
+    "\r",
+    "\t# TYPE vllm:kv_cache_usage_perc gauge",
+    "# HELP vllm:num_requests_running",
+    "# HELP x help",
+    "# TYPE x gauge",
+    "# TYPE x flavour",
+    "# TYPE vllm:iteration_tokens_total histogram",
+    "x 1",
+    "x 1.2.3",
+    'x{a="1"} oops',
+    "# TYPE x summary",
+    "x_count 1",
+    "x_sum 2",
+    'x{quantile="0.5"} 1',
+    'x_bucket{le="1"} 1',
+    'vllm:num_requests_running{engine="0",model_name="m"} 3',
+    'vllm:num_requests_running{engine="0",model_name="m"} x',
+    "vllm:num_requests_running 1 2 3",
+    'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 7',
+    " vllm:num_requests_waiting 2",
+    'vllm:kv_cache_usage_perc {engine="0"} 0.5',
+    "vllm:prompt_tokens_created 1.7e9",
+    "not an exposition at all",
+    "<html><body>502</body></html>",
+    "\x00\x01binary",
+]
+
+
+def broken_exposition(data: st.DataObject, text: str) -> str:
+    """`text` broken in the ways that matter: one to three lines inserted (tricky or arbitrary), dropped,
+    doubled, swapped, or the body truncated in the middle of a line."""
+    lines = text.split("\n")
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(lines) - 1))
+        kind = data.draw(st.sampled_from(["insert", "drop", "double", "swap", "truncate"]))
+        if kind == "insert":
+            lines.insert(at, data.draw(st.sampled_from(TRICKY_LINES) | st.text(max_size=20)))
+        elif kind == "drop" and len(lines) > 1:
+            del lines[at]
+        elif kind == "double":
+            lines.insert(at, lines[at])
+        elif kind == "swap":
+            other = data.draw(st.integers(0, len(lines) - 1))
+            lines[at], lines[other] = lines[other], lines[at]
+        elif kind == "truncate":
+            cut = data.draw(st.integers(0, len(lines[at])))
+            lines = [*lines[:at], lines[at][:cut]]
+    return "\n".join(lines)
 
 
 def _simulated(version: str, engines: int) -> str:
@@ -135,6 +210,11 @@ def _naive_oracle(text: str, keep: frozenset[str]) -> str:
         kept: dict[str, list[object]] = {}
         for number, line in enumerate(lines):
             stripped = line.lstrip(" \t")
+            if stripped.startswith("#"):  # a comment, or metadata, which the line parser checks
+                try:
+                    parse_lines(line, frozenset())
+                except ExpositionError as error:
+                    raise ExpositionError(number + 1, error.reason, line) from None
             for name in keep:
                 rest = stripped[len(name) :]
                 if stripped.startswith(name) and (not rest or rest[0] not in _NAME_CHARACTERS):
