@@ -9,11 +9,12 @@ import asyncio
 
 import pytest
 
-from sidecar.loadtest.command import add_arguments, build_spec
+from sidecar.loadtest.command import LoadtestSettings, add_arguments, build_spec
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.result import FailureKind, RequestResult
 from sidecar.loadtest.runner import _closed_loop, _open_loop, _Tally
 from sidecar.loadtest.spec import LoadSpec, PlannedRequest, seeded
+from sidecar.shell.tool_settings import load_tool_settings
 
 pytestmark = pytest.mark.looptime
 
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.looptime
 def spec(*argv: str) -> LoadSpec:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return build_spec(parser.parse_args(["--url", "http://127.0.0.1:1", *argv]))
+    settings = load_tool_settings(LoadtestSettings, parser.parse_args(["--url", "http://127.0.0.1:1", *argv]))
+    return build_spec(settings)
 
 
 class Server:
