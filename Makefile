@@ -19,7 +19,7 @@ imports:
 	lint-imports
 
 test:
-	pytest -q -ra
+	pytest -q -ra -n 2 --dist loadgroup
 
 bench:
 	$(PYTHON) -m bench

@@ -275,7 +275,9 @@ class Daemon:
         try:
             await self.poller.tick()
         except asyncio.CancelledError:
-            raise
+            # Only the stop cancels a tick, once its grace is over (`_finish_tick`): the job ends here, as
+            # APScheduler would otherwise report the cancellation as a failed job with a traceback.
+            return
         except Exception:  # noqa: BLE001 - a bug in one tick must not stop the daemon; the next tick runs
             self._log.exception("tick_failed")
         finally:
@@ -321,8 +323,11 @@ class Daemon:
         self._sd_send(systemd.stopping())
         watchdog.cancel()
         self._on_time.stop()
-        scheduler.shutdown(wait=False)
+        # Paused first and shut down after the tick in progress had its grace: APScheduler's asyncio executor
+        # cancels the jobs still running when it shuts down.
+        scheduler.pause()
         await self._finish_tick()
+        scheduler.shutdown(wait=False)
         await self.server.stop()
         await self._close()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.adapters.daemon_process import SidecarProcess
 from tests.conftest import required_in_ci
-from tests.loopback import LoopbackServer, respond
+from tests.loopback import LoopbackServer, respond, slow
 from tests.security.certs import client_context, issue, make_ca, openssl_missing
 
 HALF_REQUESTS = [
@@ -111,3 +111,35 @@ def test_sigterm_with_half_done_tls_handshakes_and_requests_stops_without_a_trac
     assert "Traceback" not in output, output
     assert not [line for line in output.splitlines() if '"exception"' in line], output
     assert json.loads(output.rstrip("\n").splitlines()[-1])["event"] == "stopped"
+
+
+@pytest.mark.parametrize(("answer_after_s", "finished"), [(0.8, True), (8.0, False)])
+def test_sigterm_mid_tick_gives_the_tick_its_grace_then_stops_without_a_traceback(
+    tmp_path: Path, answer_after_s: float, finished: bool
+) -> None:
+    """A tick waiting on vLLM at SIGTERM finishes within the 2 s grace (its reading is logged); one that would
+    take longer is cancelled at the grace's end. Either way no failed job, no traceback, exit 0."""
+    vllm = LoopbackServer()
+    vllm.routes.update({"/health": respond()})
+    process = SidecarProcess(
+        # The request's own deadline (2.9 s) is longer than the stop's grace (2 s), so the grace decides.
+        ["--vllm-url", vllm.url, "--interval", "3", "--timeout", "2.9", "--gpu-source", "none"],
+        tmp_path / "sidecar.log",
+    )
+    try:
+        process.wait_ready()
+        # From now on /metrics answers slowly: the next tick is in progress when SIGTERM comes.
+        asked = vllm.hits.count("/metrics")
+        vllm.routes["/metrics"] = slow(answer_after_s, respond(body=b"vllm:num_requests_running 0\n"))
+        deadline = time.monotonic() + 30
+        while vllm.hits.count("/metrics") == asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        code, _ = process.stop(signal.SIGTERM)
+    finally:
+        process.kill()
+        vllm.close()
+    output = process.log_path.read_text()
+    assert code == 0, output
+    assert "Traceback" not in output, output
+    assert "raised an exception" not in output, output
+    assert ("source_ok" in output) is finished, output
