@@ -1,6 +1,6 @@
 """What the demo tells: the daemon settings it shortens, and what happens when in each scenario. Pure data.
 
-The timings are measured (the README says where): they are what a user sees on a small machine, give or take
+The timings are measured (docs/tools.md says where): they are what a user sees on a small machine, give or take
 a few seconds, counted from the demo's start.
 """
 

@@ -163,7 +163,7 @@ class Settings(BaseSettings):
         json_schema_extra=_allowed("auto, json or console"),
     )
 
-    # --- acting: the policy's main thresholds (the others keep the defaults documented in the README) ---
+    # --- acting: the policy's main thresholds (the others keep the defaults documented in docs/settings.md) ---
     pause_kv_usage: float = _policy(
         "pause_kv_usage_ratio",
         gt=0,
