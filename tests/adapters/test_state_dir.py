@@ -221,12 +221,16 @@ def test_a_read_only_file_system_stops_a_sidecar_that_restarts_and_not_a_dry_run
     command = [sys.executable, "-m", "sidecar", "run", "--listen", f"127.0.0.1:{closed_port()}"]
     command += ["--vllm-url", f"http://127.0.0.1:{closed_port()}", "--gpu-source", "none", "--state-dir", str(mount)]
     # In the namespace: mount a read-only tmpfs, run the sidecar that would write there (exit 2 expected), then
-    # a dry run on the same directory, stopped by `timeout` with SIGTERM after 4 s (its own exit code kept).
+    # a dry run on the same directory, sent SIGTERM once it logged that it started (a start slowed by a busy
+    # machine is waited for, up to 60 s), its exit code kept.
     dry_run = shlex.join([*command, "--dry-run", "--log-format", "json"])
+    dry_log = shlex.quote(str(tmp_path / "dry-run.log"))
     script = (
         f"mount -t tmpfs -o ro none {shlex.quote(str(mount))} && "
         f"{shlex.join([*command, *ACTING])}; echo exit=$?; "
-        f"timeout --preserve-status -s TERM 4 {dry_run}; echo exit=$?"
+        f"{dry_run} 2>{dry_log} & pid=$!; "
+        f'for _ in $(seq 600); do grep -q \'"event": "started"\' {dry_log} && break; sleep 0.1; done; '
+        f"kill -TERM $pid; wait $pid; echo exit=$?"
     )
     environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_SIDECAR_")}
     result = subprocess.run(
@@ -243,6 +247,7 @@ def test_a_read_only_file_system_stops_a_sidecar_that_restarts_and_not_a_dry_run
         in result.stderr
     ), result.stderr
     assert result.stdout.splitlines()[1] == "exit=0", result  # the dry run ran, and stopped cleanly on SIGTERM
-    assert '"event": "started"' in result.stderr
-    assert '"dry_run": true' in result.stderr
-    assert result.stderr.rstrip("\n").splitlines()[-1].startswith('{"event": "stopped"')
+    dry_run_log = (tmp_path / "dry-run.log").read_text()
+    assert '"event": "started"' in dry_run_log
+    assert '"dry_run": true' in dry_run_log
+    assert dry_run_log.rstrip("\n").splitlines()[-1].startswith('{"event": "stopped"')
