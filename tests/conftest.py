@@ -60,6 +60,8 @@ SERIAL_GROUPS = {
 }
 
 
+# tryfirst: xdist reads the groups in its own collection hook, which would otherwise run before this one.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = Path(__file__).resolve().parent.parent
     for item in items:
