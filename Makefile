@@ -19,7 +19,7 @@ imports:
 	lint-imports
 
 test:
-	pytest -q -ra -n 2 --dist loadgroup --durations=25
+	pytest -q -ra --durations=25
 
 bench:
 	$(PYTHON) -m bench

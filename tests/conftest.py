@@ -39,33 +39,3 @@ def user_systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSyste
         yield manager
     finally:
         manager.stop()
-
-
-# Run in parallel (`pytest -n 2`, pytest-xdist, `--dist loadgroup`), the tests that start a real vLLM run one after
-# another on one worker: each loads a model for 20-60 s of CPU, the session's `vllm_server` is then started once,
-# and two at once on a 2-core machine would only slow each other past their deadlines. Likewise the tests that
-# boot the Debian rootfs with systemd-nspawn (it locks the directory) or build the image.
-SERIAL_GROUPS = {
-    "real-vllm": (
-        "tests/e2e/",
-        "tests/chaos/test_real_vllm_chaos.py",
-        "tests/actuators/test_real_vllm_hang_e2e.py",
-        "tests/doctor/test_real_vllm.py",
-    ),
-    "machine": (
-        "tests/ship/test_systemd_deploy.py",
-        "tests/cause/test_journal_log.py",
-        "tests/ship/test_container_image.py",
-    ),
-}
-
-
-# tryfirst: xdist reads the groups in its own collection hook, which would otherwise run before this one.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(__file__).resolve().parent.parent
-    for item in items:
-        where = Path(item.path).resolve().relative_to(root).as_posix()
-        for group, prefixes in SERIAL_GROUPS.items():
-            if where.startswith(prefixes):
-                item.add_marker(pytest.mark.xdist_group(group))
