@@ -8,6 +8,7 @@ daemon's settings (which import the pure core's defaults).
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,3 +88,20 @@ def _suggestion(key: str, known: set[str]) -> str:
 
 def _format_name(path: Path) -> str:
     return "TOML" if path.suffix.lower() == ".toml" else "YAML"
+
+
+class FileBackedSettings(BaseSettings):
+    """Settings read from the flags (given as init arguments), then `VLLM_SIDECAR_*` environment, then the
+    `--config` file: the precedence every command shares."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
+        return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))

@@ -17,14 +17,14 @@ from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell import setting_origin
 from sidecar.shell.address import split_listen
-from sidecar.shell.config_file import ConfigFileSource, config_path
+from sidecar.shell.config_file import FileBackedSettings, config_path
 from sidecar.shell.config_file import SettingsError as SettingsError  # noqa: PLC0414 - re-exported, as before
 from sidecar.shell.config_file import read_config_file as read_config_file  # noqa: PLC0414 - re-exported
 from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
@@ -55,7 +55,7 @@ def _derive(field: str, *, allowed: str, **kwargs: Any) -> Any:
     return Field(getattr(DERIVE, field), json_schema_extra={"allowed": allowed, "derive": field}, **kwargs)
 
 
-class Settings(BaseSettings):
+class Settings(FileBackedSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True)
 
     config: Path | None = Field(
@@ -484,18 +484,6 @@ class Settings(BaseSettings):
     @property
     def admin_rate(self) -> RateLimit:
         return parse_rate_limit(self.admin_rate_limit)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
-        return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))
 
 
 def core_values(settings: Settings, core: Literal["policy", "derive"]) -> dict[str, Any]:

@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from sidecar.shell.config_file import ConfigFileSource, SettingsError, config_path, read_config_file
+from sidecar.shell.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
 from sidecar.shell.setting_origin import ENV_PREFIX, Origin, origins
 
 ToolSettingsT = TypeVar("ToolSettingsT", bound="ToolSettings")
 
 
-class ToolSettings(BaseSettings):
+class ToolSettings(FileBackedSettings):
     """A tool command's options: flags as init values, then the environment, then the config file."""
 
     model_config = SettingsConfigDict(
@@ -33,18 +33,6 @@ class ToolSettings(BaseSettings):
     )
 
     config: Path | None = Field(None, description="TOML or YAML file with options")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        flags: dict[str, Any] = getattr(init_settings, "init_kwargs", {})
-        return (init_settings, env_settings, ConfigFileSource(settings_cls, config_path(flags, os.environ)))
 
 
 # pydantic warns that a field named `json` shadows BaseModel.json(), a deprecated method nothing here calls; the
