@@ -104,7 +104,7 @@ Facts = dict[str, object]
 
 
 def parse_log(text: str) -> LogFacts:
-    lines = rejoin(_ANSI.sub("", text).splitlines())
+    lines = log_lines(text)
     lines = lines[_last_start(lines) :]
     facts: Facts = {}
     recognised = 0
@@ -117,6 +117,12 @@ def parse_log(text: str) -> LogFacts:
         recognised += 1
     result = LogFacts(lines_read=len(lines), lines_recognised=recognised, oom=oom)
     return replace(result, **facts)  # type: ignore[arg-type]
+
+
+def log_lines(text: str) -> list[str]:
+    """The lines `parse_log` reads, colours stripped and wrapped messages joined; `lines_read` counts these, so a
+    caller that cuts a log by it must cut these (`"\\n".join(log_lines(text))` parses the same)."""
+    return rejoin(_ANSI.sub("", text).splitlines())
 
 
 def rejoin(lines: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.evidence import Evidence, GpuEvidence, LiveEvidence
 from sidecar.doctor.finding import Finding, Severity
 from sidecar.doctor.formula import gib
-from sidecar.doctor.log_parser import parse_log
+from sidecar.doctor.log_parser import log_lines, parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.render import paste
 from sidecar.model.cause import CrashCause, FlagChange
@@ -73,7 +73,7 @@ def _starts(read: LogRead) -> list[_Start]:
     """The newest MAX_STARTS starts of vLLM in the read, oldest first."""
     starts: list[_Start] = []
     for run in reversed(read.runs):
-        lines = run.text.splitlines()
+        lines = log_lines(run.text)  # as the parser counts them: a wrapped line it joins is one line
         newest_in_run = True
         while lines and len(starts) < MAX_STARTS:
             facts = parse_log("\n".join(lines))  # the doctor reads the last start in what it is given

@@ -106,6 +106,30 @@ def test_journal_the_invocation_that_died_when_systemd_already_started_the_next(
     assert "invocation 2" in explain(read, Wanted.LAST, wall_time_s=WALL_S).source
 
 
+def test_journal_a_wrapped_line_in_the_next_invocation_does_not_hide_the_one_that_died() -> None:
+    """journald orders systemd's own lines and vLLM's output as they arrive: here vLLM's arguments line came
+    before systemd's "Started", and a line starting lower-case followed, which the parser joins to the one before
+    (a wrapped message). The new invocation is one start, so the invocation that died is still among those read.
+    (Found by the journal test under load: the split counted raw lines where the parser counted joined ones, made
+    two starts of the new invocation and never looked at the one that died.)"""
+    read = journal(
+        LogRun(text=oom_death(), label="invocation 1", ended=EXIT_1, failed=True),
+        LogRun(
+            text="\n".join(
+                [
+                    "Starting vllm.service - vLLM OpenAI-compatible server...",
+                    "(APIServer pid=2) INFO 11-22 06:30:00 [api_utils.py:286] non-default args: {'model': 'tiny'}",
+                    "Started vllm.service - vLLM OpenAI-compatible server.",
+                    "second start",
+                ]
+            ),
+            label="invocation 2",
+        ),
+    )
+    assert flags(read) == (OOM_CAUSE, OOM_FLAGS)
+    assert "earlier start" not in explain(read, Wanted.LAST, wall_time_s=WALL_S).source
+
+
 def test_journal_a_kill_with_nothing_in_the_log_says_how_it_ended() -> None:
     """The kernel's OOM killer leaves no line in vLLM's log; systemd's line is all there is."""
     read = journal(
