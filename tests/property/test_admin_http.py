@@ -185,7 +185,10 @@ def _answer_owed(request: bytes) -> bool:
     """Whether the server owes an answer: the head is complete and no Content-Length asks for unsent bytes.
 
     A sound under-approximation (a bad request line is answered even then); digits are ASCII, as HTTP says.
+    Empty lines before the request line are no request: RFC 9112 2.2 has servers ignore them (llhttp does), so
+    a client that sent only those and closed is owed nothing.
     """
+    request = request.lstrip(b"\r\n")
     head_end = request.find(b"\r\n\r\n")
     if head_end == -1:
         return False
@@ -202,6 +205,8 @@ def _answer_owed(request: bytes) -> bool:
 @given(_raw_requests)
 @example(b"POST /admin/pause HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n")  # latin-1 "²".isdigit(): int() raised
 @example(b"GET /healthz HTTP/1.1\r\nContent-Length: \xb9\r\n\r\n")  # "¹": the same
+@example(b"\r\n\r\n")  # empty lines only: no request, closed without an answer (found by generation)
+@example(b"\r\n\nGET /healthz HTTP/1.1\r\nHost: s\r\n\r\n")  # empty lines, then a request: answered
 def test_any_bytes_get_a_well_formed_answer_and_the_server_lives_on(request: bytes) -> None:
     admin = FakeAdmin()
     answers = asyncio.run(_serve(_endpoints(admin, None), [request, b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n"]))
