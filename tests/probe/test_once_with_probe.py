@@ -3,10 +3,12 @@ and the text, and the probe's problem lines when its directory holds nothing usa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,20 +39,39 @@ def _once(sim: SimProcess, probe_dir: Path, *extra: str) -> subprocess.Completed
     )
 
 
-def test_the_allocators_in_json_and_text(sim: SimProcess, tmp_path: Path) -> None:
-    def sample_now() -> None:  # this test's own pid: a live process, so its file is kept; fresh for each read
-        write(tmp_path, document(os.getpid(), time_unix_s=time.time(), devices=[device(0, num_alloc_retries=3)]))
+@contextlib.contextmanager
+def _live_probe(directory: Path) -> Iterator[None]:
+    """This test's own pid samples its allocator every 0.2 s, as the probe in a live vLLM process does, so the
+    file is fresh whenever `once` reads it, however long a loaded machine takes to start it."""
+    stop = threading.Event()
+    (directory / "next").mkdir()
 
-    sample_now()
-    done = _once(sim, tmp_path, "--json")
+    def sample() -> None:
+        while True:
+            content = document(os.getpid(), time_unix_s=time.time(), devices=[device(0, num_alloc_retries=3)])
+            os.replace(write(directory / "next", content), directory / f"{os.getpid()}.json")  # whole, as the probe
+            if stop.wait(0.2):
+                return
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def test_the_allocators_in_json_and_text(sim: SimProcess, tmp_path: Path) -> None:
+    with _live_probe(tmp_path):
+        done = _once(sim, tmp_path, "--json")
+        text = _once(sim, tmp_path).stdout
     assert done.returncode == 0, done.stderr
     output = json.loads(done.stdout)
     (allocator,) = output["allocators"]
     assert (allocator["gpu"], allocator["rank"], allocator["alloc_retries_total"]) == (0, "0", 3)
     assert allocator["fragmentation_ratio"] == 0.25
     assert allocator["alloc_retries_recent"] is None  # one poll: no horizon
-    sample_now()
-    text = _once(sim, tmp_path).stdout
     assert (
         "PyTorch allocator, GPU 0 rank 0: 6.00 GiB allocated of 8.00 GiB reserved, 2.00 GiB in split free pieces, "
         "3 retries and 0 OOMs since vLLM started"
