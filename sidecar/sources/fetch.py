@@ -100,7 +100,8 @@ class HttpxFetcher:
             raise FetchFailedError(
                 Failure.FAILED, f"{name}: {connection_error_reason(error)}", client_error=name
             ) from None
-        except httpx.InvalidURL as error:  # not an HTTPError: a host name IDNA refuses, a URL too long
+        except (httpx.InvalidURL, UnicodeError) as error:  # not HTTPErrors: a URL httpx cannot parse, a host
+            # name IDNA refuses ("xn--": idna.IDNAError, a UnicodeError, escapes httpx unwrapped)
             raise FetchFailedError(Failure.BAD_URL, str(error), client_error=type(error).__name__) from None
 
     async def aclose(self) -> None:

@@ -63,6 +63,17 @@ async def test_vllm_down(fetcher: BodyFetcher) -> None:
     )
 
 
+async def test_a_host_name_no_request_can_carry_is_a_line_not_an_exception(fetcher: BodyFetcher) -> None:
+    # An A-label the idna package refuses (httpx: "cannot be asked"; Python's own codec takes it, and the name
+    # then does not resolve): a one-line error either way, never an exception out of the tick.
+    result = await source(fetcher, "http://xn--.invalid").read()
+    assert result.error is not None
+    assert result.error.startswith("vLLM ")
+    assert "http://xn--.invalid/metrics" in result.error
+    assert "\n" not in result.error
+    assert not result.unreachable
+
+
 async def test_slower_than_the_timeout(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = slow(3.0, respond(body=CAPTURE))
     started = time.monotonic()
