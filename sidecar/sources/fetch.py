@@ -78,7 +78,8 @@ class HttpxFetcher:
                         Failure.STATUS, f"answered HTTP {response.status_code}", status=response.status_code
                     )
                 declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+                chunked = "transfer-encoding" in response.headers  # chunks frame the body: a length means nothing
+                if declared is not None and not chunked and declared.isdigit() and int(declared) > max_bytes:
                     raise FetchFailedError(
                         Failure.TOO_LARGE, f"answer of {int(declared)} bytes exceeds the {max_bytes} byte cap"
                     )
