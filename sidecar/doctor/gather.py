@@ -29,9 +29,9 @@ from sidecar.file_cap import read_capped_file
 from sidecar.model.gpu import GpuReading
 from sidecar.parse.exposition import ExpositionError, parse_exposition
 from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
+from sidecar.sources.fetch import HttpxFetcher, connection_error_reason
 from sidecar.sources.gpu import GpuSource
 from sidecar.sources.sim_gpu import SimGpuSource
-from sidecar.sources.vllm_http import connection_error_reason
 
 MAX_LOG_BYTES = 64 * 2**20  # the tail of a longer log: the last start is what counts
 MAX_SMALL_BYTES = 4 * 2**20  # /version, /v1/models, /status
@@ -201,7 +201,7 @@ async def _gpu(client: httpx.AsyncClient, base: str, options: Options) -> GpuEvi
     source: GpuSource
     if options.gpu_source == "sim":
         source = SimGpuSource(
-            client=client,
+            fetcher=HttpxFetcher(client),
             url=base + "/sim/gpu",
             timeout_s=options.timeout_s,
             gpu_indices=options.gpu_indices,

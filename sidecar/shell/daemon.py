@@ -46,8 +46,8 @@ from sidecar.shell.settings import Settings, SettingsError, core_values, setting
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.allocator_probe import AllocatorProbeSource
+from sidecar.sources.fetch import BodyFetcher, HttpxFetcher, PlainHttpFetcher
 from sidecar.sources.gpu import GpuSource
-from sidecar.sources.http_get import HttpGetClient
 from sidecar.sources.probe import CompletionProbe
 from sidecar.sources.sim_gpu import SimGpuSource
 from sidecar.sources.vllm_http import VllmHttpSource
@@ -59,12 +59,12 @@ def derive_settings(settings: Settings) -> DeriveSettings:
     return DeriveSettings(**core_values(settings, "derive"))
 
 
-def build_gpu_source(settings: Settings, client: httpx.AsyncClient | HttpGetClient) -> GpuSource | None:
+def build_gpu_source(settings: Settings, fetcher: BodyFetcher) -> GpuSource | None:
     if settings.gpu_source == "none":
         return None
     if settings.gpu_source == "sim":
         return SimGpuSource(
-            client=client,
+            fetcher=fetcher,
             url=settings.vllm_url + "/sim/gpu",
             timeout_s=settings.poll_timeout_s,
             gpu_indices=settings.gpu_indices,
@@ -84,10 +84,11 @@ def build_http_client(settings: Settings) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False)
 
 
-def build_vllm_client(settings: Settings, shared: httpx.AsyncClient) -> httpx.AsyncClient | HttpGetClient:
-    """The client that polls vLLM: the small keep-alive one for http:// (a fraction of httpx's CPU per poll,
-    see sidecar.sources.http_get), the shared httpx client for https://."""
-    return HttpGetClient() if urlsplit(settings.vllm_url).scheme == "http" else shared
+def build_vllm_fetcher(settings: Settings, shared: httpx.AsyncClient) -> BodyFetcher:
+    """What polls vLLM: the small keep-alive client for http:// (a fraction of httpx's CPU per poll, see
+    sidecar.sources.fetch), the shared httpx client for https://. Closed with `aclose` (the shared client stays
+    open: its owner closes it)."""
+    return PlainHttpFetcher() if urlsplit(settings.vllm_url).scheme == "http" else HttpxFetcher(shared)
 
 
 async def _nothing() -> None:
@@ -190,8 +191,8 @@ class Daemon:
         self.tls = build_tls(settings, self._log)  # first: a bad certificate stops the start before anything opens
         check_state_dir(settings)
         self._client = build_http_client(settings)
-        self._vllm_client = build_vllm_client(settings, self._client)
-        self._gpu = build_gpu_source(settings, self._vllm_client)  # the simulator's GPUs live at --vllm-url
+        self._vllm_fetcher = build_vllm_fetcher(settings, self._client)
+        self._gpu = build_gpu_source(settings, self._vllm_fetcher)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
@@ -213,7 +214,7 @@ class Daemon:
         )
         self.poller = Poller(
             vllm=VllmHttpSource(
-                client=self._vllm_client,
+                fetcher=self._vllm_fetcher,
                 base_url=settings.vllm_url,
                 timeout_s=settings.poll_timeout_s,
                 max_body_bytes=settings.max_response_bytes,
@@ -361,7 +362,6 @@ class Daemon:
         await self.crash_cause.close()  # what it holds goes to the notifier, which then gets its 2 s
         await self.notifier.stop(timeout_s=2.0)
         await self._client.aclose()
-        if self._vllm_client is not self._client:
-            await self._vllm_client.aclose()
+        await self._vllm_fetcher.aclose()
         if self._gpu is not None:
             await asyncio.to_thread(self._gpu.close)

@@ -14,7 +14,7 @@ from sidecar.shell.daemon import (
     build_allocator_source,
     build_gpu_source,
     build_http_client,
-    build_vllm_client,
+    build_vllm_fetcher,
     derive_settings,
 )
 from sidecar.shell.settings import Settings
@@ -23,12 +23,12 @@ from sidecar.sources.vllm_http import VllmHttpSource
 
 async def poll_once(settings: Settings) -> View:
     client = build_http_client(settings)
-    vllm_client = build_vllm_client(settings, client)  # the daemon's, so `once` reads exactly what it reads
-    gpu = build_gpu_source(settings, vllm_client)
+    fetcher = build_vllm_fetcher(settings, client)  # the daemon's, so `once` reads exactly what it reads
+    gpu = build_gpu_source(settings, fetcher)
     try:
         poller = Poller(
             vllm=VllmHttpSource(
-                client=vllm_client,
+                fetcher=fetcher,
                 base_url=settings.vllm_url,
                 timeout_s=settings.poll_timeout_s,
                 max_body_bytes=settings.max_response_bytes,
@@ -41,8 +41,7 @@ async def poll_once(settings: Settings) -> View:
         return await poller.tick()
     finally:
         await client.aclose()
-        if vllm_client is not client:
-            await vllm_client.aclose()
+        await fetcher.aclose()
         if gpu is not None:
             await asyncio.to_thread(gpu.close)
 

@@ -9,15 +9,21 @@ CPU undoing, over loopback), bodies framed by Content-Length, chunked or the end
 deflate still decoded should a server send them anyway, and every body counted against a cap as it arrives.
 Each connection receives into one buffer of its own (sidecar.sources.http_receive), not a StreamReader.
 
+The one exception to httpx being the sidecar's HTTP client, kept because httpx misses the tick's CPU budget
+(docs/benchmarks.md). The sources reach it only through `sidecar.sources.fetch.PlainHttpFetcher`, which the
+daemon picks for http:// (httpx for anything else), and tests/property/test_http_get_oracle.py fuzzes it
+against httpx as its oracle: what h11 refuses in a status line, a header or a chunk size is refused here too.
+
 Bounding time is the caller's: one `asyncio.timeout` around the whole request (a trickling server must not
 outlast it); cancelled or failed, a connection is dropped, never reused. Failures raise `GetError`
-subclasses with one-line reasons. https:// is not handled here: the daemon uses httpx for it.
+subclasses with one-line reasons. https:// is not handled here: sidecar.sources.fetch hands it to httpx.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import zlib
 from dataclasses import dataclass
@@ -26,12 +32,18 @@ from urllib.parse import quote, urlsplit
 from sidecar import __version__
 from sidecar.sources.http_receive import ReceiveClosedError, ReceiveLimitError, Receiver
 
-HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; what h11 (httpx) allows is 16 KiB
+HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; httpcore lets h11 take 100 KiB
 _READ_CHUNK_BYTES = 256 * 1024
 _MAX_IDLE_PER_HOST = 4
 _CHUNK_LINE_LIMIT = 1024
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986 pchar and '/', '%' kept so an encoded path stays as it is
 _QUERY_SAFE = _PATH_SAFE + "?"
+# The grammar h11 reads answers by (h11/_abnf.py), so both clients refuse the same heads.
+_STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: [^\x00\r\n\x0b\x0c]*)?")
+_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_NOT_IN_VALUES = re.compile(r"[\x00\r\n\x0b\x0c]")
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,20}")
+_CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
 
 
 class GetError(Exception):
@@ -196,7 +208,13 @@ def _reason(error: BaseException) -> str:
 
 
 async def _read_head(connection: Receiver, *, reused: bool) -> tuple[int, dict[str, str], bool]:
-    """The status, the headers (names lower-cased, repeated ones joined with ','), and whether to keep alive."""
+    """The status, the headers (names lower-cased, repeated ones joined with ','), and whether to keep alive.
+
+    What h11 (httpx) refuses is refused here too, whatever the status: a status line that is not
+    `HTTP/1.x NNN reason`, a field name that is not a token, NUL/CR/LF/VT/FF in a value, a Content-Length that
+    is not one number (`5, 5` is one), a Transfer-Encoding other than `chunked` (tests/property/
+    test_http_get_oracle.py holds the two to the same answers).
+    """
     try:
         raw = await connection.read_until(b"\r\n\r\n", HEADER_LIMIT_BYTES)
     except ReceiveClosedError as closed:
@@ -208,32 +226,43 @@ async def _read_head(connection: Receiver, *, reused: bool) -> tuple[int, dict[s
     except ReceiveLimitError:
         raise ConnectionDroppedError(f"status line and headers longer than {HEADER_LIMIT_BYTES} bytes") from None
     lines = raw[:-4].decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
+    status = _STATUS_LINE.fullmatch(lines[0])
+    if status is None:
         raise ConnectionDroppedError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
+        value = value.strip(" \t")  # only SP and HTAB are whitespace here (str.strip would take NBSP too)
+        if not colon or _TOKEN.fullmatch(name) is None or _NOT_IN_VALUES.search(value) is not None:
             raise ConnectionDroppedError(f"malformed header line: {line[:80]!r}")
         key = name.lower()
-        headers[key] = f"{headers[key]},{value.strip()}" if key in headers else value.strip()
-    connection_tokens = {token.strip().lower() for token in headers.get("connection", "").split(",")}
-    keep_alive = "close" not in connection_tokens and (version == "HTTP/1.1" or "keep-alive" in connection_tokens)
-    return int(code), headers, keep_alive
+        headers[key] = f"{headers[key]},{value}" if key in headers else value
+    _check_framing(headers)
+    connection_tokens = {token.strip(" \t").lower() for token in headers.get("connection", "").split(",")}
+    keep_alive = "close" not in connection_tokens and (status[1] == "1" or "keep-alive" in connection_tokens)
+    return int(status[2]), headers, keep_alive
+
+
+def _check_framing(headers: dict[str, str]) -> None:
+    """Refuse what would frame the body ambiguously, as h11 does before any body is read."""
+    coding = headers.get("transfer-encoding")
+    if coding is not None and coding.lower() != "chunked":  # "gzip, chunked", or two lines of it
+        raise ConnectionDroppedError(f"unsupported Transfer-Encoding {coding[:40]!r}")
+    declared = headers.get("content-length")
+    if declared is not None:
+        values = {value.strip(" \t") for value in declared.split(",")}  # repeated lines were joined by ','
+        if len(values) != 1 or _CONTENT_LENGTH.fullmatch(next(iter(values))) is None:
+            raise ConnectionDroppedError(f"invalid Content-Length {declared[:40]!r}")
 
 
 async def _read_body(connection: Receiver, headers: dict[str, str], max_bytes: int) -> tuple[bytes, bool]:
     """The raw body and whether its end was framed (so the connection can carry another request)."""
     try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if "transfer-encoding" in headers:  # "chunked": _check_framing refused anything else
             return await _read_chunked(connection, max_bytes), True
         declared = headers.get("content-length")
         if declared is not None:
-            if not declared.isdigit():
-                raise ConnectionDroppedError(f"invalid Content-Length {declared[:40]!r}")
-            length = int(declared)
+            length = int(declared.split(",")[0].strip(" \t"))  # one number, perhaps repeated (_check_framing)
             if length > max_bytes:
                 raise AnswerTooLargeError(max_bytes, declared_bytes=length)
             return await connection.read_exactly(length), True
@@ -252,13 +281,10 @@ async def _read_chunked(connection: Receiver, max_bytes: int) -> bytes:
     size = 0
     while True:
         line = await connection.read_until(b"\r\n", _CHUNK_LINE_LIMIT)
-        text = line[:-2].split(b";", 1)[0].strip()
-        try:
-            length = int(text, 16)
-        except ValueError:
-            raise ConnectionDroppedError(f"invalid chunk size {text[:20]!r}") from None
-        if length < 0:
-            raise ConnectionDroppedError(f"invalid chunk size {text[:20]!r}")
+        header = _CHUNK_SIZE_LINE.fullmatch(line, 0, len(line) - 2)  # not int(): it takes "0x1a", "+5", "1_0"
+        if header is None:
+            raise ConnectionDroppedError(f"invalid chunk size line {line[:-2][:20]!r}")
+        length = int(header[1], 16)
         if length == 0:
             while await connection.read_until(b"\r\n", _CHUNK_LINE_LIMIT) != b"\r\n":  # trailers, then a blank
                 pass

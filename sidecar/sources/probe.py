@@ -20,7 +20,7 @@ import httpx
 from sidecar import __version__
 from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.policy.probe import ProbeOutcome
-from sidecar.sources.vllm_http import connection_error_reason
+from sidecar.sources.fetch import connection_error_reason
 
 MAX_ANSWER_BYTES = 64 * 1024  # a 1-token completion or a model list is a few hundred bytes
 MODELS_TIMEOUT_S = 10.0  # /v1/models is answered by the API server alone, engine wedged or not

@@ -12,16 +12,12 @@ import re
 import time
 from collections.abc import Callable, Sequence
 
-import httpx
-
-from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
-from sidecar.sources.http_get import AnswerTooLargeError, ConnectFailedError, GetError, HttpGetClient
+from sidecar.sources.fetch import BodyFetcher, Failure, FetchFailedError
 
 SOURCE = "sim-gpu"
 _MAX_BYTES = 1024 * 1024
-_HTTPX_NAMES: dict[type[GetError], str] = {ConnectFailedError: "ConnectError"}
 
 
 class SimGpuDocumentError(ValueError):
@@ -32,14 +28,14 @@ class SimGpuSource:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient | HttpGetClient,
+        fetcher: BodyFetcher,
         url: str,
         timeout_s: float,
         gpu_indices: Sequence[int] | None = None,
         vllm_process_pattern: str = r"vllm|VLLM::",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
+        self._fetcher = fetcher
         self.url = url
         self._timeout_s = timeout_s
         self._gpu_indices = tuple(gpu_indices) if gpu_indices is not None else None
@@ -50,19 +46,12 @@ class SimGpuSource:
         started = self._clock()
         try:
             async with asyncio.timeout(self._timeout_s):
-                if isinstance(self._client, HttpGetClient):
-                    document = await _document_from(self._client, self.url)
-                else:
-                    # Streamed and counted: `get` would hold a runaway answer whole before any size check.
-                    async with self._client.stream("GET", self.url) as response:
-                        document = await _document(response)
-            reading = self._reading(document)
+                body = await self._fetcher.get(self.url, max_bytes=_MAX_BYTES)
+            reading = self._reading(json.loads(body))
         except TimeoutError:
             return self._error(started, f"did not answer within {self._timeout_s:g} s")
-        except httpx.HTTPError as error:
-            return self._error(started, f"unreachable: {type(error).__name__}")
-        except GetError as error:  # the small client's failures, named as httpx names the same ones
-            return self._error(started, f"unreachable: {_HTTPX_NAMES.get(type(error), 'ReadError')}")
+        except FetchFailedError as error:
+            return self._error(started, _reason(error))
         except (SimGpuDocumentError, ValueError) as error:
             return self._error(started, str(error))
         return SourceResult(source=SOURCE, duration_s=self._clock() - started, value=reading)
@@ -115,25 +104,16 @@ class SimGpuSource:
         )
 
 
-async def _document_from(client: HttpGetClient, url: str) -> object:
-    """What `_document` gives for the same answer, through the small client (a 1 MB cap, then JSON)."""
-    try:
-        answer = await client.get(url, max_bytes=_MAX_BYTES)
-    except AnswerTooLargeError:
-        raise SimGpuDocumentError(f"answer over {_MAX_BYTES} bytes") from None
-    if answer.status != httpx.codes.OK:
-        raise SimGpuDocumentError(f"answered HTTP {answer.status}")
-    return json.loads(answer.body)
-
-
-async def _document(response: httpx.Response) -> object:
-    if response.status_code != httpx.codes.OK:
-        raise SimGpuDocumentError(f"answered HTTP {response.status_code}")
-    try:
-        body = await read_capped(response, _MAX_BYTES)
-    except BodyTooLargeError:
-        raise SimGpuDocumentError(f"answer over {_MAX_BYTES} bytes") from None
-    return json.loads(body)
+def _reason(error: FetchFailedError) -> str:
+    match error.failure:
+        case Failure.STATUS:
+            return f"answered HTTP {error.status}"
+        case Failure.TOO_LARGE:
+            return f"answer over {_MAX_BYTES} bytes"
+        case Failure.BAD_URL:
+            return str(error)
+        case Failure.CONNECT | Failure.DROPPED | Failure.FAILED:
+            return f"unreachable: {error.client_error}"
 
 
 def _value(document: object, key: str) -> object:

@@ -3,8 +3,9 @@
 Every read is bounded in time (one deadline for the whole request, since httpx's timeouts apply per
 phase and a server trickling bytes would never trip them) and in size (the body is counted as it
 streams, so a 50 MB answer costs at most the cap). Failures come back as a one-line error, never raise.
-The client is httpx's, or for plain http:// the sidecar's own small one (sidecar.sources.http_get), which
-costs a fraction of httpx's CPU per request; both give the same results and the same error lines.
+The body comes from a `BodyFetcher` (sidecar.sources.fetch): httpx's, or for plain http:// the sidecar's own
+small client, which costs a fraction of httpx's CPU per request; the daemon picks one by the URL's scheme, and
+both give the same readings and the same error lines.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from dataclasses import replace
 
 import httpx
 
-from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.model.health import HEALTH_STANDS, HealthAnswer, HealthCheck
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import VllmReading
 from sidecar.parse.exposition import ExpositionError
 from sidecar.parse.vllm import read_vllm, vllm_sample_picker
-from sidecar.sources.http_get import AnswerTooLargeError, ConnectFailedError, GetError, HttpGetClient
+from sidecar.sources.fetch import BodyFetcher, Failure, FetchFailedError
 
 SOURCE = "vllm"
 # vLLM's version changes only with a restart, which shows as a failed poll; asking every minute covers the rest.
@@ -51,13 +51,13 @@ class VllmHttpSource:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient | HttpGetClient,
+        fetcher: BodyFetcher,
         base_url: str,
         timeout_s: float,
         max_body_bytes: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
+        self._fetcher = fetcher
         self.base_url = base_url.rstrip("/")
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
@@ -157,48 +157,25 @@ class VllmHttpSource:
         url = self.base_url + path
         try:
             async with asyncio.timeout(self._timeout_s):
-                if isinstance(self._client, HttpGetClient):
-                    return await self._get(self._client, url, max_bytes)
-                return await self._fetch_unbounded(url, max_bytes)
+                return await self._fetcher.get(url, max_bytes=max_bytes)
         except TimeoutError:
             raise FetchError(f"vLLM {url} did not answer within {self._timeout_s:g} s") from None
-        except httpx.ConnectError as error:
-            reason = connection_error_reason(error)
-            raise FetchError(f"vLLM unreachable at {url}: {reason}", refused=reason == "connection refused") from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as error:
-            reason = connection_error_reason(error)
-            raise FetchError(f"vLLM {url} dropped the connection mid-answer: {reason}") from None
-        except httpx.HTTPError as error:
-            raise FetchError(f"vLLM {url} failed: {type(error).__name__}: {connection_error_reason(error)}") from None
+        except FetchFailedError as error:
+            raise FetchError(_line(url, error), refused=error.refused, status=error.status) from None
 
-    async def _get(self, client: HttpGetClient, url: str, max_bytes: int) -> bytes:
-        """The same outcomes as `_fetch_unbounded`, through the small client."""
-        try:
-            answer = await client.get(url, max_bytes=max_bytes)
-        except ConnectFailedError as error:
-            raise FetchError(f"vLLM unreachable at {url}: {error}", refused=error.refused) from None
-        except AnswerTooLargeError as error:
-            raise FetchError(f"vLLM {url} {error}") from None
-        except GetError as error:
-            raise FetchError(f"vLLM {url} dropped the connection mid-answer: {error}") from None
-        except ValueError as error:  # a URL no request line can carry (a host name IDNA refuses)
-            raise FetchError(f"vLLM {url} cannot be asked: {error}") from None
-        if answer.status != httpx.codes.OK:
-            raise FetchError(f"vLLM {url} answered HTTP {answer.status}", status=answer.status)
-        return answer.body
 
-    async def _fetch_unbounded(self, url: str, max_bytes: int) -> bytes:
-        assert isinstance(self._client, httpx.AsyncClient)  # noqa: S101 - _fetch sends the small client elsewhere
-        async with self._client.stream("GET", url) as response:
-            if response.status_code != httpx.codes.OK:
-                raise FetchError(f"vLLM {url} answered HTTP {response.status_code}", status=response.status_code)
-            declared = response.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-                raise FetchError(f"vLLM {url} answer of {int(declared)} bytes exceeds the {max_bytes} byte cap")
-            try:
-                return await read_capped(response, max_bytes)
-            except BodyTooLargeError as error:
-                raise FetchError(f"vLLM {url} {error}") from None
+def _line(url: str, error: FetchFailedError) -> str:
+    match error.failure:
+        case Failure.CONNECT:
+            return f"vLLM unreachable at {url}: {error}"
+        case Failure.DROPPED:
+            return f"vLLM {url} dropped the connection mid-answer: {error}"
+        case Failure.FAILED:
+            return f"vLLM {url} failed: {error}"
+        case Failure.BAD_URL:
+            return f"vLLM {url} cannot be asked: {error}"
+        case Failure.STATUS | Failure.TOO_LARGE:  # "answered HTTP 503", "answer of N bytes exceeds the ..."
+            return f"vLLM {url} {error}"
 
 
 def _reads_idle(reading: VllmReading) -> bool:
@@ -220,16 +197,3 @@ def _decode(body: bytes) -> str:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise FetchError(f"vLLM /metrics is not UTF-8 text (byte {error.start})") from None
-
-
-def connection_error_reason(error: BaseException) -> str:
-    """The most specific cause: httpx wraps the OS error ("connection refused") in a generic message."""
-    cause: BaseException | None = error
-    while cause is not None:
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
-        cause = cause.__cause__ or cause.__context__
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

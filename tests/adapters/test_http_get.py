@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from sidecar.sources.fetch import BodyFetcher, PlainHttpFetcher
 from sidecar.sources.http_get import (
     AnswerTooLargeError,
     ConnectFailedError,
@@ -32,11 +33,14 @@ from tests.adapters import test_sim_gpu_source as sim_gpu_scenarios
 from tests.adapters import test_vllm_http_source as httpx_scenarios
 from tests.loopback import LoopbackServer, closed_port, respond
 
-# The vLLM source's scenarios, each run here with the `client` fixture below (this client, not httpx).
+# The vLLM source's scenarios, each run here with the `fetcher` fixture below (this client, not httpx).
 test_reads_a_real_capture = httpx_scenarios.test_reads_a_real_capture
 test_missing_version_endpoint_is_not_an_error = httpx_scenarios.test_missing_version_endpoint_is_not_an_error
 test_vllm_down = httpx_scenarios.test_vllm_down
 test_slower_than_the_timeout = httpx_scenarios.test_slower_than_the_timeout
+test_a_host_name_no_request_can_carry_is_a_line_not_an_exception = (
+    httpx_scenarios.test_a_host_name_no_request_can_carry_is_a_line_not_an_exception
+)
 test_trickling_body_is_bounded_by_one_deadline = httpx_scenarios.test_trickling_body_is_bounded_by_one_deadline
 test_http_500 = httpx_scenarios.test_http_500
 test_garbage = httpx_scenarios.test_garbage
@@ -67,6 +71,12 @@ async def client() -> AsyncIterator[HttpGetClient]:
     shared = HttpGetClient()
     yield shared
     await shared.aclose()
+
+
+@pytest.fixture
+def fetcher(client: HttpGetClient) -> BodyFetcher:
+    """What the scenarios above read through: this client, as the daemon hands it to the sources."""
+    return PlainHttpFetcher(client)
 
 
 class KeepAliveServer:
@@ -198,7 +208,9 @@ async def test_chunked_body_with_extensions_and_trailers(client: HttpGetClient, 
     parts = [CAPTURE[:1000], CAPTURE[1000:50_000], CAPTURE[50_000:]]
     server.routes["/metrics"] = chunked(parts)
     assert (await client.get(server.url + "/metrics", max_bytes=2**20)).body == CAPTURE
-    result = await VllmHttpSource(client=client, base_url=server.url, timeout_s=2, max_body_bytes=2**20).read()
+    result = await VllmHttpSource(
+        fetcher=PlainHttpFetcher(client), base_url=server.url, timeout_s=2, max_body_bytes=2**20
+    ).read()
     assert result.ok, result.error
 
 
@@ -242,7 +254,9 @@ async def test_broken_answers_are_one_line_errors(
     with pytest.raises(ConnectionDroppedError) as caught:
         await client.get(server.url + "/metrics", max_bytes=2**20)
     assert "\n" not in str(caught.value)
-    result = await VllmHttpSource(client=client, base_url=server.url, timeout_s=2, max_body_bytes=2**20).read()
+    result = await VllmHttpSource(
+        fetcher=PlainHttpFetcher(client), base_url=server.url, timeout_s=2, max_body_bytes=2**20
+    ).read()
     assert result.error is not None
     assert result.error.startswith(f"vLLM {server.url}/metrics dropped the connection mid-answer: ")
 
@@ -337,7 +351,7 @@ async def test_only_plain_http(client: HttpGetClient) -> None:
 
 async def test_sim_gpu_document_over_its_cap(client: HttpGetClient, server: LoopbackServer) -> None:
     server.routes["/sim/gpu"] = respond(body=b"[" + b"0," * 600_000 + b"0]")
-    result = await SimGpuSource(client=client, url=server.url + "/sim/gpu", timeout_s=2).read()
+    result = await SimGpuSource(fetcher=PlainHttpFetcher(client), url=server.url + "/sim/gpu", timeout_s=2).read()
     assert result.error is not None
     assert result.error.endswith("answer over 1048576 bytes")
 
@@ -349,6 +363,8 @@ async def test_the_request_line_is_ascii_as_httpx_sends_it(
     answer = await client.get(server.url + "/prefix/métrics?q=a b", max_bytes=2**20)
     assert answer.status == 200
     assert server.requests == ["/prefix/m%C3%A9trics?q=a%20b"]
-    result = await VllmHttpSource(client=client, base_url="http://xn--.invalid", timeout_s=2, max_body_bytes=100).read()
+    result = await VllmHttpSource(
+        fetcher=PlainHttpFetcher(client), base_url="http://xn--.invalid", timeout_s=2, max_body_bytes=100
+    ).read()
     assert result.error is not None
     assert "\n" not in result.error

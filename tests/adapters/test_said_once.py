@@ -29,6 +29,7 @@ from sidecar.policy.settings import PolicySettings
 from sidecar.shell.acting import Acting
 from sidecar.shell.daemon import Poller
 from sidecar.shell.state_file import StateFile
+from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.probe import ProbeAnswer
 from sidecar.sources.vllm_http import VllmHttpSource
 
@@ -197,7 +198,11 @@ async def _run(scene: Scene) -> list[list[dict[str, object]]]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(scene.vllm.answer)) as client:
             poller = Poller(
                 vllm=VllmHttpSource(
-                    client=client, base_url=URL, timeout_s=1.0, max_body_bytes=2**20, clock=lambda: clock[0]
+                    fetcher=HttpxFetcher(client),
+                    base_url=URL,
+                    timeout_s=1.0,
+                    max_body_bytes=2**20,
+                    clock=lambda: clock[0],
                 ),
                 gpu=scene.gpu,
                 derive=DeriveSettings(),

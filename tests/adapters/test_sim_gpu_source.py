@@ -8,8 +8,16 @@ import httpx
 import pytest
 
 from sidecar.model.gpu import ProcessOwner
+from sidecar.sources.fetch import BodyFetcher, HttpxFetcher
 from sidecar.sources.sim_gpu import SimGpuSource
 from tests.loopback import LoopbackServer, closed_port, respond, slow
+
+
+@pytest.fixture
+def fetcher(client: httpx.AsyncClient) -> BodyFetcher:
+    """httpx's; tests/adapters/test_http_get.py runs these scenarios again with the own client's."""
+    return HttpxFetcher(client)
+
 
 GPU = {
     "index": 0,
@@ -26,13 +34,13 @@ GPU = {
 }
 
 
-def _source(client: httpx.AsyncClient, url: str, **kwargs: object) -> SimGpuSource:
-    return SimGpuSource(client=client, url=url + "/sim/gpu", timeout_s=0.5, **kwargs)  # type: ignore[arg-type]
+def _source(fetcher: BodyFetcher, url: str, **kwargs: object) -> SimGpuSource:
+    return SimGpuSource(fetcher=fetcher, url=url + "/sim/gpu", timeout_s=0.5, **kwargs)  # type: ignore[arg-type]
 
 
-async def test_reads_devices_and_classifies_owners(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_reads_devices_and_classifies_owners(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/sim/gpu"] = respond(body=json.dumps({"gpus": [GPU, {**GPU, "index": 1}]}).encode())
-    result = await _source(client, server.url).read()
+    result = await _source(fetcher, server.url).read()
     assert result.ok, result.error
     assert result.value is not None
     first = result.value.devices[0]
@@ -42,10 +50,10 @@ async def test_reads_devices_and_classifies_owners(server: LoopbackServer, clien
         10 * 2**30,
     )
     assert [p.owner for p in first.processes] == [ProcessOwner.VLLM, ProcessOwner.OTHER]
-    only_second = await _source(client, server.url, gpu_indices=[1]).read()
+    only_second = await _source(fetcher, server.url, gpu_indices=[1]).read()
     assert only_second.value is not None
     assert [d.index for d in only_second.value.devices] == [1]
-    missing = await _source(client, server.url, gpu_indices=[3]).read()
+    missing = await _source(fetcher, server.url, gpu_indices=[3]).read()
     assert missing.error is not None
     assert "has no GPU 3: 2 GPUs simulated" in missing.error
 
@@ -61,24 +69,24 @@ async def test_reads_devices_and_classifies_owners(server: LoopbackServer, clien
     ],
 )
 async def test_malformed_documents_are_one_line_errors(
-    server: LoopbackServer, client: httpx.AsyncClient, body: bytes, needle: str
+    server: LoopbackServer, fetcher: BodyFetcher, body: bytes, needle: str
 ) -> None:
     server.routes["/sim/gpu"] = respond(body=body)
-    result = await _source(client, server.url).read()
+    result = await _source(fetcher, server.url).read()
     assert result.error is not None
     assert needle in result.error
     assert "\n" not in result.error
 
 
-async def test_down_slow_and_failing(server: LoopbackServer, client: httpx.AsyncClient) -> None:
-    down = await _source(client, f"http://127.0.0.1:{closed_port()}").read()
+async def test_down_slow_and_failing(server: LoopbackServer, fetcher: BodyFetcher) -> None:
+    down = await _source(fetcher, f"http://127.0.0.1:{closed_port()}").read()
     assert down.error is not None
     assert "unreachable" in down.error
     server.routes["/sim/gpu"] = slow(2.0, respond(body=b"{}"))
-    late = await _source(client, server.url).read()
+    late = await _source(fetcher, server.url).read()
     assert late.error is not None
     assert "did not answer within 0.5 s" in late.error
     server.routes["/sim/gpu"] = respond(404)
-    absent = await _source(client, server.url).read()
+    absent = await _source(fetcher, server.url).read()
     assert absent.error is not None
     assert "answered HTTP 404" in absent.error

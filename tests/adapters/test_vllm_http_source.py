@@ -9,21 +9,29 @@ import pytest
 
 from sidecar.model.health import HealthAnswer, HealthCheck
 from sidecar.model.vllm import MetricSchema
+from sidecar.sources.fetch import BodyFetcher, HttpxFetcher
 from sidecar.sources.vllm_http import HEALTH_MAX_AGE_S, VllmHttpSource
 from tests.conftest import EXPOSITIONS
 from tests.loopback import LoopbackServer, closed_port, drop_mid_body, endless, respond, slow
+
+
+@pytest.fixture
+def fetcher(client: httpx.AsyncClient) -> BodyFetcher:
+    """httpx's; tests/adapters/test_http_get.py runs these scenarios again with the own client's."""
+    return HttpxFetcher(client)
+
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
 HEALTHY = {"/version": respond(body=b'{"version":"0.32.0"}'), "/health": respond()}
 
 
-def source(client: httpx.AsyncClient, url: str, *, timeout_s: float = 1.0, cap: int = 4 * 2**20) -> VllmHttpSource:
-    return VllmHttpSource(client=client, base_url=url, timeout_s=timeout_s, max_body_bytes=cap)
+def source(fetcher: BodyFetcher, url: str, *, timeout_s: float = 1.0, cap: int = 4 * 2**20) -> VllmHttpSource:
+    return VllmHttpSource(fetcher=fetcher, base_url=url, timeout_s=timeout_s, max_body_bytes=cap)
 
 
-async def test_reads_a_real_capture(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_reads_a_real_capture(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
-    result = await source(client, server.url + "/").read()
+    result = await source(fetcher, server.url + "/").read()
     assert result.ok, result.error
     assert result.value is not None
     assert result.value.version == "0.32.0"
@@ -31,94 +39,105 @@ async def test_reads_a_real_capture(server: LoopbackServer, client: httpx.AsyncC
     assert result.value.url == server.url
     (engine,) = result.value.engines
     assert (engine.model_name, engine.requests_running, engine.requests_waiting) == ("tiny-llama", 8.0, 4.0)
-    assert (await source(client, server.url).health()) == HealthCheck(
+    assert (await source(fetcher, server.url).health()) == HealthCheck(
         answer=HealthAnswer.OK, detail=f"vLLM {server.url}/health answered HTTP 200"
     )
 
 
-async def test_missing_version_endpoint_is_not_an_error(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_missing_version_endpoint_is_not_an_error(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=CAPTURE)
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.ok
     assert result.value is not None
     assert result.value.version is None
 
 
-async def test_vllm_down(client: httpx.AsyncClient) -> None:
+async def test_vllm_down(fetcher: BodyFetcher) -> None:
     url = f"http://127.0.0.1:{closed_port()}"
-    result = await source(client, url).read()
+    result = await source(fetcher, url).read()
     assert not result.ok
     assert result.error == f"vLLM unreachable at {url}/metrics: connection refused"
     assert result.unreachable  # nothing listens: the process is gone, not failing
-    assert (await source(client, url).health()) == HealthCheck(
+    assert (await source(fetcher, url).health()) == HealthCheck(
         answer=HealthAnswer.REFUSED, detail=f"vLLM unreachable at {url}/health: connection refused"
     )
 
 
-async def test_slower_than_the_timeout(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_a_host_name_no_request_can_carry_is_a_line_not_an_exception(fetcher: BodyFetcher) -> None:
+    # An A-label the idna package refuses (httpx: "cannot be asked"; Python's own codec takes it, and the name
+    # then does not resolve): a one-line error either way, never an exception out of the tick.
+    result = await source(fetcher, "http://xn--.invalid").read()
+    assert result.error is not None
+    assert result.error.startswith("vLLM ")
+    assert "http://xn--.invalid/metrics" in result.error
+    assert "\n" not in result.error
+    assert not result.unreachable
+
+
+async def test_slower_than_the_timeout(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = slow(3.0, respond(body=CAPTURE))
     started = time.monotonic()
-    result = await source(client, server.url, timeout_s=0.5).read()
+    result = await source(fetcher, server.url, timeout_s=0.5).read()
     assert time.monotonic() - started < 2.0
     assert result.error == f"vLLM {server.url}/metrics did not answer within 0.5 s"
     assert 0.4 < result.duration_s < 2.0
 
 
-async def test_trickling_body_is_bounded_by_one_deadline(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_trickling_body_is_bounded_by_one_deadline(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     # Each chunk arrives well within httpx's per-read timeout; only a whole-request deadline stops this.
     server.routes["/metrics"] = endless(b"vllm:x 1\n", pause_s=0.05)
     started = time.monotonic()
-    result = await source(client, server.url, timeout_s=0.5).read()
+    result = await source(fetcher, server.url, timeout_s=0.5).read()
     assert time.monotonic() - started < 2.0
     assert result.error is not None
     assert "did not answer within 0.5 s" in result.error
 
 
-async def test_http_500(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_http_500(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(500, b"Internal Server Error")
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.error == f"vLLM {server.url}/metrics answered HTTP 500"
     assert not result.unreachable  # it answered: running, and failing
 
 
-async def test_garbage(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_garbage(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=b"<html><body>Bad Gateway</body></html>")
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.error is not None
     assert result.error.startswith(f"vLLM {server.url}/metrics is not a Prometheus text exposition: line 1:")
 
 
-async def test_binary_garbage(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_binary_garbage(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=bytes(range(256)))
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.error is not None
     assert "not UTF-8" in result.error
 
 
-async def test_50_mb_body_with_content_length(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_50_mb_body_with_content_length(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=b"vllm:x 1\n" * (50 * 2**20 // 9))
-    result = await source(client, server.url, timeout_s=5.0, cap=16 * 2**20).read()
+    result = await source(fetcher, server.url, timeout_s=5.0, cap=16 * 2**20).read()
     assert result.error is not None
     assert "exceeds the 16777216 byte cap" in result.error
 
 
-async def test_50_mb_body_without_content_length(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_50_mb_body_without_content_length(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = endless(b"vllm:x 1\n" * 1000, limit_bytes=50 * 2**20)
-    result = await source(client, server.url, timeout_s=5.0, cap=2**20).read()
+    result = await source(fetcher, server.url, timeout_s=5.0, cap=2**20).read()
     assert result.error is not None
     assert "exceeds the 1048576 byte cap" in result.error
 
 
-async def test_connection_dropped_mid_body(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_connection_dropped_mid_body(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = drop_mid_body(len(CAPTURE), CAPTURE[: len(CAPTURE) // 2])
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.error is not None
     assert result.error.startswith(f"vLLM {server.url}/metrics dropped the connection mid-answer")
 
 
-async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=b'# TYPE python_info gauge\npython_info{version="3.12"} 1\n')
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.ok
     assert result.value is not None
     assert result.value.schema is MetricSchema.NO_VLLM_METRICS
@@ -126,38 +145,36 @@ async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, c
     assert any("--disable-log-stats" in problem for problem in result.value.problems)
 
 
-async def test_unhealthy(server: LoopbackServer, client: httpx.AsyncClient) -> None:
+async def test_unhealthy(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/health"] = respond(503)
-    health = await source(client, server.url).health()
+    health = await source(fetcher, server.url).health()
     assert health.answer is HealthAnswer.FAILING
     assert health.detail == f"vLLM {server.url}/health answered HTTP 503"
 
 
 async def test_a_server_without_health_is_told_from_one_failing_it(
-    server: LoopbackServer, client: httpx.AsyncClient
+    server: LoopbackServer, fetcher: BodyFetcher
 ) -> None:
     # The loopback server answers 404 on a path it has no route for: not vLLM, or a proxy without /health.
-    health = await source(client, server.url).health()
+    health = await source(fetcher, server.url).health()
     assert health.answer is HealthAnswer.NO_ENDPOINT
     assert health.detail == f"vLLM {server.url}/health answered HTTP 404"
 
 
-async def test_no_answer_in_time_is_neither_refused_nor_failing(
-    server: LoopbackServer, client: httpx.AsyncClient
-) -> None:
+async def test_no_answer_in_time_is_neither_refused_nor_failing(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/health"] = slow(3.0, respond())
-    health = await source(client, server.url, timeout_s=0.3).health()
+    health = await source(fetcher, server.url, timeout_s=0.3).health()
     assert health.answer is HealthAnswer.NO_ANSWER
     assert health.detail == f"vLLM {server.url}/health did not answer within 0.3 s"
 
 
 async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_anything_else_is_asked_again(
-    server: LoopbackServer, client: httpx.AsyncClient
+    server: LoopbackServer, fetcher: BodyFetcher
 ) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
     now = [1000.0]
     reader = VllmHttpSource(
-        client=client, base_url=server.url, timeout_s=1.0, max_body_bytes=4 * 2**20, clock=lambda: now[0]
+        fetcher=fetcher, base_url=server.url, timeout_s=1.0, max_body_bytes=4 * 2**20, clock=lambda: now[0]
     )
 
     async def tick(seconds: float) -> bool:
@@ -189,10 +206,10 @@ async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_an
 
 
 async def test_version_is_asked_once_then_again_after_a_failed_poll(
-    server: LoopbackServer, client: httpx.AsyncClient
+    server: LoopbackServer, fetcher: BodyFetcher
 ) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
-    reader = source(client, server.url)
+    reader = source(fetcher, server.url)
     for _ in range(3):
         result = await reader.read()
         assert result.value is not None
@@ -215,20 +232,18 @@ IDLE = (
 )
 
 
-async def test_an_idle_reading_asks_load_for_requests_in_flight(
-    server: LoopbackServer, client: httpx.AsyncClient
-) -> None:
+async def test_an_idle_reading_asks_load_for_requests_in_flight(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=IDLE), "/load": respond(body=b'{"server_load": 3}')})
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.value is not None
     assert result.value.server_load == 3  # an engine wedged while idle: its gauges read 0, its server has 3 waiting
 
 
 async def test_load_is_not_asked_under_load_nor_again_where_it_is_not_offered(
-    server: LoopbackServer, client: httpx.AsyncClient
+    server: LoopbackServer, fetcher: BodyFetcher
 ) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})  # 8 running: the gauges show the work
-    reader = source(client, server.url)
+    reader = source(fetcher, server.url)
     assert (await reader.read()).ok
     assert "/load" not in server.hits
     server.routes["/metrics"] = respond(body=IDLE)  # /load: 404 here, as on vLLM before 0.8 or not vLLM
@@ -248,10 +263,10 @@ async def test_load_is_not_asked_under_load_nor_again_where_it_is_not_offered(
 
 @pytest.mark.parametrize("body", [b"not json", b'{"server_load": -1}', b'{"server_load": "3"}', b"[[[", b"{}"])
 async def test_a_load_answer_that_is_not_a_count_is_no_value(
-    server: LoopbackServer, client: httpx.AsyncClient, body: bytes
+    server: LoopbackServer, fetcher: BodyFetcher, body: bytes
 ) -> None:
     server.routes.update(HEALTHY, **{"/metrics": respond(body=IDLE), "/load": respond(body=body)})
-    result = await source(client, server.url).read()
+    result = await source(fetcher, server.url).read()
     assert result.ok
     assert result.value is not None
     assert result.value.server_load is None

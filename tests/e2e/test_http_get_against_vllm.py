@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from sidecar.parse.exposition import parse_exposition
+from sidecar.sources.fetch import HttpxFetcher, PlainHttpFetcher
 from sidecar.sources.http_get import HttpGetClient
 from sidecar.sources.vllm_http import VllmHttpSource
 
@@ -51,10 +52,10 @@ async def test_the_source_reads_the_same_through_both_clients(vllm_server: VllmS
     try:
         async with httpx.AsyncClient(timeout=10) as shared:
             through_httpx = await VllmHttpSource(
-                client=shared, base_url=vllm_server.base_url, timeout_s=10, max_body_bytes=16 * 2**20
+                fetcher=HttpxFetcher(shared), base_url=vllm_server.base_url, timeout_s=10, max_body_bytes=16 * 2**20
             ).read()
             through_small = await VllmHttpSource(
-                client=small, base_url=vllm_server.base_url, timeout_s=10, max_body_bytes=16 * 2**20
+                fetcher=PlainHttpFetcher(small), base_url=vllm_server.base_url, timeout_s=10, max_body_bytes=16 * 2**20
             ).read()
     finally:
         await small.aclose()

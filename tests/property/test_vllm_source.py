@@ -37,6 +37,7 @@ from sidecar.policy.settings import PolicySettings
 from sidecar.shell.acting import Acting
 from sidecar.shell.daemon import Poller
 from sidecar.shell.state_file import StateFile
+from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.vllm_http import VllmHttpSource
 from tests.property.exposition_grammar import escape_label_value, expositions
 from tests.property.profile import budget
@@ -45,7 +46,7 @@ URL = "http://vllm.test"
 
 
 def _source(client: httpx.AsyncClient) -> VllmHttpSource:
-    return VllmHttpSource(client=client, base_url=URL, timeout_s=5.0, max_body_bytes=1 << 20)
+    return VllmHttpSource(fetcher=HttpxFetcher(client), base_url=URL, timeout_s=5.0, max_body_bytes=1 << 20)
 
 
 def _check_result(result: SourceResult[VllmReading]) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from sidecar.exporter.server import MAX_HEADER_FIELDS, HttpServer, Request, Response
+from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.sim_gpu import SimGpuSource
 
 MIB = 2**20
@@ -158,7 +159,7 @@ async def test_the_simulated_gpu_answer_is_read_only_up_to_its_cap() -> None:
         return httpx.Response(200, content=endless())
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        source = SimGpuSource(client=client, url="http://sim/sim/gpu", timeout_s=5.0)
+        source = SimGpuSource(fetcher=HttpxFetcher(client), url="http://sim/sim/gpu", timeout_s=5.0)
         result = await source.read()
     assert result.error is not None
     assert "answer over" in result.error
