@@ -237,14 +237,17 @@ async def _read_head(connection: Receiver, *, reused: bool) -> tuple[int, dict[s
             raise ConnectionDroppedError(f"malformed header line: {line[:80]!r}")
         key = name.lower()
         headers[key] = f"{headers[key]},{value}" if key in headers else value
-    _check_framing(headers)
+    length = _content_length(headers)
+    if length is not None:
+        headers["content-length"] = length  # "5, 5" (the line repeated) states one length: the body reads it
     connection_tokens = {token.strip(" \t").lower() for token in headers.get("connection", "").split(",")}
     keep_alive = "close" not in connection_tokens and (status[1] == "1" or "keep-alive" in connection_tokens)
     return int(status[2]), headers, keep_alive
 
 
-def _check_framing(headers: dict[str, str]) -> None:
-    """Refuse what would frame the body ambiguously, as h11 does before any body is read."""
+def _content_length(headers: dict[str, str]) -> str | None:
+    """The one Content-Length the head states, if any; what would frame the body ambiguously is refused, as h11
+    refuses it before any body is read."""
     coding = headers.get("transfer-encoding")
     if coding is not None and coding.lower() != "chunked":  # "gzip, chunked", or two lines of it
         raise ConnectionDroppedError(f"unsupported Transfer-Encoding {coding[:40]!r}")
@@ -253,16 +256,18 @@ def _check_framing(headers: dict[str, str]) -> None:
         values = {value.strip(" \t") for value in declared.split(",")}  # repeated lines were joined by ','
         if len(values) != 1 or _CONTENT_LENGTH.fullmatch(next(iter(values))) is None:
             raise ConnectionDroppedError(f"invalid Content-Length {declared[:40]!r}")
+        return values.pop()
+    return None
 
 
 async def _read_body(connection: Receiver, headers: dict[str, str], max_bytes: int) -> tuple[bytes, bool]:
     """The raw body and whether its end was framed (so the connection can carry another request)."""
     try:
-        if "transfer-encoding" in headers:  # "chunked": _check_framing refused anything else
+        if "transfer-encoding" in headers:  # "chunked": _content_length refused anything else
             return await _read_chunked(connection, max_bytes), True
         declared = headers.get("content-length")
         if declared is not None:
-            length = int(declared.split(",")[0].strip(" \t"))  # one number, perhaps repeated (_check_framing)
+            length = int(declared)  # checked and made one number by _content_length
             if length > max_bytes:
                 raise AnswerTooLargeError(max_bytes, declared_bytes=length)
             return await connection.read_exactly(length), True
