@@ -19,6 +19,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 SWAPPED = "vllm:num_requests_swapped"
 CACHE_CONFIG = "vllm:cache_config_info"
+MAX_LABEL_INT = 2**53  # every integer up to it is exact in a float64 sample value
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
@@ -300,6 +301,11 @@ def _first_values(sample: Sample) -> dict[str, str]:
 
 def _int_label(labels: dict[str, str], key: str, problems: list[str]) -> int | None:
     value = _float_label(labels, key, problems)
+    if value is not None and abs(value) > MAX_LABEL_INT:
+        # No cache has 2**53 blocks or tokens; as an int it would make products (capacity x block size) no
+        # float holds, and prometheus_client's export of them raised OverflowError on /metrics, every tick.
+        problems.append(f"{CACHE_CONFIG} label {key}={labels[key]!r} is too large to be a size; ignored")
+        return None
     return None if value is None else int(value)
 
 

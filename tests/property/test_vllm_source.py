@@ -215,10 +215,15 @@ _DENORMAL_RUNNING = (
     b'vllm:cache_config_info{num_gpu_blocks="1000",block_size="16"} 1.0\n'
 )
 
+_HUGE_BLOCK_SIZE = (
+    b'vllm:num_requests_waiting{engine="0"} 0.0\nvllm:cache_config_info{num_gpu_blocks="16",block_size="1e308"} 1.0\n'
+)
+
 
 @budget()
 @given(_ticks)
 @example([(_DENORMAL_RUNNING, 200, 2.0)])  # used to crash /status: blocks per request = 500 / 1e-320
+@example([(_HUGE_BLOCK_SIZE, 200, 1.0)])  # used to fail /metrics: 16 x int(1e308) tokens is no float
 def test_any_vllm_values_go_through_the_whole_tick_and_every_endpoint(ticks: list[tuple[bytes, int, float]]) -> None:
     clock = [1000.0]
     served: list[tuple[bytes, int]] = []

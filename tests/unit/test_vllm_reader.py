@@ -129,6 +129,20 @@ def test_a_non_numeric_cache_label_is_a_problem_not_a_crash() -> None:
     assert "label block_size='sixteen' is not a number" in reading.problems[0]
 
 
+def test_a_cache_label_too_large_to_be_a_size_is_a_problem_not_an_overflow() -> None:
+    """block_size="1e308" as an int times 16 blocks is no float: /metrics' export of the capacity raised."""
+    text = (
+        'vllm:cache_config_info{block_size="1e308",engine="0",num_gpu_blocks="16"} 1\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    )
+    reading = read_vllm(parse_exposition(text, KEPT_SAMPLES), url="u", version=None)
+    config = reading.engines[0].cache_config
+    assert config is not None
+    assert (config.block_size_tokens, config.num_gpu_blocks_server) == (None, 16)
+    assert "label block_size='1e308' is too large to be a size; ignored" in reading.problems[0]
+    assert derive_kv(reading.engines[0]).capacity_tokens is None
+
+
 def test_nan_from_vllm_is_unknown_not_a_number() -> None:
     text = (
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
