@@ -9,8 +9,9 @@ processes (vLLM starting, a simulator in real time, systemd, Prometheus). Two ru
   CPU the timing run leaves idle, and about a tenth when both want every core. Its waits are for starts and
   answers, with bounds sized for a busy box.
 
-Each run has its own temporary folder. The second run's output is printed when it ends; the exit status is
-non-zero when either run failed.
+Arguments are pytest's options, passed to both runs; for part of the suite run pytest itself (`pytest
+tests/unit`). Each run has its own temporary folder. The second run's output is printed when it ends; the exit
+status is non-zero when either run failed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def main(argv: list[str]) -> int:
     missing = [path for path in NICE_PATHS if not (root / path).is_dir()]
     if missing:
         print(f"tests/suite.py names folders that do not exist: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    paths = [arg for arg in argv if not arg.startswith("-") and (root / arg.split("::")[0]).exists()]
+    if paths:
+        print(f"tests.suite runs the whole suite; for {paths[0]} alone run pytest {paths[0]}", file=sys.stderr)
         return 2
     ignores = [f"--ignore={path}" for path in NICE_PATHS]
     with tempfile.TemporaryDirectory(prefix="vllm-sidecar-suite-") as scratch:

@@ -64,7 +64,7 @@ PROBE_TIMEOUT_S = 6.0
 STALL_PAUSE_AFTER_S = 3.0
 DRAIN_TIMEOUT_S = 60.0  # long on purpose: a wedged engine's restart must not wait for it
 VLLM_STARTUP_TIMEOUT_S = 300.0  # a cold vLLM start on a 2-core box is 25-60 s; leave room for a busy one
-STOP_AND_START_S = 60.0  # drain, TimeoutStopSec (20 s) at worst, and a new main process
+STOP_AND_START_S = 60.0  # drain, TimeoutStopSec (10 s) at worst, and a new main process
 RUNNING_METRIC = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 
 
