@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sidecar.derive.settings import DeriveSettings
 from tests.adapters.daemon_process import SidecarProcess
 from tests.doctor import oracle
 from tests.doctor.harness import DoctorRun, finish, start_doctor, summary
@@ -24,6 +25,7 @@ from tests.doctor.scenarios import ROWS, Oracle, Row, SimSpec, Value
 from tests.scenarios.harness import SimProcess, loadtest_report, start_loadtest, start_sidecar
 
 SIM_UTILIZATION = 0.9  # every started row keeps the simulator's default
+MIN_TREND_SPAN_S = DeriveSettings().min_trend_span_s  # the seconds of polls a memory trend needs to forecast
 
 
 @dataclass
@@ -46,8 +48,9 @@ def _start(spec: SimSpec, directory: Path) -> Started:
     return Started(spec=spec, sim=SimProcess(spec.args[1], directory / f"{spec.key}.log", *spec.args[2:]))
 
 
-def _wait_for_forecast(daemon: SidecarProcess, timeout_s: float = 30.0) -> None:
-    """Until the daemon's memory trend forecasts an OOM (it needs a few polls of a growing line)."""
+def _wait_for_forecast(daemon: SidecarProcess, timeout_s: float = MIN_TREND_SPAN_S + 60.0) -> None:
+    """Until the daemon's memory trend forecasts an OOM: it needs a growing line over MIN_TREND_SPAN_S of polls
+    from the daemon's start, which the loads may not have lasted (and polls come late on a busy box)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
@@ -88,7 +91,9 @@ def _bring_up(started: dict[str, Started], directory: Path) -> None:
             assert run.sim.wait_exit(timeout_s=60) == 1, run.sim.log()
     for run in started.values():
         if run.spec.daemon:
-            run.daemon = start_sidecar(run.sim.url, directory / f"{run.spec.key}-daemon.log")
+            # The default interval, not the harness's 0.5 s: a poll that outlasts its timeout (80 % of the interval)
+            # restarts the memory trend, and with 13 doctors starting at once on a busy box 0.4 s is not enough.
+            run.daemon = start_sidecar(run.sim.url, directory / f"{run.spec.key}-daemon.log", "--interval", "2")
 
 
 def _observe(run: Started) -> None:
