@@ -19,7 +19,7 @@ imports:
 	lint-imports
 
 test:
-	$(PYTHON) -m tests.suite -q -ra --durations=15
+	pytest -q -ra --durations=25
 
 bench:
 	$(PYTHON) -m bench
