@@ -19,7 +19,7 @@ imports:
 	lint-imports
 
 test:
-	pytest -q -ra --durations=25
+	$(PYTHON) -m tests.suite -q -ra --durations=15
 
 bench:
 	$(PYTHON) -m bench
