@@ -70,6 +70,7 @@ def snapshot(
     *,
     devices: tuple[GpuDevice, ...] | None = None,
     vllm_error: str | None = None,
+    unreachable: bool = False,
     healthy: bool | None = True,
     models: tuple[ModelMetrics, ...] = (),
     version: str | None = "0.32.0",
@@ -77,7 +78,7 @@ def snapshot(
 ) -> Snapshot:
     vllm: SourceResult[VllmReading]
     if vllm_error is not None:
-        vllm = SourceResult(source="vllm", duration_s=0.01, error=vllm_error)
+        vllm = SourceResult(source="vllm", duration_s=0.01, error=vllm_error, unreachable=unreachable)
     else:
         reading = VllmReading(
             url="http://vllm", version=version, schema=schema, engines=engines or (engine(),), models=models

@@ -81,8 +81,9 @@ def last_restart_s(snapshots: Iterable[Snapshot]) -> float | None:
     for snapshot in snapshots:
         reading = snapshot.vllm.value if snapshot.vllm.error is None else None
         if reading is None:
-            after_failure = True
-            previous = {}
+            if snapshot.vllm.unreachable or snapshot.vllm_healthy is not True:  # vLLM gone, not only slow
+                after_failure = True
+                previous = {}
             continue
         current = {(engine.model_name, engine.engine): _counters(engine) for engine in reading.engines}
         went_back = any(

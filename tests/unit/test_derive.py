@@ -347,11 +347,37 @@ class TestTrendAcrossRestarts:
             )
         return window
 
-    def test_an_unreachable_poll_restarts_the_trend(self) -> None:
-        window = self._leak_then_restart(restart={"vllm_error": "vLLM unreachable"})
+    @pytest.mark.parametrize(
+        "gone",
+        [
+            {"vllm_error": "connection refused", "unreachable": True, "healthy": False},
+            {"vllm_error": "connection refused", "unreachable": True, "healthy": True},  # a 200 standing from before
+            {"vllm_error": "timed out", "healthy": False},  # /health did not answer 200 either
+            {"vllm_error": "timed out", "healthy": None},  # /health not asked
+        ],
+    )
+    def test_a_poll_that_finds_vllm_gone_restarts_the_trend(self, gone: dict[str, object]) -> None:
+        window = self._leak_then_restart(restart=gone)
         gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
         assert gpu.memory_growth_bytes_per_second == pytest.approx(0.0, abs=1.0)
         assert gpu.time_to_oom_seconds is None
+
+    def test_a_slow_poll_while_health_answers_keeps_the_trend_and_its_forecast(self) -> None:
+        # A loaded vLLM answering /metrics past the timeout is the same process leaking: the trend goes on.
+        window = Window(span_s=600)
+        for step in range(40):
+            kwargs: dict[str, object] = {"vllm_error": "no answer within 1.8 s"} if step in (25, 31) else {}
+            window.push(
+                snapshot(
+                    2.0 * step,
+                    (engine(prompt_tokens_total=1000.0 * step),),
+                    devices=(device(used=60 * GIB + step * 300 * 2**20),),
+                    **kwargs,  # type: ignore[arg-type]
+                )
+            )
+        gpu = Deriver(DeriveSettings(min_trend_points=6, min_trend_span_s=30)).derive(window).gpus[0]
+        assert gpu.memory_growth_bytes_per_second == pytest.approx(150 * 2**20, rel=0.01)
+        assert gpu.time_to_oom_seconds is not None
 
     def test_counters_going_backwards_restart_the_trend(self) -> None:
         # The restart fell between two polls: no failed poll, but vLLM's counters started again from zero.

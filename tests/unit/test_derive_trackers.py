@@ -92,6 +92,8 @@ def sequences(draw: st.DrawFn) -> list[Snapshot]:
             engines,
             devices=devices,
             vllm_error="down" if draw(st.booleans()) and draw(st.booleans()) else None,
+            unreachable=draw(st.booleans()),
+            healthy=draw(st.sampled_from([True, False, None])),
             models=models,
         )
         if gpu_kind == "error":
