@@ -2,7 +2,8 @@
 
 Does I/O: starts `vllm-sidecar run` subprocesses, one per case, each against its own stand-in (bench.standin),
 and reads their CPU time and peak RSS (VmHWM) from /proc. A Prometheus scrape of the daemon's own /metrics
-every 15 s is part of the cost, as it would be in production.
+every 15 s, with the Accept header Prometheus sends (so in OpenMetrics), is part of the cost, as it would be in
+production.
 
 The cases run side by side by default: each daemon is idle almost all the time and CPU time is counted per
 process, so they hardly disturb one another, and the whole matrix takes one steady-state window instead of
@@ -23,6 +24,10 @@ from bench.process import Child, cpu_seconds, free_port, peak_rss_mb, wait_for
 from bench.standin import StandIn
 
 PROMETHEUS_SCRAPE_S = 15.0
+PROMETHEUS_ACCEPT = (  # what Prometheus 2.42 sends (scrape/scrape.go, acceptHeader): OpenMetrics first
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 WARMUP_TICKS = 3  # start-up and the first ticks (imports, window fill) are not steady state
 
 
@@ -79,7 +84,7 @@ class _Running:
         self.started_s = time.monotonic()
 
     def scrape(self) -> None:
-        httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5)
+        httpx.get(f"http://127.0.0.1:{self.port}/metrics", headers={"Accept": PROMETHEUS_ACCEPT}, timeout=5)
 
     def result(self) -> DaemonCost:
         cpu = cpu_seconds(self.child.pid) - self.cpu_start

@@ -188,8 +188,8 @@ def tick_suite(options: Options, results: Results) -> None:
             "(the progress counters move on with every scrape, so the policy sees a healthy engine). *Floor* is "
             "the least exposition the tick reads (four lines): what a tick costs whatever the size. CPU is every "
             "thread's time from `/proc/<pid>/task/*/schedstat` over whole ticks after 3 warm-up ticks, a "
-            "Prometheus scrape of the daemon's /metrics every 15 s included; the 300 KB cases at 1 and 2 s "
-            "(the targets) ran alone, the others "
+            "Prometheus scrape of the daemon's /metrics every 15 s (in OpenMetrics, as Prometheus asks) "
+            "included; the 300 KB cases at 1 and 2 s (the targets) ran alone, the others "
             + ("one at a time too" if options.tick_serial else "side by side")
             + ". The daemons had just started, so their window of history was short: the growth section "
             "shows what a full one adds. *x ref* is CPU per tick over one prometheus_client parse of the same "

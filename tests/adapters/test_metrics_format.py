@@ -16,6 +16,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
@@ -42,13 +43,18 @@ PROCESS_METRICS = {
 }
 
 
-def _endpoints() -> Endpoints:
+def _registry() -> CollectorRegistry:
     """The daemon's registry as `Daemon` builds it: the sidecar's collector and the process collector."""
     view = _busy_view()
     acting = _acting_view(restarts={"engine_hung": 1}, actions={"drain": 1})
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SidecarCollector(version="9.9.9", latest_view=lambda: view, acting_view=lambda: acting))
     ProcessCollector(registry=registry)
+    return registry
+
+
+def _endpoints(registry: CollectorRegistry) -> Endpoints:
+    view = _busy_view()
     return Endpoints(
         registry=registry,
         latest_view=lambda: view,
@@ -58,7 +64,8 @@ def _endpoints() -> Endpoints:
     )
 
 
-ENDPOINTS = _endpoints()
+REGISTRY = _registry()
+ENDPOINTS = _endpoints(REGISTRY)
 
 
 def _get(accept: str | None, method: str = "GET") -> Response:
@@ -102,6 +109,34 @@ def test_both_formats_carry_the_same_series_including_the_process_metrics() -> N
     assert text[("process_resident_memory_bytes", ())] > 0
     assert text[("process_start_time_seconds", ())] > 1.6e9  # a Unix time, not seconds since boot
     assert text[("process_max_fds", ())] >= text[("process_open_fds", ())] > 0
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        PROMETHEUS_ACCEPT,
+        "application/openmetrics-text",  # no version: prometheus_client's default one
+        "application/openmetrics-text;version=1.0.0;escaping=underscores",
+        "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8",
+        "application/openmetrics-text;version=1.0.0;escaping=values",
+    ],
+)
+def test_openmetrics_is_byte_for_byte_what_prometheus_client_writes(accept: str) -> None:
+    # /metrics writes OpenMetrics with the library's `allow-utf-8` escaping instead of `underscores` (faster);
+    # for this registry's names the two must agree to the byte, under the content type the library chose.
+    served = _get(accept)
+    library, content_type = choose_encoder(accept)
+    expected = library(REGISTRY)
+    assert served.content_type == content_type
+    # process_* values move between the two writes (U__process__* under `values`); their names and labels,
+    # and every other line, may not
+    served_lines, expected_lines = served.body.decode().splitlines(), expected.decode().splitlines()
+    assert len(served_lines) == len(expected_lines)
+    for got, want in zip(served_lines, expected_lines, strict=True):
+        if "process_" in got.split(" ", 1)[0]:
+            assert got.rsplit(" ", 1)[0] == want.rsplit(" ", 1)[0]
+        else:
+            assert got == want
 
 
 def test_the_openmetrics_types_are_native() -> None:
