@@ -53,12 +53,23 @@ def _pytest(paths: list[str], basetemp: Path, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", *paths, f"--basetemp={basetemp}", *extra]
 
 
-def _failed(cache_dir: Path) -> list[str]:
+def failed_tests(cache_dir: Path) -> list[str]:
     """The test ids the niced run recorded as failed (pytest's own `lastfailed` list); empty if none."""
     try:
         return sorted(json.loads((cache_dir / "v" / "cache" / "lastfailed").read_text()))
     except (OSError, ValueError):
         return []
+
+
+def to_rerun(nice_code: int, failed: list[str]) -> list[str]:
+    """The niced run's failures to run once more alone: only when tests failed (exit 1; 2-5 are an interrupted,
+    broken or empty run) and there are at most `MAX_RERUNS` of them."""
+    return failed if nice_code == 1 and 0 < len(failed) <= MAX_RERUNS else []
+
+
+def passed(timing_code: int, nice_code: int, rerun_code: int | None) -> bool:
+    """The suite passed: the normal-priority run did, and the niced run did or its failures passed alone."""
+    return timing_code == 0 and (nice_code == 0 or (nice_code == 1 and rerun_code == 0))
 
 
 def main(argv: list[str]) -> int:
@@ -95,9 +106,9 @@ def main(argv: list[str]) -> int:
                 nice_code = nice.wait()
         print(f"\n===== the run at nice {NICE} ({', '.join(NICE_PATHS)}) =====", flush=True)
         sys.stdout.write(nice_log.read_text(errors="replace"))
-        failed = _failed(nice_cache) if nice_code == 1 else []  # 1: tests failed; 2-5: interrupted or misused
+        failed = failed_tests(nice_cache)
         rerun_code: int | None = None
-        if failed and len(failed) <= MAX_RERUNS:
+        if to_rerun(nice_code, failed):
             print(f"\n===== {len(failed)} failed at nice {NICE}; once more, alone, at normal priority =====")
             for test in failed:
                 print(f"  {test}")
@@ -112,15 +123,14 @@ def main(argv: list[str]) -> int:
                 check=False,
             )
             rerun_code = rerun.returncode
-        nice_ok = nice_code == 0 or rerun_code == 0
         ended = time.monotonic() - started
         print(
             f"\nsuite: {ended:.0f} s in all; normal priority exit {timing.returncode}, nice {NICE} exit {nice_code}"
             + ("" if rerun_code is None else f", its {len(failed)} failed test(s) alone: exit {rerun_code}")
-            + ("" if not failed or rerun_code is not None else f" ({len(failed)} failed: more than {MAX_RERUNS})"),
+            + ("" if nice_code != 1 or rerun_code is not None else f" ({len(failed)} failed: not rerun)"),
             flush=True,
         )
-    return 0 if timing.returncode == 0 and nice_ok else 1
+    return 0 if passed(timing.returncode, nice_code, rerun_code) else 1
 
 
 if __name__ == "__main__":
