@@ -10,44 +10,48 @@ import pytest
 from tests.suite import MAX_RERUNS, failed_tests, passed, to_rerun
 
 ONE = ["tests/unit/test_a.py::test_b"]
+MANY = [f"tests/unit/test_a.py::test_{n}" for n in range(MAX_RERUNS + 1)]
 
 
 @pytest.mark.parametrize(
-    ("nice_code", "failed", "rerun"),
+    ("codes", "failed", "rerun"),
     [
-        (0, [], []),
-        (1, ONE, ONE),  # tests failed: rerun them
-        (1, [f"t{n}" for n in range(MAX_RERUNS)], [f"t{n}" for n in range(MAX_RERUNS)]),
-        (1, [f"t{n}" for n in range(MAX_RERUNS + 1)], []),  # too many: a broken change, not a starved run
-        (1, [], []),  # failed, but no list to rerun from
-        (2, ONE, []),  # interrupted
-        (3, ONE, []),  # pytest's internal error
-        (4, ONE, []),  # usage error
-        (5, [], []),  # nothing collected
+        ((0, 0), [], []),
+        ((0, 1), ONE, ONE),  # tests failed in one run: rerun them
+        ((1, 0), ONE, ONE),
+        ((1, 1), MANY[:MAX_RERUNS], MANY[:MAX_RERUNS]),
+        ((1, 0), MANY, []),  # too many: a broken change, not contention
+        ((0, 1), [], []),  # failed, but no list to rerun from
+        ((0, 2), ONE, []),  # interrupted
+        ((3, 1), ONE, []),  # pytest's internal error in the other run
+        ((4, 0), ONE, []),  # usage error
+        ((5, 1), ONE, []),  # nothing collected
     ],
 )
-def test_only_a_few_failed_tests_are_rerun(nice_code: int, failed: list[str], rerun: list[str]) -> None:
-    assert to_rerun(nice_code, failed) == rerun
-
-
-@pytest.mark.parametrize(
-    ("timing", "nice", "rerun", "verdict"),
-    [
-        (0, 0, None, True),
-        (0, 1, 0, True),  # failed niced, passed alone
-        (0, 1, 1, False),  # failed twice
-        (0, 1, None, False),  # failed niced and not rerun
-        (1, 0, None, False),  # the timing run is never rerun
-        (1, 1, 0, False),
-        (0, 2, None, False),
-        (0, 2, 0, False),  # an interrupted niced run does not pass on a rerun
-        (0, 5, None, False),
-    ],
-)
-def test_the_suite_passes_only_when_every_test_passed_once_at_least_alone(
-    timing: int, nice: int, rerun: int | None, verdict: bool
+def test_only_a_few_failures_of_runs_that_finished_are_rerun(
+    codes: tuple[int, int], failed: list[str], rerun: list[str]
 ) -> None:
-    assert passed(timing, nice, rerun) is verdict
+    assert to_rerun(codes, failed) == rerun
+
+
+@pytest.mark.parametrize(
+    ("codes", "rerun", "verdict"),
+    [
+        ((0, 0), None, True),
+        ((0, 1), 0, True),  # failed in a run, passed alone
+        ((1, 0), 0, True),
+        ((1, 1), 0, True),
+        ((0, 1), 1, False),  # failed twice
+        ((1, 0), None, False),  # failed and not rerun
+        ((0, 2), None, False),
+        ((0, 2), 0, False),  # an interrupted run does not pass on a rerun
+        ((5, 0), 0, False),
+    ],
+)
+def test_the_suite_passes_only_when_every_test_passed_in_its_run_or_alone(
+    codes: tuple[int, int], rerun: int | None, verdict: bool
+) -> None:
+    assert passed(codes, rerun) is verdict
 
 
 def test_the_failures_are_read_from_pytests_own_cache(tmp_path: Path) -> None:
