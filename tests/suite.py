@@ -10,7 +10,7 @@ processes (vLLM starting, a simulator in real time, systemd, Prometheus). Two ru
   answers, with bounds sized for a busy box.
 
 Two runs on two cores still contend (a niced process gets a tenth of a core, not nothing; systemd, journald and
-the kernel serve both), and a bound sized for a busy box can still run out: four of the first five CI runs of
+the kernel serve both), and a bound sized for a busy box can still run out: five of the first six CI runs of
 this layout failed one test each, a different one each time. So the tests that fail in either run are run
 once more after both runs, alone and at normal priority, and fail the suite only if they fail again; the
 summary names every such test, so one that keeps needing it is seen. CPython's own test runner does the same
@@ -116,20 +116,21 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(nice_log.read_text(errors="replace"))
         codes = (timing.returncode, nice_code)
         failed = [test for code, cache in zip(codes, caches, strict=True) if code == 1 for test in failed_tests(cache)]
+        again = to_rerun(codes, failed)
         rerun_code: int | None = None
-        if to_rerun(codes, failed):
-            print(f"\n===== {len(failed)} failed; once more, alone, at normal priority =====")
-            for test in failed:
+        if again:
+            print(f"\n===== {len(again)} failed; once more, alone, at normal priority =====")
+            for test in again:
                 print(f"  {test}")
             sys.stdout.flush()
             rerun = subprocess.run(
-                _pytest(failed, folder / "rerun", ["-p", "no:cacheprovider", *argv]), cwd=root, check=False
+                _pytest(again, folder / "rerun", ["-p", "no:cacheprovider", *argv]), cwd=root, check=False
             )
             rerun_code = rerun.returncode
         ended = time.monotonic() - started
         print(
             f"\nsuite: {ended:.0f} s in all; normal priority exit {codes[0]}, nice {NICE} exit {codes[1]}"
-            + ("" if rerun_code is None else f"; the {len(failed)} failed alone: exit {rerun_code}")
+            + ("" if rerun_code is None else f"; the {len(again)} failed alone: exit {rerun_code}")
             + ("" if rerun_code is not None or codes == (0, 0) else f" ({len(failed)} failed: not rerun)"),
             flush=True,
         )

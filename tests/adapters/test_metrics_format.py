@@ -43,29 +43,26 @@ PROCESS_METRICS = {
 }
 
 
+VIEW = _busy_view()
+
+
 def _registry() -> CollectorRegistry:
     """The daemon's registry as `Daemon` builds it: the sidecar's collector and the process collector."""
-    view = _busy_view()
     acting = _acting_view(restarts={"engine_hung": 1}, actions={"drain": 1})
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SidecarCollector(version="9.9.9", latest_view=lambda: view, acting_view=lambda: acting))
+    registry.register(SidecarCollector(version="9.9.9", latest_view=lambda: VIEW, acting_view=lambda: acting))
     ProcessCollector(registry=registry)
     return registry
 
 
-def _endpoints(registry: CollectorRegistry) -> Endpoints:
-    view = _busy_view()
-    return Endpoints(
-        registry=registry,
-        latest_view=lambda: view,
-        liveness=lambda: Liveness(alive=True, reason="ok"),
-        vllm_url="http://vllm:8000",
-        version="9.9.9",
-    )
-
-
 REGISTRY = _registry()
-ENDPOINTS = _endpoints(REGISTRY)
+ENDPOINTS = Endpoints(  # the same view behind /metrics and /status, as in the daemon
+    registry=REGISTRY,
+    latest_view=lambda: VIEW,
+    liveness=lambda: Liveness(alive=True, reason="ok"),
+    vllm_url="http://vllm:8000",
+    version="9.9.9",
+)
 
 
 def _get(accept: str | None, method: str = "GET") -> Response:
