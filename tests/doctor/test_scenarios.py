@@ -7,6 +7,7 @@ against each row's simulator and the diagnosis is asserted exactly against `scen
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -35,6 +36,15 @@ class Started:
     daemon: SidecarProcess | None = None
     metrics: str = ""
     gpu: dict[str, Any] | None = None
+    # A refused row's doctor is pointed at a port held bound (connections to it are refused) for the whole
+    # test: the exited simulator's own port is free again, and another test's server could take it meanwhile.
+    nothing_listening: socket.socket | None = None
+
+    @property
+    def doctor_url(self) -> str:
+        if self.nothing_listening is None:
+            return self.sim.url
+        return f"http://127.0.0.1:{self.nothing_listening.getsockname()[1]}"
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ def _wait_for_forecast(daemon: SidecarProcess, timeout_s: float = MIN_TREND_SPAN
 
 
 def _doctor_args(row: Row, started: Started) -> list[str]:
-    args = ["--json", "--vllm-url", started.sim.url, "--gpu-source", row.gpu_source, "--timeout", "10"]
+    args = ["--json", "--vllm-url", started.doctor_url, "--gpu-source", row.gpu_source, "--timeout", "10"]
     if row.with_log:
         args += ["--vllm-log", str(started.sim.log_path)]
     if started.daemon is not None:
@@ -89,6 +99,8 @@ def _bring_up(started: dict[str, Started], directory: Path) -> None:
             run.sim.wait_healthy(timeout_s=60)
         else:
             assert run.sim.wait_exit(timeout_s=60) == 1, run.sim.log()
+            run.nothing_listening = socket.socket()
+            run.nothing_listening.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused
     for run in started.values():
         if run.spec.daemon:
             # The default interval, not the harness's 0.5 s: a poll that outlasts its timeout (80 % of the interval)
@@ -114,6 +126,8 @@ def _stop(started: dict[str, Started], loads: dict[str, subprocess.Popen[str]]) 
         if run.daemon is not None:
             run.daemon.kill()
         run.sim.stop()
+        if run.nothing_listening is not None:
+            run.nothing_listening.close()
 
 
 @pytest.fixture(scope="module")
