@@ -13,7 +13,8 @@ from typing import Any, NoReturn
 from sidecar import __version__
 from sidecar.shell.arguments import check_environment, option_actions
 from sidecar.shell.setting_origin import closest
-from sidecar.shell.settings import BOOLEAN_FORMS, Settings, SettingsError, load_settings
+from sidecar.shell.settings import Settings, SettingsError, load_settings
+from sidecar.shell.settings_cli import settings_flags
 
 EXIT_USAGE = 2
 
@@ -25,24 +26,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _settings_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting, named after it; unset flags stay out so lower layers can fill them."""
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        # argparse formats help with %: a literal percent sign must be doubled.
-        help_text = f"{field.description} ({extra.get('allowed', '')}; default {field.default!s})".replace("%", "%%")
-        if field.annotation is bool:
-            # `--dry-run`, `--dry-run=true`, `--dry-run false`: the text goes to pydantic like the environment's.
-            default = str(field.default).lower()
-            help_text = f"{field.description} ({flag} alone means true; {flag}={BOOLEAN_FORMS}; default {default})"
-            parser.add_argument(
-                flag, dest=name, nargs="?", const="true", metavar="BOOL", default=argparse.SUPPRESS, help=help_text
-            )
-        else:
-            parser.add_argument(flag, dest=name, metavar=name.upper(), default=argparse.SUPPRESS, help=help_text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vllm-sidecar",
@@ -51,10 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-sidecar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="the daemon: poll, derive, export; stops on SIGTERM/SIGINT")
-    _settings_flags(run)
+    settings_flags(Settings, run)
     once = commands.add_parser("once", help="one poll of vLLM and the GPUs, then exit")
     once.add_argument("--json", action="store_true", help="print the JSON document of the contract")
-    _settings_flags(once)
+    settings_flags(Settings, once)
     for name, help_text, module in _TOOL_COMMANDS:
         tool = commands.add_parser(name, help=help_text)
         tool.add_argument("--config", help="TOML or YAML file with options (flag > environment > file > default)")

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import CliSettingsSource, SettingsConfigDict
 
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
@@ -29,9 +29,9 @@ from sidecar.shell.config_file import SettingsError as SettingsError  # noqa: PL
 from sidecar.shell.config_file import read_config_file as read_config_file  # noqa: PLC0414 - re-exported
 from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
 from sidecar.shell.setting_origin import Origin, flag_of, origins
+from sidecar.shell.settings_cli import BOOLEAN_FORMS, load_flags
 
 ENV_PREFIX = setting_origin.ENV_PREFIX
-BOOLEAN_FORMS = "true|false, 1|0, yes|no, on|off"  # what pydantic reads as a bool (also t|f, y|n)
 SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status
 
 
@@ -537,14 +537,16 @@ def parse_gpu_indices(value: str) -> tuple[int, ...] | None:
     return indices
 
 
-def load_settings(flags: dict[str, Any]) -> Settings:
-    """Build settings; raise `SettingsError` with one line naming the first bad setting and where it was set."""
+def load_settings(flags: Mapping[str, Any], cli: CliSettingsSource[Settings] | None = None) -> Settings:
+    """Build settings from the flags `cli` (pydantic-settings' CLI on the command's parser) collected, the
+    environment and the config file; raise `SettingsError` with one line naming the first bad setting and
+    where it was set."""
     names = set(Settings.model_fields)
     path = config_path(flags, os.environ)
     file_keys = read_config_file(path, names) if path is not None else {}
     found = origins(names, flags=flags, environ=os.environ, config_file=path, file_keys=set(file_keys))
     try:
-        settings = Settings(**flags)
+        settings = load_flags(Settings, flags, cli)
     except ValidationError as error:
         raise SettingsError(_describe(error, found)) from None
     settings._origins = found  # the model's own private attribute, set once, by its factory

@@ -326,7 +326,8 @@ def test_the_help_shows_the_forms_dry_run_takes(capsys: pytest.CaptureFixture[st
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--dry-run [BOOL]" in text
-    assert "--dry-run alone means true; --dry-run=true|false, 1|0, yes|no, on|off; default false" in text
+    assert "(default: False) [env: VLLM_SIDECAR_DRY_RUN]; --dry-run alone means true; " in text
+    assert "--dry-run=true|false, 1|0, yes|no, on|off" in text
 
 
 @pytest.mark.parametrize(
