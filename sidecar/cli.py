@@ -39,9 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--json", action="store_true", help="print the JSON document of the contract")
     settings_flags(Settings, once)
     for name, help_text, module in _TOOL_COMMANDS:
-        tool = commands.add_parser(name, help=help_text)
-        tool.add_argument("--config", help="TOML or YAML file with options (flag > environment > file > default)")
-        importlib.import_module(module).add_arguments(tool)
+        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
     return parser
 
 

@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from sidecar.shell.config_file import SettingsError
-from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
+from sidecar.shell.settings_cli import settings_flags
+from sidecar.shell.tool_settings import ReportSettings, load_tool_settings
 
 EXIT_USAGE = 2
 MAX_TIMEOUT_S = 300
@@ -23,48 +26,30 @@ MAX_TIMEOUT_S = 300
 class DoctorSettings(ReportSettings):
     """The doctor's options, with their defaults: flag > VLLM_SIDECAR_<OPTION> > config file > these."""
 
-    vllm_url: str = "http://127.0.0.1:8000"
-    vllm_log: Path | None = None
-    history: str | None = None
-    gpu_source: Literal["nvml", "sim", "none"] = "nvml"
-    gpus: str = "all"
-    vllm_process_pattern: str = r"vllm|VLLM::"
-    timeout: float = 10.0
-    fail_on: Literal["info", "warning", "critical"] = "info"
+    vllm_url: str = Field("http://127.0.0.1:8000", description="base URL of the vLLM server")
+    vllm_log: Path | None = Field(
+        None,
+        description="vLLM's log (stdout/stderr of its start, a refused start or a crash), '-' for stdin (kubectl "
+        "logs ... | vllm-sidecar doctor --vllm-log -); works with vLLM not running",
+    )
+    history: str | None = Field(
+        None, description="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir"
+    )
+    gpu_source: Literal["nvml", "sim", "none"] = Field(
+        "nvml", description="nvml; sim: the simulator's /sim/gpu at --vllm-url; none"
+    )
+    gpus: str = Field("all", description="GPU indices: all, or a list such as 0,1")
+    vllm_process_pattern: str = Field(
+        r"vllm|VLLM::", description="regular expression matched on a GPU process's name to tell vLLM from other tenants"
+    )
+    timeout: float = Field(10.0, description="seconds each request to vLLM may take")
+    fail_on: Literal["info", "warning", "critical"] = Field(
+        "info", description="exit 1 when a finding is at least this severe (info: any finding)"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    flag = flags_for(parser, DoctorSettings)
-    flag("--vllm-url", help="base URL of the vLLM server (default %(default)s)")
-    flag(
-        "--vllm-log",
-        type=Path,
-        metavar="FILE",
-        help="vLLM's log (stdout/stderr of its start, a refused start or a crash), '-' for stdin (kubectl logs ... | "
-        "vllm-sidecar doctor --vllm-log -); works with vLLM not running",
-    )
-    flag(
-        "--history",
-        metavar="SOURCE",
-        help="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir",
-    )
-    flag(
-        "--gpu-source",
-        choices=("nvml", "sim", "none"),
-        help="nvml; sim: the simulator's /sim/gpu at --vllm-url; none (default %(default)s)",
-    )
-    flag("--gpus", help="GPU indices: all, or a list such as 0,1 (default all)")
-    flag(
-        "--vllm-process-pattern",
-        help="regular expression matched on a GPU process's name to tell vLLM from other tenants",
-    )
-    flag("--timeout", type=float, help="seconds each request to vLLM may take (default %(default)g)")
-    flag(
-        "--fail-on",
-        choices=("info", "warning", "critical"),
-        help="exit 1 when a finding is at least this severe (default %(default)s: any finding)",
-    )
-    flag("--json", action="store_true", help="print the contract's JSON document")
+    settings_flags(DoctorSettings, parser)
 
 
 def _gpu_indices(text: str) -> tuple[int, ...] | None:

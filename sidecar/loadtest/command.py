@@ -1,4 +1,4 @@
-"""`vllm-sidecar loadtest`: its flags (`add_arguments`) and the run (`run`). Does I/O: the prompts file,
+"""`vllm-sidecar loadtest`: its settings and flags (`add_arguments`) and the run (`run`). Does I/O: the prompts file,
 the network through the runner, stdout for the report, stderr for errors and the progress bar.
 
 Exit codes: 0 PASS or WARN, 1 FAIL, 2 bad arguments or a server that cannot be used at the start.
@@ -13,7 +13,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from sidecar.loadtest.monitor import UnreachableError
 from sidecar.loadtest.report import render_json, render_text
@@ -21,7 +21,8 @@ from sidecar.loadtest.runner import POOL_SLACK, ProgressSink, run_load
 from sidecar.loadtest.spec import Api, LoadSpec, PromptEntry, SpecError, parse_length, parse_prompts
 from sidecar.loadtest.summary import Verdict, summarise
 from sidecar.shell.config_file import SettingsError
-from sidecar.shell.tool_settings import ReportSettings, flags_for, load_tool_settings
+from sidecar.shell.settings_cli import settings_flags
+from sidecar.shell.tool_settings import ReportSettings, load_tool_settings
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -29,33 +30,43 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 MAX_PROMPTS_FILE_BYTES = 1 << 30
 _PROG = "vllm-sidecar loadtest"
+_LENGTH = "a length in tokens: N, uniform:MIN-MAX or normal:MEAN,SD"
 
 
 class LoadtestSettings(ReportSettings):
     """The loadtest's options, with their defaults: flag > VLLM_SIDECAR_<OPTION> > config file > these."""
 
-    url: str = "http://127.0.0.1:8000"
-    api: Api = Api.COMPLETIONS
-    model: str | None = None
-    api_key: str | None = None
-    # Not required here: a value from VLLM_SIDECAR_RATE or a config file must count; LoadSpec checks one is set.
-    rate: float | None = None
-    concurrency: int | None = None
-    duration: float | None = None
-    max_requests: int | None = None
-    # Not `timeout`: the daemon's VLLM_SIDECAR_TIMEOUT (< its interval) must not leak in.
-    request_timeout: float = 120.0
-    max_in_flight: int = 1000
-    prompt_tokens: str | None = None  # None: 256 (a length spec; a config file may give a number)
-    output_tokens: str = "128"
-    prompts_file: Path | None = None
-    shared_prefix_ratio: float = 0.0
-    shared_prefixes: int = 1
-    shared_prefix_tokens: int = 64
-    seed: int = 0
-    max_error_rate: float = 0.01
-    readiness_url: str | None = None
-    quiet: bool = False
+    url: str = Field("http://127.0.0.1:8000", description="base URL of the OpenAI-compatible server")
+    api: Api = Field(Api.COMPLETIONS, description="completions: POST /v1/completions; chat: POST /v1/chat/completions")
+    model: str | None = Field(None, description="model name (unset: the first of GET /v1/models)")
+    api_key: str | None = Field(None, description="sent as 'Authorization: Bearer KEY'")
+    # Not required here: a value from VLLM_SIDECAR_RATE or a config file must count; LoadSpec checks that exactly
+    # one of the two is set.
+    rate: float | None = Field(None, description="open loop: Poisson arrivals at this many requests/s")
+    concurrency: int | None = Field(None, description="closed loop: this many workers back to back")
+    duration: float | None = Field(None, description="stop sending after this many seconds")
+    max_requests: int | None = Field(None, description="stop sending after this many requests")
+    # Not `timeout`: the daemon's VLLM_SIDECAR_TIMEOUT (< its interval) must not leak in; --timeout is its flag.
+    request_timeout: float = Field(120.0, description="per request, in seconds")
+    max_in_flight: int = Field(
+        1000, description="open loop: an arrival with this many requests in flight is dropped by the client"
+    )
+    prompt_tokens: str | None = Field(None, description="LENGTH (unset: 256); " + _LENGTH)
+    output_tokens: str = Field("128", description="LENGTH; " + _LENGTH)
+    prompts_file: Path | None = Field(
+        None, description='JSON lines {"prompt": ..., "max_tokens": ...} (max_tokens optional), sent in turn'
+    )
+    shared_prefix_ratio: float = Field(0.0, description="share of requests that start with a shared prefix, 0 to 1")
+    shared_prefixes: int = Field(1, description="how many shared prefixes")
+    shared_prefix_tokens: int = Field(64, description="their length in tokens")
+    seed: int = Field(0, description="for arrivals and lengths")
+    max_error_rate: float = Field(0.01, description="FAIL when more than this share of requests fail")
+    readiness_url: str | None = Field(
+        None,
+        description="send only while this URL answers 200 (e.g. the sidecar's /readyz), as a Kubernetes Service or "
+        "router honours readiness; arrivals while it does not are counted as not_ready",
+    )
+    quiet: bool = Field(False, description="no progress bar")
 
     @field_validator("prompt_tokens", "output_tokens", mode="before")
     @classmethod
@@ -65,65 +76,7 @@ class LoadtestSettings(ReportSettings):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The loadtest flags, on the subcommand's parser."""
-    flag = flags_for(parser, LoadtestSettings)
-    flag("--url", "--vllm-url", help="base URL of the OpenAI-compatible server (default %(default)s)")
-    flag(
-        "--api",
-        choices=[str(api) for api in Api],
-        help="completions: POST /v1/completions; chat: POST /v1/chat/completions (default %(default)s)",
-    )
-    flag("--model", help="model name (default: the first of GET /v1/models)")
-    flag("--api-key", help="sent as 'Authorization: Bearer KEY' (default: none)")
-    arrival = flags_for(parser.add_mutually_exclusive_group(), LoadtestSettings)
-    arrival("--rate", type=float, metavar="R", help="open loop: Poisson arrivals at R requests/s")
-    arrival("--concurrency", type=int, metavar="N", help="closed loop: N workers back to back")
-    flag("--duration", type=float, metavar="S", help="stop sending after S seconds")
-    flag("--max-requests", type=int, metavar="N", help="stop sending after N requests")
-    flag(
-        "--timeout",
-        dest="request_timeout",
-        type=float,
-        metavar="S",
-        help="per request, in seconds (default %(default)g)",
-    )
-    flag(
-        "--max-in-flight",
-        type=int,
-        metavar="N",
-        help="open loop: an arrival with N requests in flight is dropped by the client (default %(default)s)",
-    )
-    length_help = "tokens: N, uniform:MIN-MAX or normal:MEAN,SD (default %(default)s)"
-    flag("--prompt-tokens", metavar="SPEC", help=length_help.replace("%(default)s", "256"))
-    flag("--output-tokens", metavar="SPEC", help=length_help)
-    flag(
-        "--prompts-file",
-        type=Path,
-        metavar="FILE",
-        help='JSON lines {"prompt": ..., "max_tokens": ...} (max_tokens optional), sent in turn',
-    )
-    flag(
-        "--shared-prefix-ratio",
-        type=float,
-        metavar="P",
-        help="share of requests that start with a shared prefix, 0 to 1 (default %(default)g)",
-    )
-    flag("--shared-prefixes", type=int, metavar="K", help="how many (default %(default)s)")
-    flag("--shared-prefix-tokens", type=int, metavar="T", help="their length (default %(default)s)")
-    flag("--seed", type=int, help="for arrivals and lengths (default %(default)s)")
-    flag(
-        "--max-error-rate",
-        type=float,
-        metavar="RATIO",
-        help="FAIL when more than this share of requests fail (default %(default)g)",
-    )
-    flag(
-        "--readiness-url",
-        metavar="URL",
-        help="send only while this URL answers 200 (e.g. the sidecar's /readyz), as a Kubernetes Service or "
-        "router honours readiness; arrivals while it does not are counted as not_ready",
-    )
-    flag("--json", action="store_true", help="print the report as one JSON document")
-    flag("--quiet", action="store_true", help="no progress bar")
+    settings_flags(LoadtestSettings, parser, shortcuts={"url": "vllm-url", "request_timeout": "timeout"})
 
 
 def build_spec(args: LoadtestSettings, *, run_tag: str | None = None) -> LoadSpec:

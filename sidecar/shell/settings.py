@@ -17,7 +17,7 @@ from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import CliSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
@@ -537,8 +537,8 @@ def parse_gpu_indices(value: str) -> tuple[int, ...] | None:
     return indices
 
 
-def load_settings(flags: Mapping[str, Any], cli: CliSettingsSource[Settings] | None = None) -> Settings:
-    """Build settings from the flags `cli` (pydantic-settings' CLI on the command's parser) collected, the
+def load_settings(flags: Mapping[str, Any]) -> Settings:
+    """Build settings from the flags (pydantic-settings' CLI on the command's parser collected them), the
     environment and the config file; raise `SettingsError` with one line naming the first bad setting and
     where it was set."""
     names = set(Settings.model_fields)
@@ -546,7 +546,7 @@ def load_settings(flags: Mapping[str, Any], cli: CliSettingsSource[Settings] | N
     file_keys = read_config_file(path, names) if path is not None else {}
     found = origins(names, flags=flags, environ=os.environ, config_file=path, file_keys=set(file_keys))
     try:
-        settings = load_flags(Settings, flags, cli)
+        settings = load_flags(Settings, flags)
     except ValidationError as error:
         raise SettingsError(_describe(error, found)) from None
     settings._origins = found  # the model's own private attribute, set once, by its factory

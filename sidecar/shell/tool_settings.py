@@ -1,10 +1,10 @@
 """The settings of the tool commands (sim, loadtest, demo, doctor): one pydantic-settings model per command.
 
-Reads the environment and the config file. Each command's model declares its options with their types and
-defaults; its argparse flags only collect what the user gave (`flags_for`: no default of their own, so a flag
-left out lets the lower layers fill it). pydantic-settings layers flag > `VLLM_SIDECAR_<OPTION>` > `--config`
-file > the model's default and parses each value for its type, so a boolean takes the daemon's forms. A bad
-value is a `SettingsError` of one line naming the setting, the value and where it came from.
+Reads the environment and the config file. Each command's model declares its options with their types, defaults
+and help; pydantic-settings' CLI declares the flags from it (`settings_cli.settings_flags`) and layers flag >
+`VLLM_SIDECAR_<OPTION>` > `--config` file > the model's default, parsing each value for its type, so a boolean
+takes the daemon's forms. A bad value is a `SettingsError` of one line naming the setting, the value and where
+it came from.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,12 +21,13 @@ from pydantic_settings import SettingsConfigDict
 
 from sidecar.shell.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
 from sidecar.shell.setting_origin import ENV_PREFIX, Origin, origins
+from sidecar.shell.settings_cli import load_flags
 
 ToolSettingsT = TypeVar("ToolSettingsT", bound="ToolSettings")
 
 
 class ToolSettings(FileBackedSettings):
-    """A tool command's options: flags as init values, then the environment, then the config file."""
+    """A tool command's options: flags, then the environment, then the config file."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True, protected_namespaces=()
@@ -43,20 +44,7 @@ with warnings.catch_warnings():
     class ReportSettings(ToolSettings):
         """A tool that prints a report, as text or (`--json`) as one JSON document."""
 
-        json: bool = False  # type: ignore[assignment]  # shadows the deprecated BaseModel.json()
-
-
-def flags_for(parser: Any, model: type[ToolSettings]) -> Callable[..., None]:
-    """`add(*flags, help=..., **argparse_options)`: a flag on `parser` (an ArgumentParser or a group of one) for
-    `model`'s setting of the same name (or `dest=`), with no default of its own and its help's `%(default)s`
-    filled from the model, the one place the default is written."""
-
-    def add(*flags: str, help: str, **kwargs: Any) -> None:
-        dest = kwargs.pop("dest", flags[0].lstrip("-").replace("-", "_"))
-        text = (help % {"default": model.model_fields[dest].default}).replace("%", "%%")
-        parser.add_argument(*flags, dest=dest, default=argparse.SUPPRESS, help=text, **kwargs)
-
-    return add
+        json: bool = Field(False, description="print the report as one JSON document")  # type: ignore[assignment]
 
 
 def given(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
@@ -74,7 +62,7 @@ def load_tool_settings(model: type[ToolSettingsT], args: argparse.Namespace | Ma
     file_keys = read_config_file(path, names) if path is not None else {}
     found = origins(names, flags=flags, environ=os.environ, config_file=path, file_keys=set(file_keys))
     try:
-        return model(**flags)
+        return load_flags(model, flags)
     except ValidationError as error:
         first = error.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "settings"

@@ -1,8 +1,8 @@
 """`vllm-sidecar sim` options and entry point: every setting of `SimSettings` is a flag, and every `SimConfig`
 field among them overrides the scenario's preset. Does I/O: the network, stderr, the exit code.
 
-The flags only collect what was given (as text); pydantic-settings layers them over the environment and the config
-file and parses each for its type (`sidecar.sim.settings`).
+The flags are pydantic-settings' CLI for `SimSettings`; it layers them over the environment and the config file
+and parses each for its type (`sidecar.sim.settings`).
 """
 
 from __future__ import annotations
@@ -14,21 +14,10 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sidecar.sim.config import SCENARIOS  # noqa: PLC0415 - keeps the CLI's start light
-    from sidecar.sim.settings import OWN, SimSettings  # noqa: PLC0415
+    from sidecar.shell.settings_cli import settings_flags  # noqa: PLC0415 - keeps the CLI's start light
+    from sidecar.sim.settings import SimSettings  # noqa: PLC0415
 
-    parser.add_argument("--listen", default=argparse.SUPPRESS, help=SimSettings.model_fields["listen"].description)
-    parser.add_argument(
-        "--scenario",
-        default=argparse.SUPPRESS,
-        choices=SCENARIOS,
-        help=SimSettings.model_fields["scenario"].description,
-    )
-    for name, field in SimSettings.model_fields.items():
-        if name not in OWN:
-            parser.add_argument(
-                "--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS, help=field.description
-            )
+    settings_flags(SimSettings, parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ OWN = frozenset({"config", "listen", "scenario"})
 
 
 class _SimSettingsBase(ToolSettings):
-    listen: str = Field("127.0.0.1:8000", description="HOST:PORT to serve on (default 127.0.0.1:8000)")
+    listen: str = Field("127.0.0.1:8000", description="HOST:PORT to serve on")
     scenario: Scenario = Field(Scenario.HEALTHY, description="failure to reproduce")
 
     @field_validator("listen")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.cli import main
 from sidecar.loadtest import command
 from sidecar.loadtest.command import add_arguments, run
 from sidecar.loadtest.runner import run_load
@@ -297,18 +298,24 @@ def test_prompts_file(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI, tmp_
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "error"),
     [
-        ["--rate", "1", "--concurrency", "2", "--max-requests", "1"],
-        ["--concurrency", "two", "--max-requests", "1"],
-        ["--concurrency", "1", "--max-requests", "1", "--api", "embeddings"],
+        (["--rate", "1", "--concurrency", "2", "--max-requests", "1"], "exactly one of --rate (open loop) and"),
+        (["--concurrency", "two", "--max-requests", "1"], "invalid setting concurrency='two'"),
+        (["--concurrency", "1", "--max-requests", "1", "--api", "embeddings"], "invalid choice: 'embeddings'"),
     ],
 )
-def test_flags_argparse_refuses(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as stopped:
-        parse(argv)
-    assert stopped.value.code == 2
-    capsys.readouterr()
+def test_flags_that_cannot_be_read_exit_2_with_one_line(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str], fake: FakeOpenAI
+) -> None:
+    try:
+        code = main(["loadtest", "--url", fake.url, *argv])
+    except SystemExit as stopped:  # refused by the parser (a value outside the choices)
+        code = int(str(stopped.code))
+    out, err = capsys.readouterr()
+    assert (code, out, err.count("\n")) == (2, "", 1), err
+    assert error in err
+    assert fake.seen.requests == 0
 
 
 @pytest.mark.parametrize(
