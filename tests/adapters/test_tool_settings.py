@@ -28,8 +28,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _parse(add: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config")
-    add(parser)
+    add(parser)  # --config among the model's flags
     return parser.parse_args(argv)
 
 
@@ -77,10 +76,10 @@ def test_demo_and_doctor_layer_the_same_way(monkeypatch: pytest.MonkeyPatch, tmp
 @pytest.mark.parametrize(
     ("add", "flag", "shown"),
     [
-        (loadtest_arguments, "--timeout", "(default 120)"),
-        (loadtest_arguments, "--url", "(default http://127.0.0.1:8000)"),
-        (demo_arguments, "--interval", "(default 1)"),
-        (doctor_arguments, "--fail-on", "(default info: any finding)"),
+        (loadtest_arguments, "--timeout", "per request, in seconds (default: 120.0)"),
+        (loadtest_arguments, "--url", "(default: http://127.0.0.1:8000)"),
+        (demo_arguments, "--interval", "the sidecar's poll interval, seconds (default: 1.0)"),
+        (doctor_arguments, "--fail-on", "(info: any finding) (default: info)"),
     ],
 )
 def test_the_help_shows_the_models_default(
