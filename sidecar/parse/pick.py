@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from sidecar.model.exposition import Exposition, Labels, Sample
 from sidecar.parse.exposition import REFUSED_METADATA, ExpositionError, parse_lines, read_value
@@ -50,15 +51,20 @@ class SamplePicker:
     def __init__(self, keep: Iterable[str], *, notice: Iterable[str] = (), notice_prefixes: Iterable[str] = ()) -> None:
         self.keep = frozenset(keep)
         self._notice = frozenset(notice) - self.keep
-        names = sorted(self.keep | self._notice, key=lambda name: (-len(name), name))  # longest first
-        alternatives = "|".join(re.escape(name) for name in names) or "(?!)"
+        alternatives = _alternation(self.keep | self._notice)
         # Metadata first: tried at a line's first non-blank character, it fails there at once unless that is '#'.
         line = f"{_BLANKS}(?:{REFUSED_METADATA}|(?P<name>{alternatives}){_NAME_ENDS})[^\n]*"
         self._first_line = re.compile(line)
         self._later_lines = re.compile(f"\n(?P<line>{line})")
         self._label_sets: dict[str, Labels] = {}
+        # The first line of a prefix, matched at the text's start, else searched for after a '\n': a pattern that
+        # starts with a literal is scanned for it in C, where `(?:^|\n)` made the engine try every character.
         self._prefixes = tuple(
-            re.compile(f"(?:^|\n){_BLANKS}(?P<name>{re.escape(prefix)}[a-zA-Z0-9_:]*)") for prefix in notice_prefixes
+            (
+                re.compile(f"{_BLANKS}(?P<name>{re.escape(prefix)}[a-zA-Z0-9_:]*)"),
+                re.compile(f"\n{_BLANKS}(?P<name>{re.escape(prefix)}[a-zA-Z0-9_:]*)"),
+            )
+            for prefix in notice_prefixes
         )
 
     def pick(self, text: str) -> Exposition:
@@ -82,8 +88,8 @@ class SamplePicker:
                 samples[name] = [sample]
             else:
                 same_name.append(sample)
-        for pattern in self._prefixes:
-            first_under_prefix = pattern.search(text)
+        for at_start, after_newline in self._prefixes:
+            first_under_prefix = at_start.match(text) or after_newline.search(text)
             if first_under_prefix is not None:
                 seen.add(first_under_prefix.group("name"))
         return Exposition(samples={name: tuple(found) for name, found in samples.items()}, names_seen=frozenset(seen))
@@ -107,6 +113,32 @@ class SamplePicker:
                 self._label_sets.clear()
             self._label_sets[line[: close + 1]] = sample.labels
         return sample
+
+
+_END = ""  # the trie's key for "a name ends here" (no character of a name is empty)
+
+
+def _alternation(names: Iterable[str]) -> str:
+    """A pattern matching any of `names`, factored by common prefixes (a trie): `vllm:` is compared once per line,
+    not once per wanted name, and most lines of an exposition start with it.
+
+    It matches what the list of names, longest first, matched: where a name is also the start of longer ones,
+    the longer are tried first (a greedy `?`), so the longest name that fits is the one found either way."""
+    trie: dict[str, dict[str, Any]] = {}
+    for name in names:
+        node = trie
+        for char in name:
+            node = node.setdefault(char, {})
+        node[_END] = {}
+    return _render(trie) if trie else "(?!)"
+
+
+def _render(node: dict[str, dict[str, Any]]) -> str:
+    branches = [re.escape(char) + _render(child) for char, child in sorted(node.items()) if char != _END]
+    if not branches:
+        return ""
+    pattern = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+    return f"(?:{pattern})?" if _END in node else pattern
 
 
 def _check_metadata(text: str, start: int, line: str) -> None:

@@ -186,6 +186,24 @@ def test_a_longer_name_that_starts_like_a_kept_one_is_not_picked() -> None:
     assert "vllm:num_requests_running_total" not in picked.samples
 
 
+def test_names_that_start_like_one_another_are_each_picked_whole() -> None:
+    # The wanted names are searched for as a trie (shared starts compared once): a name that is also the start of
+    # longer ones is found only where it ends, and each longer one wherever it stands.
+    keep = {"a", "a_b", "a_bc", "ab", "b:c"}
+    text = 'a_bc 1\na_b 2\n  a 3\nab 4\na_bcd 5\nabc 6\nb:c 7\nb:cd 8\na_b{x="1"} 9\n'
+    picked = SamplePicker(keep).pick(text)
+    values = {name: [sample.value for sample in found] for name, found in picked.samples.items()}
+    assert values == {"a_bc": [1], "a_b": [2, 9], "a": [3], "ab": [4], "b:c": [7]}
+    assert picked.samples == parse_exposition(text, keep).samples
+
+
+def test_the_first_name_under_a_noticed_prefix_is_seen_on_the_first_line_or_any_later_one() -> None:
+    picker = SamplePicker((), notice_prefixes=("p_",))
+    assert picker.pick("  p_first 1\np_second 2\n").names_seen == {"p_first"}
+    assert picker.pick("q 1\n\tp_second 2\np_third 3\n").names_seen == {"p_second"}
+    assert picker.pick("q 1\nxp_no 2\n").names_seen == frozenset()
+
+
 def test_names_seen_answer_what_the_reader_asks() -> None:
     picker = vllm_sample_picker()
     assert picker.pick("python_gc_objects_collected_total 1\n").names_seen == frozenset()
