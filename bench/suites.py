@@ -23,8 +23,10 @@ from bench.report import Results, table
 from bench.tick_cost import measure_parser
 
 TARGET_TICK_MS = 2.0
-TARGET_SHARE_AT_2S = 0.005
-TARGET_RSS_MB = 60.0
+# The budgets of the current round (issue 15), "at most": 0.25 % of a core at 2 s with 300 KB, 80 MB of peak RSS.
+# They replace the first round's 0.5 % and 60 MB; the 1 s tick target is the first round's, still open.
+TARGET_SHARE_AT_2S = 0.0025
+TARGET_RSS_MB = 80.0
 TARGET_PARSER_RATIO = 10.0
 
 
@@ -178,12 +180,12 @@ def tick_suite(options: Options, results: Results) -> None:
     if medium_2s is not None:
         results.target(
             "share of one core, 300 KB, 2 s interval",
-            f"< {TARGET_SHARE_AT_2S:.1%}",
+            f"<= {TARGET_SHARE_AT_2S:.2%}",
             f"{medium_2s.cpu_share_of_one_core:.3%}",
-            met=medium_2s.cpu_share_of_one_core < TARGET_SHARE_AT_2S,
+            met=medium_2s.cpu_share_of_one_core <= TARGET_SHARE_AT_2S,
         )
     peak = max(cost.peak_rss_mb for cost in costs)
-    results.target("peak RSS, every case", f"< {TARGET_RSS_MB:g} MB", f"{peak:.1f} MB", met=peak < TARGET_RSS_MB)
+    results.target("peak RSS, every case", f"<= {TARGET_RSS_MB:g} MB", f"{peak:.1f} MB", met=peak <= TARGET_RSS_MB)
     results.section(
         "Daemon cost per tick",
         [
