@@ -6,7 +6,7 @@ top layer of the model's sources: flag > `VLLM_SIDECAR_*` > config file > defaul
 the CLI's (`sidecar.cli`): its usage errors are one line with exit code 2, and an unknown flag gets the closest
 one suggested.
 
-Two tunings, through the source's `add_argument_method` hook:
+Three tunings, through the source's `add_argument_method` hook (`_tuned`):
 - A boolean setting takes `--dry-run` alone (true) as well as `--dry-run=false` or `--dry-run no`. The library's
   explicit flags need a value, and its implicit ones (`--dry-run`/`--no-dry-run`) refuse `--dry-run=false`;
   deployed manifests use both forms.
@@ -31,7 +31,7 @@ SettingsT = TypeVar("SettingsT", bound=BaseSettings)
 BOOLEAN_FORMS = "true|false, 1|0, yes|no, on|off"
 _OPTIONS: dict[str, Any] = {
     "cli_kebab_case": True,  # --vllm-url, as before the library declared the flags
-    "cli_implicit_flags": False,  # a bool takes a value; `_add_argument` lets it stand alone too
+    "cli_implicit_flags": False,  # a bool takes a value; `_tuned` lets it stand alone too
     "cli_show_env_vars": True,  # the help names each flag's VLLM_SIDECAR_* variable
     "cli_exit_on_error": False,  # the CLI's own parser words the errors
 }
