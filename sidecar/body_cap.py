@@ -25,3 +25,17 @@ async def read_capped(response: httpx.Response, max_bytes: int) -> bytes:
             raise BodyTooLargeError(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def send_capped(
+    client: httpx.AsyncClient, request: httpx.Request, max_bytes: int, *, auth: httpx.Auth | None = None
+) -> tuple[httpx.Response, bytes]:
+    """Send `request` (with `auth` in place of the client's, when given) and read its answer's body capped."""
+    if auth is None:
+        response = await client.send(request, stream=True)
+    else:
+        response = await client.send(request, stream=True, auth=auth)
+    try:
+        return response, await read_capped(response, max_bytes)
+    finally:
+        await response.aclose()

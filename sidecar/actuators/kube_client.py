@@ -1,11 +1,13 @@
 """A small async client for the Kubernetes API on lightkube's httpx client: one deadline, bounded answers. Network I/O.
 
 lightkube builds the httpx client from the credentials (`kube_credentials`): the base URL, TLS with the
-cluster CA and any client certificate, and the authentication, which re-reads a token file or runs the exec
-plugin again after a 401 (a 401 means the request was not processed, so the one retry is safe). Here: one
-request sent, its answer read with a size cap, and the status and JSON handed back; what an answer means is
-the caller's business. Every failure to get an answer (timeout, refused connection, TLS, an answer over the
-cap, credentials that could not be had) becomes a one-line `KubeTransportError`.
+cluster CA and any client certificate, and the authentication, which re-reads a token file after a 401 (a
+401 means the request was not processed, so the one retry is safe); an exec plugin's or oidc's comes from
+`kube_auth` in its place. The kubeconfig's impersonation headers go on every request and its
+`tls-server-name` is the name the server's certificate is checked against. Here: one request sent, its
+answer read with a size cap, and the status and JSON handed back; what an answer means is the caller's
+business. Every failure to get an answer (timeout, refused connection, TLS, an answer over the cap,
+credentials that could not be had) becomes a one-line `KubeTransportError`.
 
 The typed lightkube client is not used: it reads answers whole (no cap), has no `previous` or `limitBytes`
 for a pod's log, and no policy/v1beta1 Eviction for API servers before 1.22; the paths here are built
@@ -18,14 +20,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from lightkube.config.client_adapter import ConnectionParams
 from lightkube.core.exceptions import ConfigError
 
+from sidecar.actuators.kube_auth import CredentialPluginError
 from sidecar.actuators.kube_credentials import KubeCredentials
-from sidecar.body_cap import BodyTooLargeError, read_capped
+from sidecar.body_cap import BodyTooLargeError, send_capped
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -61,10 +64,19 @@ class KubeClient:
         params = ConnectionParams(timeout=httpx.Timeout(timeout_s), trust_env=False, proxy=credentials.proxy_url)
         # lightkube's httpx arguments (base URL, TLS context, authentication), as its AsyncClient adapter
         # passes them; a test's transport is added here, as ConnectionParams would deep-copy it
-        arguments = params.httpx_params(credentials.config)
+        config = credentials.config
+        if credentials.auth is not None and config.user is not None:  # lightkube would refuse or run these itself
+            config = config._replace(user=replace(config.user, exec=None, auth_provider=None))
+        arguments = params.httpx_params(config)
         arguments["transport"] = transport
+        if credentials.auth is not None:
+            arguments["auth"] = credentials.auth
+        arguments["headers"] = httpx.Headers(
+            [("User-Agent", _USER_AGENT), ("Accept", JSON), *credentials.impersonation]
+        )
         self._http = httpx.AsyncClient(**arguments)
-        self._http.headers.update({"User-Agent": _USER_AGENT, "Accept": JSON})
+        # httpcore connects with this name as SNI and checks the certificate against it
+        self._extensions = {"sni_hostname": credentials.tls_server_name} if credentials.tls_server_name else {}
         self._closed = False
 
     async def request(
@@ -85,21 +97,22 @@ class KubeClient:
         server = self.credentials.server
         try:
             async with asyncio.timeout(self._timeout_s):  # the exec plugin's run included
-                request = self._http.build_request(method, path, content=content, headers=headers, params=params)
-                response = await self._http.send(request, stream=True)
-                try:
-                    raw = await _read_capped(response, what)
-                finally:
-                    await response.aclose()
+                request = self._http.build_request(
+                    method, path, content=content, headers=headers, params=params, extensions=self._extensions
+                )
+                response, raw = await send_capped(self._http, request, _MAX_BODY_BYTES)
+        except BodyTooLargeError:
+            raise KubeTransportError(f"{what}: answer exceeds {_MAX_BODY_BYTES} bytes") from None
         except TimeoutError:
             raise KubeTransportError(f"{what}: no answer from {server} within {self._timeout_s:g} s") from None
         except httpx.ConnectError as error:
             raise KubeTransportError(f"{what}: cannot connect to {server}: {_reason(error)}") from None
         except httpx.HTTPError as error:
             raise KubeTransportError(f"{what}: {type(error).__name__}: {_reason(error)}") from None
+        except CredentialPluginError as error:  # an exec plugin or the identity provider gave no token; never sent
+            raise KubeTransportError(f"{what}: no credentials from {self.credentials.source}: {error}") from None
         except (ConfigError, OSError, ValueError, KeyError) as error:
-            # from lightkube's authentication: a token file gone, an exec plugin missing, failing or answering
-            # no status.token; never sent
+            # from lightkube's authentication: a token file gone; never sent
             raise KubeTransportError(
                 f"{what}: no credentials from {self.credentials.source}: {type(error).__name__}: {_reason(error)}"
             ) from None
@@ -109,13 +122,6 @@ class KubeClient:
         if not self._closed:
             self._closed = True
             await self._http.aclose()
-
-
-async def _read_capped(response: httpx.Response, what: str) -> bytes:
-    try:
-        return await read_capped(response, _MAX_BODY_BYTES)
-    except BodyTooLargeError:
-        raise KubeTransportError(f"{what}: answer exceeds {_MAX_BODY_BYTES} bytes") from None
 
 
 def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:

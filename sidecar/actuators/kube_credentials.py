@@ -2,11 +2,13 @@
 
 lightkube carries the credentials: in a pod the service account (`KubeConfig.from_service_account`: the
 token file, re-read after a 401 as the kubelet rotates it, the cluster CA, the namespace), outside one a
-kubeconfig context whose user has a token, a `tokenFile`, a client certificate (a file or inline data), an
-`exec` credential plugin (ExecCredential v1beta1 or v1alpha1, run again after a 401) or a username and
-password. What stays here is ours: the files are read with a size cap first (a wrong path must not take the
-daemon's memory), and what lightkube would only find at the first request (a missing token file, an
-auth-provider user, an exec plugin API version it does not speak) is said at start in one line.
+kubeconfig context whose user has a token, a `tokenFile`, a client certificate (a file or inline data) or a
+username and password. An `exec` credential plugin and the `oidc` auth-provider are run by `kube_auth` as
+kubectl runs them (lightkube runs older plugins only and no auth-provider), and the user's impersonation
+(`as`, `as-groups`, ...) and the cluster's `tls-server-name` are read here too, as lightkube 0.22 has no
+fields for them. What stays here is ours: the files are read with a size cap first (a wrong path must not
+take the daemon's memory), and what would only fail at the first request (a missing token file, a plugin
+not installed, an auth-provider kubectl no longer has) is said at start in one line.
 
 The own pod comes from the downward API (`POD_NAME`, `POD_NAMESPACE`), the namespace falling back to the
 service account's namespace file or the kubeconfig context's namespace.
@@ -14,6 +16,8 @@ service account's namespace file or the kubeconfig context's namespace.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import shutil
 from collections.abc import Mapping
@@ -21,11 +25,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
-from lightkube.config.models import User
 from lightkube.core.exceptions import ConfigError
 
+from sidecar.actuators.kube_auth import (
+    EXEC_API_VERSIONS,
+    ExecCredentialAuth,
+    ExecPlugin,
+    OidcAuth,
+    OidcProvider,
+    impersonation_headers,
+)
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.file_cap import read_capped_file
 
@@ -37,17 +49,14 @@ POD_NAMESPACE_ENV = "POD_NAMESPACE"
 MAX_KUBECONFIG_BYTES = 16 * 2**20
 MAX_CREDENTIAL_FILE_BYTES = 4 * 2**20
 MAX_TOKEN_BYTES = 64 * 2**10  # a service account JWT is 1-2 KiB; OIDC tokens with many claims stay far below this
-# What lightkube 0.22's ExecAuth runs; kubectl also speaks v1, whose ExecCredential carries the token the same way
-EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1beta1", "client.authentication.k8s.io/v1alpha1")
-# kubectl 1.26 dropped its built-in gcp and azure auth-providers for these exec plugins (kubernetes#112341).
-# It still builds in oidc, which refreshes the id-token with the refresh-token at the issuer: lightkube does
-# not, and an id-token used as a plain bearer expires within the hour, after which every restart would fail.
-_AUTH_PROVIDERS = {
+# kubectl 1.26 dropped its built-in gcp and azure auth-providers for these exec plugins (kubernetes#112341);
+# oidc is the one it still builds in.
+_REMOVED_AUTH_PROVIDERS = {
     "gcp": "kubectl 1.26 removed it; use the gke-gcloud-auth-plugin exec plugin",
     "azure": "kubectl 1.26 removed it; use the kubelogin exec plugin (kubelogin get-token)",
-    "oidc": "its id-token expires and lightkube does not refresh it; use the kubelogin exec plugin "
-    "(kubectl oidc-login get-token)",
 }
+# The cluster extension whose value client-go hands an exec plugin as spec.cluster.config
+_EXEC_EXTENSION = "client.authentication.k8s.io/exec"
 
 
 class CredentialsError(Exception):
@@ -60,6 +69,9 @@ class KubeCredentials:
     source: str  # where these came from, for messages: "in-cluster" or "kubeconfig PATH (context NAME)"
     proxy_url: str | None = None  # the cluster's proxy-url (lightkube's Cluster has no field for it)
     namespace: str | None = None  # the service account's namespace, or the kubeconfig context's
+    auth: httpx.Auth | None = None  # an exec plugin's or oidc's, in place of lightkube's (which has none)
+    impersonation: tuple[tuple[str, str], ...] = ()  # Impersonate-* headers from the user's as, as-groups, ...
+    tls_server_name: str | None = None  # the name the server's certificate is checked against (and SNI)
 
     @property
     def server(self) -> str:
@@ -114,7 +126,11 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     except (TypeError, ValueError, AttributeError) as error:
         raise CredentialsError(f"kubeconfig {path} is not a valid kubeconfig: {_one_line(str(error))}") from None
     assert config is not None  # noqa: S101 - get() with a name returns a config or raises
-    user = _checked_user(config, where)
+    if config.user is None:
+        raise CredentialsError(f"{where}: the context names no user; the API server would see an anonymous caller")
+    user = config.user
+    cluster = _named_entry(document, "clusters", config.context.cluster, "cluster")
+    user_entry = _named_entry(document, "users", config.context.user or "", "user")
     for file, what, limit in (
         (config.cluster.certificate_auth, "certificate-authority", MAX_CREDENTIAL_FILE_BYTES),
         (user.client_cert, "client-certificate", MAX_CREDENTIAL_FILE_BYTES),
@@ -124,24 +140,121 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
         if file:  # lightkube and OpenSSL read these at the first request: bound and check them now
             _check_file(Path(config.abs_file(file)).expanduser(), f"the {what} of {where}", limit)
     # Relative paths: lightkube 0.22 takes these from the working folder, kubectl from the kubeconfig's folder
-    # (a plugin command only when it holds a '/', else it is looked up on PATH)
     if user.token_file:
         user = replace(user, token_file=str(config.abs_file(user.token_file)))
-    if user.exec is not None and "/" in user.exec.command:
-        user = replace(user, exec=replace(user.exec, command=str(config.abs_file(user.exec.command))))
     config = config._replace(user=user)
-    if user.exec is not None and shutil.which(user.exec.command) is None:  # else found only at the first request
-        hint = f": {_one_line(user.exec.installHint)}" if user.exec.installHint else ""
-        raise CredentialsError(f"{where}: exec plugin {user.exec.command!r} is not found or not executable{hint}")
     server = config.cluster.server
     if not server.startswith(("https://", "http://")):
         raise CredentialsError(f"{where}: cluster server {server!r} is not an http(s) URL")
-    proxy = _cluster_entry(document, config.context.cluster).get("proxy-url")
+    try:
+        impersonation = impersonation_headers(user_entry, where)
+    except ValueError as error:
+        raise CredentialsError(str(error)) from None
+    auth: httpx.Auth | None = None
+    if user.exec is not None:
+        auth = ExecCredentialAuth(_exec_plugin(config, user_entry, cluster, where))
+    elif user.auth_provider is not None:
+        auth = OidcAuth(_oidc_provider(config, user.auth_provider, where))
+    proxy, tls_server_name = cluster.get("proxy-url"), cluster.get("tls-server-name")
     return KubeCredentials(
         config=config,
         source=where,
         proxy_url=proxy if isinstance(proxy, str) and proxy else None,
         namespace=config.context.namespace or None,
+        auth=auth,
+        impersonation=impersonation,
+        tls_server_name=tls_server_name if isinstance(tls_server_name, str) and tls_server_name else None,
+    )
+
+
+def _exec_plugin(config: SingleConfig, user: Mapping[str, Any], cluster: Mapping[str, Any], where: str) -> ExecPlugin:
+    """The user's exec plugin as kubectl runs it, or one line saying why it cannot run here."""
+    spec = user.get("exec")
+    assert isinstance(spec, dict)  # noqa: S101 - lightkube parsed it into user.exec
+    exec_ = config.user.exec if config.user is not None else None
+    assert exec_ is not None  # noqa: S101 - the caller checked
+    if exec_.apiVersion not in EXEC_API_VERSIONS:
+        raise CredentialsError(
+            f"{where}: exec plugin {exec_.command!r} is set to apiVersion {exec_.apiVersion}; kubectl and the "
+            f"sidecar run {', '.join(EXEC_API_VERSIONS)}"
+        )
+    if spec.get("interactiveMode") == "Always":
+        raise CredentialsError(
+            f"{where}: exec plugin {exec_.command!r} has interactiveMode Always, and a daemon has no terminal to "
+            "prompt on; set IfAvailable or Never with a plugin that can log in without one"
+        )
+    # kubectl runs a command holding a '/' from the kubeconfig's folder, any other from PATH
+    command = str(config.abs_file(exec_.command)) if "/" in exec_.command else exec_.command
+    if shutil.which(command) is None:  # else found only at the first request
+        hint = f": {_one_line(exec_.installHint)}" if exec_.installHint else ""
+        raise CredentialsError(f"{where}: exec plugin {exec_.command!r} is not found or not executable{hint}")
+    info = _cluster_info(config, cluster, where) if spec.get("provideClusterInfo") is True else None
+    return ExecPlugin(
+        api_version=exec_.apiVersion,
+        command=command,
+        args=tuple(exec_.args or ()),
+        env=tuple((variable.name, variable.value) for variable in exec_.env or ()),
+        cluster=info,
+    )
+
+
+def _cluster_info(config: SingleConfig, cluster: Mapping[str, Any], where: str) -> dict[str, object]:
+    """The cluster as client-go gives it to a plugin that asks (spec.cluster of KUBERNETES_EXEC_INFO)."""
+    info: dict[str, object] = {"server": config.cluster.server}
+    ca_data = config.cluster.certificate_auth_data
+    if not ca_data and config.cluster.certificate_auth:
+        ca_file = Path(config.abs_file(config.cluster.certificate_auth)).expanduser()
+        pem = _check_file(ca_file, f"the certificate-authority of {where}", MAX_CREDENTIAL_FILE_BYTES)
+        ca_data = base64.b64encode(pem.encode()).decode()
+    if ca_data:
+        info["certificate-authority-data"] = ca_data
+    for key in ("tls-server-name", "insecure-skip-tls-verify", "proxy-url", "disable-compression"):
+        if cluster.get(key):
+            info[key] = cluster[key]
+    for extension in cluster.get("extensions") or []:
+        if isinstance(extension, dict) and extension.get("name") == _EXEC_EXTENSION:
+            info["config"] = extension.get("extension")
+    return info
+
+
+def _oidc_provider(config: SingleConfig, provider: Mapping[str, Any], where: str) -> OidcProvider:
+    """The `oidc` auth-provider's config, or one line for a provider kubectl no longer has."""
+    name = str(provider.get("name", "?"))
+    if name != "oidc":
+        instead = _REMOVED_AUTH_PROVIDERS.get(
+            name, "kubectl builds in only oidc; use the exec plugin your provider ships"
+        )
+        raise CredentialsError(
+            f"{where}: user uses the {name!r} auth-provider, which the sidecar does not run ({instead})"
+        )
+    settings = provider.get("config")
+    settings = settings if isinstance(settings, dict) else {}
+
+    def text(key: str) -> str | None:
+        value = settings.get(key)
+        return value if isinstance(value, str) and value else None
+
+    ca_pem = None
+    if text("idp-certificate-authority-data"):
+        try:
+            ca_pem = base64.b64decode(str(text("idp-certificate-authority-data")), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise CredentialsError(f"{where}: oidc idp-certificate-authority-data is not base64 PEM") from None
+    elif text("idp-certificate-authority"):
+        ca_file = Path(config.abs_file(str(text("idp-certificate-authority")))).expanduser()
+        ca_pem = _check_file(ca_file, f"the oidc idp-certificate-authority of {where}", MAX_CREDENTIAL_FILE_BYTES)
+    if not text("id-token") and not (text("refresh-token") and text("idp-issuer-url") and text("client-id")):
+        raise CredentialsError(
+            f"{where}: the oidc auth-provider has no id-token, and no refresh-token, idp-issuer-url and client-id "
+            "to get one: log in with kubectl first"
+        )
+    return OidcProvider(
+        issuer_url=text("idp-issuer-url"),
+        client_id=text("client-id"),
+        client_secret=text("client-secret"),
+        id_token=text("id-token"),
+        refresh_token=text("refresh-token"),
+        ca_pem=ca_pem,
     )
 
 
@@ -157,26 +270,6 @@ def _read_kubeconfig(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise CredentialsError(f"kubeconfig {path} is not a mapping")
     return document
-
-
-def _checked_user(config: SingleConfig, where: str) -> User:
-    """The context's user, if lightkube can authenticate as it; else one line saying what to use instead."""
-    user = config.user
-    if user is None:
-        raise CredentialsError(f"{where}: the context names no user; the API server would see an anonymous caller")
-    if user.auth_provider is not None:
-        provider = str(user.auth_provider.get("name", "?")) if isinstance(user.auth_provider, dict) else "?"
-        instead = _AUTH_PROVIDERS.get(provider, "use the exec credential plugin your provider ships")
-        raise CredentialsError(
-            f"{where}: user uses the {provider!r} auth-provider, which the sidecar does not run ({instead}, "
-            "client.authentication.k8s.io/v1beta1), or a service account token or a client certificate"
-        )
-    if user.exec is not None and user.exec.apiVersion not in EXEC_API_VERSIONS:
-        raise CredentialsError(
-            f"{where}: exec plugin {user.exec.command!r} is set to apiVersion {user.exec.apiVersion}; the sidecar "
-            f"runs {' or '.join(EXEC_API_VERSIONS)} (set the first: every common plugin answers it)"
-        )
-    return user
 
 
 def own_pod(env: Mapping[str, str] | None = None, *, namespace_fallback: str | None = None) -> PodRef:
@@ -195,11 +288,12 @@ def own_pod(env: Mapping[str, str] | None = None, *, namespace_fallback: str | N
         raise CredentialsError(str(error)) from None
 
 
-def _cluster_entry(document: dict[str, Any], name: str) -> dict[str, Any]:
-    for entry in document.get("clusters") or []:
-        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get("cluster"), dict):
-            cluster: dict[str, Any] = entry["cluster"]
-            return cluster
+def _named_entry(document: dict[str, Any], section: str, name: str, key: str) -> dict[str, Any]:
+    """The mapping under `key` of the entry called `name` in the kubeconfig's `section` (clusters, users)."""
+    for entry in document.get(section) or []:
+        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(key), dict):
+            found: dict[str, Any] = entry[key]
+            return found
     return {}
 
 

@@ -70,6 +70,12 @@ def failure(answer: KubeResponse, permission: Permission, what: str, *, namespac
 def forbidden(answer: KubeResponse, permission: Permission, namespace: str) -> str:
     user = _USER.search(answer.message)
     who = f" as {user.group(1)}" if user else ""
+    if "cannot impersonate" in answer.message:  # refused before the request itself was looked at
+        impersonator = user.group(1) if user else "the kubeconfig's user"
+        return (
+            f"forbidden: {impersonator} may not impersonate whom the kubeconfig's `as` names; grant it verb "
+            f"impersonate on that user or service account ({answer.message})"
+        )
     group = permission.group or '"" (core)'
     return (
         f"forbidden: cannot {permission.verb} {permission.resource} in namespace {namespace}{who}; "

@@ -15,6 +15,7 @@ patches their status, PodDisruptionBudget status is never computed (a Running po
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import hashlib
@@ -43,6 +44,16 @@ BINARY_ENV = "VLLM_SIDECAR_KUBE_APISERVER_GZ"
 ADMIN_TOKEN = "admin-token"  # noqa: S105 - a test server's fixture token
 EXEC_TOKEN = "exec-plugin-token"  # noqa: S105 - what the test's exec credential plugin hands out
 EXEC_USER = "exec-user"
+# What the test's identity provider hands out on a refresh: a JWT's shape, expiring in 2100, known to this
+# API server as a static token (it verifies no signature; the client only reads `exp`).
+OIDC_TOKEN = (
+    "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9."
+    + base64.urlsafe_b64encode(b'{"sub":"oidc-user","exp":4102444800}').decode().rstrip("=")
+    + ".c2lnbmF0dXJl"
+)
+OIDC_USER = "oidc-user"
+IMPERSONATOR_TOKEN = "impersonator-token"  # noqa: S105 - a user that may only act as others
+IMPERSONATOR = "impersonator"
 READY_TIMEOUT_S = 60.0
 LOG_TAIL_CHARS = 3000
 
@@ -151,7 +162,10 @@ def start_apiserver(folder: Path) -> ApiServer:
     openssl("ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", str(client_ca_key))
     openssl("req", "-x509", "-new", "-key", str(client_ca_key), "-subj", "/CN=test-client-ca", "-days", "1",
             "-out", str(client_ca_cert))  # fmt: skip
-    (folder / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,1,"system:masters"\n{EXEC_TOKEN},{EXEC_USER},3,\n')
+    (folder / "tokens.csv").write_text(
+        f'{ADMIN_TOKEN},admin,1,"system:masters"\n{EXEC_TOKEN},{EXEC_USER},3,\n'
+        f"{OIDC_TOKEN},{OIDC_USER},4,\n{IMPERSONATOR_TOKEN},{IMPERSONATOR},5,\n"
+    )
     client_port, peer_port, secure_port = free_port(), free_port(), free_port()
     etcd_url, peer_url = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     server = ApiServer(

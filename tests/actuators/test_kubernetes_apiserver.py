@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from sidecar.actuators.base import OutcomeStatus
+from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_credentials import CredentialsError, kubeconfig_credentials
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS, PodLog
@@ -32,7 +32,20 @@ from sidecar.actuators.log_source import LogUnreadableError, Wanted
 from tests.adapters.daemon_process import SidecarProcess
 from tests.scenarios.harness import SimProcess
 
-from .kube_apiserver import EXEC_TOKEN, EXEC_USER, ApiServer, StartError, UnavailableError, Workspace, start_apiserver
+from .kube_apiserver import (
+    EXEC_TOKEN,
+    EXEC_USER,
+    IMPERSONATOR,
+    IMPERSONATOR_TOKEN,
+    OIDC_TOKEN,
+    OIDC_USER,
+    ApiServer,
+    StartError,
+    UnavailableError,
+    Workspace,
+    start_apiserver,
+)
+from .oidc_issuer import OidcIssuer
 
 WALL_S = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 WALL_RFC3339 = "2026-11-18T11:06:40Z"
@@ -351,14 +364,17 @@ async def test_kubeconfig_with_a_client_certificate(apiserver: ApiServer, admin:
     (tmp_path / "config").write_text(yaml.safe_dump(config))
     credentials = kubeconfig_credentials(tmp_path / "config")
     assert credentials.namespace == space.namespace
-    kube = KubeClient(credentials)
-    adapter = KubernetesActuator("rollout", pod=space.pod, namespace=space.namespace, client=kube)
-    try:
-        outcome = await adapter.restart(reason="x", dry_run=False)
-    finally:
-        await adapter.close()
+    outcome = await restart_once(KubeClient(credentials), space)
     assert outcome.status is OutcomeStatus.DONE, outcome.detail
     assert space.deployment_document()["metadata"]["generation"] == 2
+
+
+async def restart_once(kube: KubeClient, space: Workspace, mode: str = "rollout") -> ActuatorOutcome:
+    adapter = KubernetesActuator(mode, pod=space.pod, namespace=space.namespace, client=kube)
+    try:
+        return await adapter.restart(reason="x", dry_run=False)
+    finally:
+        await adapter.close()
 
 
 def kubeconfig(folder: Path, server: ApiServer, user: dict[str, Any], *, namespace: str) -> Path:
@@ -536,3 +552,129 @@ def test_the_daemon_evicts_its_hung_pod_and_reports_events(workspace: Workspace,
     reasons = [event["reason"] for event in workspace.events() if event["involvedObject"]["name"] == workspace.pod]
     assert "AdmissionPaused" in reasons
     assert "RestartStarted" in reasons
+
+
+async def test_a_v1_exec_plugin_is_told_what_kubectl_tells_it(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """ExecCredential v1 (what current plugins and `aws eks update-kubeconfig` may write): the plugin refuses to
+    answer unless KUBERNETES_EXEC_INFO says v1, not interactive, and (provideClusterInfo) this cluster."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(user=EXEC_USER)
+    space.create_workload()
+    plugin = tmp_path / "credential-plugin"
+    v1 = "client.authentication.k8s.io/v1"
+    plugin.write_text(
+        "#!/bin/sh\n"
+        'case "$KUBERNETES_EXEC_INFO" in\n'
+        f'  *\'"apiVersion": "{v1}"\'*\'"interactive": false\'*\'"server": "{apiserver.url}"\'*) ;;\n'
+        '  *) echo "unexpected KUBERNETES_EXEC_INFO: $KUBERNETES_EXEC_INFO" >&2; exit 1 ;;\n'
+        "esac\n"
+        f'printf \'{{"apiVersion": "{v1}", "kind": "ExecCredential", '
+        f'"status": {{"token": "{EXEC_TOKEN}", "expirationTimestamp": "2100-01-01T00:00:00Z"}}}}\'\n'
+    )
+    plugin.chmod(0o755)
+    user = {"exec": {"apiVersion": v1, "command": str(plugin), "interactiveMode": "Never", "provideClusterInfo": True}}
+    kube, _ = connect(kubeconfig(tmp_path, apiserver, user, namespace=space.namespace), env={"POD_NAME": space.pod})
+    outcome = await restart_once(kube, space)
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert space.deployment_document()["metadata"]["generation"] == 2
+
+
+async def test_an_oidc_user_whose_id_token_expired_is_refreshed_at_the_issuer(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """The `oidc` auth-provider as `kubectl oidc-login setup` or a platform's installer writes it: the id-token
+    in the kubeconfig has expired, so the refresh-token buys a new one at the issuer (over TLS with the
+    kubeconfig's idp CA), which the API server accepts; later requests reuse it until it expires."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(user=OIDC_USER)
+    space.create_workload()
+    issuer = OidcIssuer(
+        tmp_path / "idp",
+        client_id="kube:cli",
+        client_secret="s3cret",  # noqa: S106 - a fixture
+        refresh_token="r0",  # noqa: S106 - a fixture
+        id_token=OIDC_TOKEN,
+    )
+    expired = OIDC_TOKEN.replace(OIDC_TOKEN.split(".")[1], base64.urlsafe_b64encode(b'{"exp":1}').decode().rstrip("="))
+    config = {
+        "idp-issuer-url": issuer.url,
+        "client-id": "kube:cli",
+        "client-secret": "s3cret",
+        "id-token": expired,
+        "refresh-token": "r0",
+        "idp-certificate-authority-data": base64.b64encode(issuer.ca_pem().encode()).decode(),
+    }
+    user = {"auth-provider": {"name": "oidc", "config": config}}
+    kube, pod = connect(kubeconfig(tmp_path, apiserver, user, namespace=space.namespace), env={"POD_NAME": space.pod})
+    stamps = iter((WALL_S, WALL_S + 60))  # two restarts a minute apart: two restartedAt, two generations
+    adapter = KubernetesActuator(
+        "rollout", pod=pod.name, namespace=pod.namespace, client=kube, wall_clock=lambda: next(stamps)
+    )
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    finally:
+        await adapter.close()
+        issuer.close()
+    assert issuer.calls == ["GET /realms/ml/.well-known/openid-configuration", "POST /realms/ml/token ok"]
+    assert space.deployment_document()["metadata"]["generation"] == 3
+
+
+async def test_a_user_that_impersonates_the_service_account_acts_with_its_role(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """`as:` in the kubeconfig: a user with no rights of its own acts as the vllm-sidecar ServiceAccount once it
+    may impersonate it; before that, the refusal names the impersonation, not the eviction."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac()
+    space.create_workload()
+    account = f"system:serviceaccount:{space.namespace}:vllm-sidecar"
+    user = {"token": IMPERSONATOR_TOKEN, "as": account}
+    kube, pod = connect(kubeconfig(tmp_path, apiserver, user, namespace=space.namespace), env={"POD_NAME": space.pod})
+    adapter = KubernetesActuator("delete", pod=pod.name, namespace=pod.namespace, client=kube, grace_period_s=0)
+    try:
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.FAILED
+        assert outcome.detail.startswith(
+            f"forbidden: {IMPERSONATOR} may not impersonate whom the kubeconfig's `as` names; grant it verb "
+            "impersonate on that user or service account ("
+        ), outcome.detail
+        assert space.pod_exists()
+        rule = {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}
+        rule["resourceNames"] = ["vllm-sidecar"]
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+        space.post(f"{rbac}/roles", {"metadata": {"name": "impersonate"}, "rules": [rule]})
+        subject = {"kind": "User", "name": IMPERSONATOR, "apiGroup": "rbac.authorization.k8s.io"}
+        role_ref = {"kind": "Role", "name": "impersonate", "apiGroup": "rbac.authorization.k8s.io"}
+        space.post(
+            f"{rbac}/rolebindings", {"metadata": {"name": "impersonate"}, "subjects": [subject], "roleRef": role_ref}
+        )
+        outcome = await adapter.restart(reason="x", dry_run=False)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    finally:
+        await adapter.close()
+    assert not space.pod_exists()
+
+
+@pytest.mark.parametrize(("name", "accepted"), [("kubernetes.default.svc", True), ("not-this-server.example", False)])
+async def test_the_server_certificate_is_checked_against_tls_server_name(
+    workspace: Workspace, tmp_path: Path, name: str, accepted: bool
+) -> None:
+    """The API server's certificate names kubernetes.default.svc (and 127.0.0.1); with `tls-server-name` set,
+    that name and no other is what it must hold."""
+    path = kubeconfig(tmp_path, workspace.server, {"token": workspace.sidecar_token()}, namespace=workspace.namespace)
+    config = yaml.safe_load(path.read_text())
+    config["clusters"][0]["cluster"]["tls-server-name"] = name
+    path.write_text(yaml.safe_dump(config))
+    kube, _ = connect(path, env={"POD_NAME": workspace.pod})
+    outcome = await restart_once(kube, workspace)
+    if accepted:
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    else:
+        assert outcome.status is OutcomeStatus.FAILED
+        assert "certificate verify failed" in outcome.detail
+        assert "not-this-server.example" in outcome.detail
