@@ -142,7 +142,9 @@ def test_a_server_killed_mid_run_died_and_when(
     assert failures["connection_refused"] + failures["connection_reset"] == report["requests"]["failed"] > 0
     assert report["verdict_line"].startswith(f"verdict: FAIL - server died {server['died_at_s']:.1f} s into the run")
     assert report["requests"]["stopped_early"] is True  # once refused, nothing more was sent
-    assert 1 <= failures["connection_refused"] <= 3  # arrivals a moment apart may both be refused
+    # Refused: the arrivals already on their way when the first refusal came back (a stalled loop launches the
+    # overdue ones together: CI saw 4). A run that kept sending would have hundreds more at 20 a second.
+    assert 1 <= failures["connection_refused"] <= 10
 
 
 def test_a_closed_loop_stops_sending_to_a_dead_server(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:

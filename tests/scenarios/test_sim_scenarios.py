@@ -143,10 +143,15 @@ def test_prefix_thrash_keeps_the_hit_ratio_low_despite_shared_prefixes(
 def test_hang_stalls_the_engine_while_health_stays_ok(
     tmp_path: Path, cleanup: list[SimProcess | SidecarProcess]
 ) -> None:
-    sim, sidecar, watch = _sim_and_sidecar("hang", tmp_path, cleanup, "--hang-after-s", "3")
-    # Requests give up after 10 s, not 5: those running when the engine hangs stay running long enough for the
-    # stall to pass 5 s even when the sidecar's polls come late (CI saw one run where they had all timed out first).
-    load = start_loadtest(sim.url, "--concurrency", "16", "--duration", "14", "--timeout", "10")
+    # The engine hangs 1.5 s after the first request, while the first 16 are surely running: 400 tokens take
+    # about 10 s. (With 128 tokens, about 3 s, and a hang at 3 s, CI saw the first 16 finish just before it:
+    # /metrics froze at 0 running, which is the hang-idle wedge, not this one.) Requests give up after 10 s, so
+    # those caught running stay running long enough for the stall to pass 5 s even when the sidecar's polls come
+    # late (CI saw one run where they had all timed out first).
+    sim, sidecar, watch = _sim_and_sidecar("hang", tmp_path, cleanup, "--hang-after-s", "1.5")
+    load = start_loadtest(
+        sim.url, "--concurrency", "16", "--duration", "14", "--timeout", "10", "--output-tokens", "400"
+    )
     code, report = loadtest_report(load)
     watch.stop()
     stalled = [engine["engine_stalled_seconds"] for engine in watch.engines()]
