@@ -169,8 +169,8 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
 
 def _exec_plugin(config: SingleConfig, user: Mapping[str, Any], cluster: Mapping[str, Any], where: str) -> ExecPlugin:
     """The user's exec plugin as kubectl runs it, or one line saying why it cannot run here."""
-    spec = user.get("exec")
-    assert isinstance(spec, dict)  # noqa: S101 - lightkube parsed it into user.exec
+    found = user.get("exec")
+    spec: Mapping[str, Any] = found if isinstance(found, dict) else {}
     exec_ = config.user.exec if config.user is not None else None
     assert exec_ is not None  # noqa: S101 - the caller checked
     if exec_.apiVersion not in EXEC_API_VERSIONS:
