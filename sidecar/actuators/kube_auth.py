@@ -73,11 +73,9 @@ class ExecCredentialAuth(httpx.Auth):
         plugin: ExecPlugin,
         *,
         wall_clock: Callable[[], float] = time.time,
-        environ: Mapping[str, str] | None = None,
     ) -> None:
         self._plugin = plugin
         self._wall_clock = wall_clock
-        self._environ = environ
         self._token: str | None = None
         self._expires_at: float | None = None
         self._lock = asyncio.Lock()  # concurrent requests (a pod's two logs) run the plugin once
@@ -102,8 +100,7 @@ class ExecCredentialAuth(httpx.Auth):
 
     async def _run(self) -> str:
         plugin = self._plugin
-        environ = os.environ if self._environ is None else self._environ
-        env = {**environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(self.exec_info())}
+        env = {**os.environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(self.exec_info())}
         try:
             process = await asyncio.create_subprocess_exec(
                 plugin.command,
