@@ -5,10 +5,11 @@ other two forms kubectl accepts, these `httpx.Auth` flows do what client-go does
 
 - `ExecCredentialAuth`: the exec plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`, `kubelogin`), in each
   ExecCredential version kubectl speaks (v1, v1beta1, v1alpha1). The plugin gets `KUBERNETES_EXEC_INFO`
-  (non-interactive; the cluster when `provideClusterInfo` asks for it), its token is kept until its
-  `expirationTimestamp` (or, without one, until a 401), a plugin still running when the request's deadline
-  passes is killed, and a failure is one line with the end of what the plugin printed on stderr. lightkube's
-  own runner takes v1beta1/v1alpha1 only, passes no `KUBERNETES_EXEC_INFO` and leaves a slow plugin running.
+  (non-interactive; the cluster when `provideClusterInfo` asks for it), its token or client certificate
+  (`tsh kube credentials` answers one) is kept until its `expirationTimestamp` (or, without one, until a
+  401), a plugin still running when the request's deadline passes is killed, and a failure is one line with
+  the end of what the plugin printed on stderr. lightkube's own runner takes v1beta1/v1alpha1 only, passes
+  no `KUBERNETES_EXEC_INFO`, takes no certificate and leaves a slow plugin running.
 - `OidcAuth`: the `oidc` auth-provider. The id-token is the bearer until its `exp` is 10 s away; then the
   refresh-token buys a new one at the issuer's token endpoint (OpenID discovery, an OAuth 2.0 refresh grant,
   the client authenticated with HTTP Basic as RFC 6749 asks servers to accept). lightkube refuses the form.
@@ -67,6 +68,19 @@ class ExecPlugin:
     cluster: Mapping[str, object] | None = None  # given to the plugin when provideClusterInfo is true
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecCredential:
+    """What a plugin answered: a bearer token, or a client certificate and its key (PEM)."""
+
+    token: str | None = None
+    certificate: tuple[str, str] | None = field(default=None, repr=False)
+    expires_at: float | None = None  # seconds since the epoch; None: until the API server says 401
+
+
+# Where a plugin's client certificate goes: the client's TLS context, for the connections it opens next.
+CertificateSink = Callable[[str, str], None]
+
+
 class ExecCredentialAuth(httpx.Auth):
     def __init__(
         self,
@@ -76,29 +90,32 @@ class ExecCredentialAuth(httpx.Auth):
     ) -> None:
         self._plugin = plugin
         self._wall_clock = wall_clock
-        self._token: str | None = None
-        self._expires_at: float | None = None
+        self._credential: ExecCredential | None = None
         self._lock = asyncio.Lock()  # concurrent requests (a pod's two logs) run the plugin once
+        self.certificate_sink: CertificateSink | None = None  # set by the client that can present one
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         raise RuntimeError("the exec credential plugin runs on the async client only")
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         async with self._lock:
-            cached = self._token is not None and not self._expired()
-            token = self._token if cached and self._token is not None else await self._run()
-        request.headers["Authorization"] = f"Bearer {token}"
+            kept = self._credential
+            cached = kept is not None and not self._expired(kept)
+            credential = kept if cached and kept is not None else await self._run()
+        _present(request, credential)
         response = yield request
-        if response.status_code == 401 and cached:  # revoked or rotated early: one new token, one retry
+        if response.status_code == 401 and cached:  # revoked or rotated early: one new credential, one retry
             async with self._lock:
-                token = self._token if self._token != token and self._token is not None else await self._run()
-            request.headers["Authorization"] = f"Bearer {token}"
+                fresh = self._credential is not credential and self._credential is not None
+                credential = self._credential if fresh and self._credential is not None else await self._run()
+            _present(request, credential)
             yield request
 
-    def _expired(self) -> bool:
-        return self._expires_at is not None and self._wall_clock() >= self._expires_at - EXPIRY_MARGIN_S
+    def _expired(self, credential: ExecCredential) -> bool:
+        expires_at = credential.expires_at
+        return expires_at is not None and self._wall_clock() >= expires_at - EXPIRY_MARGIN_S
 
-    async def _run(self) -> str:
+    async def _run(self) -> ExecCredential:
         plugin = self._plugin
         env = {**os.environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(self.exec_info())}
         try:
@@ -132,8 +149,22 @@ class ExecCredentialAuth(httpx.Auth):
             raise CredentialPluginError(
                 f"exec plugin {plugin.command!r} exited with {process.returncode}{_stderr_tail(stderr)}"
             )
-        self._token, self._expires_at = parse_exec_credential(stdout, plugin.api_version, plugin.command)
-        return self._token
+        credential = parse_exec_credential(stdout, plugin.api_version, plugin.command)
+        if credential.certificate is not None:
+            if self.certificate_sink is None:
+                raise CredentialPluginError(
+                    f"exec plugin {plugin.command!r} answered a client certificate, which a plain-http server "
+                    "cannot be shown"
+                )
+            try:  # from the next connection on (a client that presents one keeps none alive)
+                self.certificate_sink(*credential.certificate)
+            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+                raise CredentialPluginError(
+                    f"exec plugin {plugin.command!r} answered a client certificate that cannot be loaded: "
+                    f"{_one_line(str(error)) or type(error).__name__}"
+                ) from None
+        self._credential = credential
+        return credential
 
     def exec_info(self) -> dict[str, object]:
         """What client-go puts in KUBERNETES_EXEC_INFO: the version asked for, never interactive (a daemon
@@ -166,8 +197,8 @@ async def _tail(stream: asyncio.StreamReader, keep: int) -> bytes:
     return kept
 
 
-def parse_exec_credential(output: bytes, api_version: str, command: str) -> tuple[str, float | None]:
-    """The token and its expiry (seconds since the epoch, None when the plugin gives none) of an ExecCredential."""
+def parse_exec_credential(output: bytes, api_version: str, command: str) -> ExecCredential:
+    """The ExecCredential a plugin printed: its token or client certificate, and when it expires."""
     what = f"exec plugin {command!r}"
     try:
         document = json.loads(output)
@@ -181,20 +212,32 @@ def parse_exec_credential(output: bytes, api_version: str, command: str) -> tupl
         )
     status = document.get("status")
     status = status if isinstance(status, dict) else {}
-    token = status.get("token")
-    if not isinstance(token, str) or not token:
-        if status.get("clientCertificateData"):
-            raise CredentialPluginError(
-                f"{what} answered a client certificate; the sidecar authenticates with a plugin's token only"
-            )
-        raise CredentialPluginError(f"{what} answered no status.token")
-    stamp = status.get("expirationTimestamp")
+    token, certificate, key = status.get("token"), status.get("clientCertificateData"), status.get("clientKeyData")
+    expires_at = _expiry(status.get("expirationTimestamp"), what)
+    if isinstance(token, str) and token:
+        return ExecCredential(token=token, expires_at=expires_at)
+    if isinstance(certificate, str) and certificate and isinstance(key, str) and key:
+        return ExecCredential(certificate=(certificate, key), expires_at=expires_at)
+    if certificate or key:
+        raise CredentialPluginError(f"{what} answered a client certificate without its key, or a key without one")
+    raise CredentialPluginError(f"{what} answered no status.token and no client certificate")
+
+
+def _expiry(stamp: object, what: str) -> float | None:
     if stamp is None:
-        return token, None
+        return None
     try:
-        return token, datetime.fromisoformat(str(stamp)).timestamp()
+        return datetime.fromisoformat(str(stamp)).timestamp()
     except ValueError:
         raise CredentialPluginError(f"{what} answered expirationTimestamp {stamp!r}, not RFC 3339") from None
+
+
+def _present(request: httpx.Request, credential: ExecCredential) -> None:
+    """The token as the bearer; a certificate goes in the TLS handshake, so no header then."""
+    if credential.token is not None:
+        request.headers["Authorization"] = f"Bearer {credential.token}"
+    else:
+        request.headers.pop("Authorization", None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

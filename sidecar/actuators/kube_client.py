@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import os
+import ssl
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -26,7 +30,7 @@ import httpx
 from lightkube.config.client_adapter import ConnectionParams
 from lightkube.core.exceptions import ConfigError
 
-from sidecar.actuators.kube_auth import CredentialPluginError
+from sidecar.actuators.kube_auth import CredentialPluginError, ExecCredentialAuth
 from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.body_cap import BodyTooLargeError, send_capped
 
@@ -71,6 +75,12 @@ class KubeClient:
         arguments["transport"] = transport
         if credentials.auth is not None:
             arguments["auth"] = credentials.auth
+        if isinstance(credentials.auth, ExecCredentialAuth) and isinstance(arguments["verify"], ssl.SSLContext):
+            # A plugin may answer a client certificate (and a new one when it expires): it is loaded into the
+            # TLS context, and no connection is kept alive, so each request shows the current one. The adapter
+            # sends a handful of requests per restart, so a handshake each costs nothing that matters.
+            credentials.auth.certificate_sink = functools.partial(_load_certificate, arguments["verify"])
+            arguments["limits"] = httpx.Limits(max_keepalive_connections=0)
         arguments["headers"] = httpx.Headers(
             [("User-Agent", _USER_AGENT), ("Accept", JSON), *credentials.impersonation]
         )
@@ -122,6 +132,23 @@ class KubeClient:
         if not self._closed:
             self._closed = True
             await self._http.aclose()
+
+
+def _load_certificate(context: ssl.SSLContext, certificate_pem: str, key_pem: str) -> None:
+    """An exec plugin's client certificate into the TLS context. OpenSSL loads only from files: each is
+    written to a private (0600) temporary file, loaded, and deleted at once, as lightkube does for inline data."""
+    paths: list[str] = []
+    try:
+        for pem in (certificate_pem, key_pem):
+            handle, path = tempfile.mkstemp(prefix="vllm-sidecar-exec-", suffix=".pem")
+            paths.append(path)
+            with os.fdopen(handle, "w") as file:
+                file.write(pem)
+        context.load_cert_chain(paths[0], paths[1])
+    finally:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:

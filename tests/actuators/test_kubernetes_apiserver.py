@@ -678,3 +678,30 @@ async def test_the_server_certificate_is_checked_against_tls_server_name(
         assert outcome.status is OutcomeStatus.FAILED
         assert "certificate verify failed" in outcome.detail
         assert "not-this-server.example" in outcome.detail
+
+
+async def test_an_exec_plugin_that_answers_a_client_certificate(
+    apiserver: ApiServer, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """The form `tsh kube credentials` (Teleport) answers: no token, a client certificate and key the API
+    server's client CA signed. It is presented in the TLS handshake of each connection."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(user="cert-user")
+    space.create_workload()
+    cert, key = apiserver.client_certificate("cert-user")
+    v1 = "client.authentication.k8s.io/v1"
+    answer = {
+        "apiVersion": v1,
+        "kind": "ExecCredential",
+        "status": {"clientCertificateData": cert, "clientKeyData": key},
+    }
+    (tmp_path / "credential.json").write_text(json.dumps(answer))
+    plugin = tmp_path / "credential-plugin"
+    plugin.write_text(f'#!/bin/sh\necho run >> "{tmp_path}/runs"\ncat "{tmp_path}/credential.json"\n')
+    plugin.chmod(0o755)
+    user = {"exec": {"apiVersion": v1, "command": str(plugin), "interactiveMode": "Never"}}
+    kube, _ = connect(kubeconfig(tmp_path, apiserver, user, namespace=space.namespace), env={"POD_NAME": space.pod})
+    outcome = await restart_once(kube, space)  # four requests: three reads and the patch
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert space.deployment_document()["metadata"]["generation"] == 2
+    assert (tmp_path / "runs").read_text().count("run") == 1
