@@ -249,7 +249,7 @@ class OidcProvider:
     client_secret: str | None = None
     id_token: str | None = None
     refresh_token: str | None = field(default=None, repr=False)
-    ca_pem: str | None = None  # idp-certificate-authority(-data); else the system's trust
+    ca_pem: str | None = None  # idp-certificate-authority(-data); else certifi's bundle, httpx's default
 
 
 class OidcAuth(httpx.Auth):
