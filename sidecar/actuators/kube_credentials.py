@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import yaml
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.config.models import UserExec
 from lightkube.core.exceptions import ConfigError
 
 from sidecar.actuators.kube_auth import (
@@ -131,6 +132,7 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     user = config.user
     cluster = _named_entry(document, "clusters", config.context.cluster, "cluster")
     user_entry = _named_entry(document, "users", config.context.user or "", "user")
+    read: dict[str, str] = {}  # what was read, by the kubeconfig's key
     for file, what, limit in (
         (config.cluster.certificate_auth, "certificate-authority", MAX_CREDENTIAL_FILE_BYTES),
         (user.client_cert, "client-certificate", MAX_CREDENTIAL_FILE_BYTES),
@@ -138,7 +140,7 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
         (user.token_file, "tokenFile", MAX_TOKEN_BYTES),
     ):
         if file:  # lightkube and OpenSSL read these at the first request: bound and check them now
-            _check_file(Path(config.abs_file(file)).expanduser(), f"the {what} of {where}", limit)
+            read[what] = _check_file(Path(config.abs_file(file)).expanduser(), f"the {what} of {where}", limit)
     # Relative paths: lightkube 0.22 takes these from the working folder, kubectl from the kubeconfig's folder
     if user.token_file:
         user = replace(user, token_file=str(config.abs_file(user.token_file)))
@@ -152,7 +154,10 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
         raise CredentialsError(str(error)) from None
     auth: httpx.Auth | None = None
     if user.exec is not None:
-        auth = ExecCredentialAuth(_exec_plugin(config, user_entry, cluster, where))
+        ca_pem = read.get("certificate-authority")
+        auth = ExecCredentialAuth(
+            _exec_plugin(config, user.exec, user_entry.get("exec"), cluster, ca_pem=ca_pem, where=where)
+        )
     elif user.auth_provider is not None:
         auth = OidcAuth(_oidc_provider(config, user.auth_provider, where))
     proxy, tls_server_name = cluster.get("proxy-url"), cluster.get("tls-server-name")
@@ -167,12 +172,12 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     )
 
 
-def _exec_plugin(config: SingleConfig, user: Mapping[str, Any], cluster: Mapping[str, Any], where: str) -> ExecPlugin:
-    """The user's exec plugin as kubectl runs it, or one line saying why it cannot run here."""
-    found = user.get("exec")
-    spec: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    exec_ = config.user.exec if config.user is not None else None
-    assert exec_ is not None  # noqa: S101 - the caller checked
+def _exec_plugin(
+    config: SingleConfig, exec_: UserExec, entry: object, cluster: Mapping[str, Any], *, ca_pem: str | None, where: str
+) -> ExecPlugin:
+    """The user's exec plugin as kubectl runs it, or one line saying why it cannot run here. `entry` is the
+    kubeconfig's own `exec` mapping: its interactiveMode and provideClusterInfo, which lightkube's model drops."""
+    spec: Mapping[str, Any] = entry if isinstance(entry, dict) else {}
     if exec_.apiVersion not in EXEC_API_VERSIONS:
         raise CredentialsError(
             f"{where}: exec plugin {exec_.command!r} is set to apiVersion {exec_.apiVersion}; kubectl and the "
@@ -188,7 +193,7 @@ def _exec_plugin(config: SingleConfig, user: Mapping[str, Any], cluster: Mapping
     if shutil.which(command) is None:  # else found only at the first request
         hint = f": {_one_line(exec_.installHint)}" if exec_.installHint else ""
         raise CredentialsError(f"{where}: exec plugin {exec_.command!r} is not found or not executable{hint}")
-    info = _cluster_info(config, cluster, where) if spec.get("provideClusterInfo") is True else None
+    info = _cluster_info(config, cluster, ca_pem) if spec.get("provideClusterInfo") is True else None
     return ExecPlugin(
         api_version=exec_.apiVersion,
         command=command,
@@ -198,14 +203,13 @@ def _exec_plugin(config: SingleConfig, user: Mapping[str, Any], cluster: Mapping
     )
 
 
-def _cluster_info(config: SingleConfig, cluster: Mapping[str, Any], where: str) -> dict[str, object]:
-    """The cluster as client-go gives it to a plugin that asks (spec.cluster of KUBERNETES_EXEC_INFO)."""
+def _cluster_info(config: SingleConfig, cluster: Mapping[str, Any], ca_pem: str | None) -> dict[str, object]:
+    """The cluster as client-go gives it to a plugin that asks (spec.cluster of KUBERNETES_EXEC_INFO); `ca_pem`
+    is the certificate-authority file's text, read at the start's check."""
     info: dict[str, object] = {"server": config.cluster.server}
     ca_data = config.cluster.certificate_auth_data
-    if not ca_data and config.cluster.certificate_auth:
-        ca_file = Path(config.abs_file(config.cluster.certificate_auth)).expanduser()
-        pem = _check_file(ca_file, f"the certificate-authority of {where}", MAX_CREDENTIAL_FILE_BYTES)
-        ca_data = base64.b64encode(pem.encode()).decode()
+    if not ca_data and ca_pem is not None:
+        ca_data = base64.b64encode(ca_pem.encode()).decode()
     if ca_data:
         info["certificate-authority-data"] = ca_data
     for key in ("tls-server-name", "insecure-skip-tls-verify", "proxy-url", "disable-compression"):
