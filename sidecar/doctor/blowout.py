@@ -1,7 +1,8 @@
 """KV-cache blowout: max_model_len far above what requests really need, or more than the KV cache holds.
 
-Live, it compares max_model_len with the p99 prompt + output length from vLLM's own token histograms; from a
-log, it explains vLLM's refusal to start because one max_model_len request does not fit its KV cache. Pure.
+Live, it compares max_model_len with the p99 prompt + output length from vLLM's own token histograms; the
+refusal to start because one max_model_len request does not fit the KV cache is read with the memory ledger
+(`start_readings.kv_refusal`), which uses `derived_max_len` here. Pure.
 """
 
 from __future__ import annotations
@@ -11,17 +12,16 @@ import math
 from sidecar.doctor import formula
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
-from sidecar.doctor.formula import GIB, MIB, tokens
+from sidecar.doctor.formula import tokens
 from sidecar.doctor.histogram import GENERATION_TOKENS, MAX_TOKENS_PARAM, PROMPT_TOKENS, Histogram
-from sidecar.doctor.logfacts import Refusal, RefusalKind
+from sidecar.doctor.logfacts import Refusal
 from sidecar.doctor.setup import Setup
-from sidecar.doctor.versions import available
-from sidecar.model.gpu import ProcessOwner
 
 MIN_REQUESTS = 50  # fewer finished requests are too thin a sample for a p99
 BLOWOUT_RATIO = 2.0  # max_model_len at least this many times what p99 traffic needs
 DEFAULT_BLOCK_SIZE = 16
 MAX_RAISED_UTILIZATION = 0.95
+PRESSURE_KV_USAGE = 0.8  # KV usage from here on is pressure a shorter max_model_len could relieve
 
 
 def describe_bucket(histogram: Histogram, quantile: float) -> str:
@@ -44,6 +44,9 @@ def live_blowout(evidence: Evidence, setup: Setup) -> Finding | None:
     computed = formula.max_model_len(p99_prompt, p99_output, traffic.requests, f"{PROMPT_TOKENS} + {GENERATION_TOKENS}")
     if limit.value < BLOWOUT_RATIO * computed.value:
         return None
+    harm = kv_pressure(evidence)
+    if harm is None:
+        return None  # a long limit nobody uses costs nothing until long requests crowd the KV cache
     lines = [
         f"max_model_len {tokens(limit.value)} ({limit.source})",
         f"p99 prompt {describe_bucket(traffic.prompt, 0.99)} tokens, p99 output "
@@ -55,8 +58,9 @@ def live_blowout(evidence: Evidence, setup: Setup) -> Finding | None:
     if pool is not None and pool.value > 0:
         lines.append(
             f"one max_model_len request can take {min(1.0, limit.value / pool.value):.0%} of the KV pool "
-            f"({tokens(pool.value)} tokens, {pool.source}) and preempt everything else"
+            f"({tokens(pool.value)} tokens, {pool.source})"
         )
+    lines.append(f"and the KV cache is under pressure: {harm}")
     why = computed.why
     if traffic.max_tokens is not None and traffic.max_tokens.count:
         asked = traffic.max_tokens.percentile_upper(0.99)
@@ -74,47 +78,28 @@ def live_blowout(evidence: Evidence, setup: Setup) -> Finding | None:
     )
 
 
-def log_blowout(evidence: Evidence, setup: Setup, *, weights_dominate: bool) -> Finding | None:
-    """A start refused because one max_model_len request does not fit the KV cache (unless the model is the
-    problem: then it is `does_not_fit`)."""
-    log = evidence.log
-    if log is None or log.refusal is None or log.refusal.kind is not RefusalKind.MAX_LEN_EXCEEDS_KV:
-        return None
-    refusal = log.refusal
-    fits = derived_max_len(refusal)
-    if fits is None or fits <= 0 or weights_dominate or refusal.max_model_len is None:
-        return None
-    block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
-    value = fits // block * block
-    lines = [f"vLLM refused to start: {refusal.line}"]
-    if refusal.estimated_max_len is not None:
-        where = "estimate of the longest request its KV cache holds"
-    elif refusal.capacity_tokens is not None:
-        where = "KV capacity"
-    else:
-        where = (
-            f"numbers (this version prints no estimate): {refusal.max_model_len:,} tokens x "
-            f"{refusal.available_gib:.2f} GiB available / {refusal.needed_gib:.2f} GiB needed, the KV cache growing "
-            "linearly with the length, ="
-        )
-    recommendations = [
-        Recommendation(
-            flag="--max-model-len",
-            value=value,
-            why=f"vLLM's {where}: {tokens(fits)} tokens, rounded down to the block size {block} -> {value}",
-        )
-    ]
-    recommendations.extend(_more_memory(evidence, setup, refusal.max_model_len, fits, lines))
-    return Finding(
-        cause=Cause.KV_CACHE_BLOWOUT,
-        severity=Severity.CRITICAL,
-        summary=(
-            f"vLLM could not start: max_model_len {tokens(refusal.max_model_len)} is more than its KV cache holds "
-            f"({tokens(fits)} tokens)"
-        ),
-        evidence=tuple(lines),
-        recommendations=tuple(recommendations),
-    )
+def kv_pressure(evidence: Evidence) -> str | None:
+    """Evidence that long requests can hurt: preemptions, requests waiting, a KV cache near full, or the
+    sidecar's pauses for KV pressure; None on a server that shows none (a short limit would only refuse
+    longer prompts there)."""
+    reading = evidence.live.reading
+    said: list[str] = []
+    if reading is not None:
+        preemptions = sum(engine.preemptions_total or 0.0 for engine in reading.engines)
+        waiting = sum(engine.requests_waiting or 0.0 for engine in reading.engines)
+        usage = max((engine.kv_cache_usage_ratio or 0.0 for engine in reading.engines), default=0.0)
+        if preemptions > 0:
+            said.append(f"{preemptions:,.0f} preemptions since vLLM started (vllm:num_preemptions_total)")
+        if waiting > 0:
+            said.append(f"{waiting:,.0f} requests waiting now (vllm:num_requests_waiting)")
+        if usage >= PRESSURE_KV_USAGE:
+            said.append(f"KV cache {usage:.0%} used now")
+    history = evidence.history
+    if history is not None and history.policy is not None:
+        paused = [e for e in history.policy.recent if "pause_admission" in e.actions and "KV cache" in e.reason]
+        if paused:
+            said.append(f"the sidecar paused admission {len(paused)} time(s) for KV cache usage")
+    return "; ".join(said) or None
 
 
 def derived_max_len(refusal: Refusal) -> int | None:
@@ -133,54 +118,3 @@ def derived_max_len(refusal: Refusal) -> int | None:
     ):
         return math.floor(refusal.max_model_len * refusal.available_gib / refusal.needed_gib)
     return None
-
-
-def _more_memory(evidence: Evidence, setup: Setup, wanted: int, fits: int, lines: list[str]) -> list[Recommendation]:
-    """The other way out: a KV cache large enough for max_model_len, where the card allows it."""
-    log = evidence.log
-    args = log.args if log is not None else None
-    if (
-        args is not None
-        and args.kv_cache_memory_bytes is not None
-        and available("--kv-cache-memory-bytes", setup.version)
-    ):
-        needed = args.kv_cache_memory_bytes * wanted / fits
-        value = math.ceil(needed / MIB) * MIB
-        return [
-            Recommendation(
-                flag="--kv-cache-memory-bytes",
-                value=value,
-                why=(
-                    f"or keep max_model_len: {args.kv_cache_memory_bytes:,} bytes x {wanted:,} / {fits:,} tokens "
-                    f"= {needed:,.0f} bytes, rounded up to a whole MiB -> {value}"
-                ),
-            )
-        ]
-    refusal = log.refusal if log is not None else None
-    utilization = setup.gpu_memory_utilization
-    card = setup.card
-    if refusal is None or refusal.needed_gib is None or refusal.available_gib is None or utilization is None:
-        return []
-    if card is None or card.memory_total_bytes <= 0:
-        lines.append("GPU total memory unknown (no GPU reading): a larger --gpu-memory-utilization is not sized")
-        return []
-    total = card.memory_total_bytes
-    missing = (refusal.needed_gib - refusal.available_gib) * GIB
-    raised = math.ceil((utilization.value + missing / total) * 100 - 1e-6) / 100
-    others = sum(p.used_memory_bytes or 0 for p in card.processes if p.owner is ProcessOwner.OTHER)
-    if raised > MAX_RAISED_UTILIZATION or raised * total + others > total * (1 - formula.RESERVE_RATIO):
-        lines.append(
-            f"a KV cache for max_model_len would need gpu_memory_utilization {raised:.2f}: the card cannot give it"
-        )
-        return []
-    return [
-        Recommendation(
-            flag="--gpu-memory-utilization",
-            value=raised,
-            why=(
-                f"or keep max_model_len: {utilization.value:g} + ({refusal.needed_gib:.2f} - "
-                f"{refusal.available_gib:.2f} GiB missing) / {formula.gib(total)} = "
-                f"{utilization.value + missing / total:.4f}, rounded up -> {raised:.2f}"
-            ),
-        )
-    ]

@@ -21,6 +21,7 @@ from sidecar.doctor.versions import available
 from sidecar.policy.settings import PolicySettings
 
 CONCURRENCY_RATIO = 1.5  # max_num_seqs at least this many times what the pool holds
+STORM_PREEMPTIONS = 10  # from this many preemptions in a log on, fewer sequences is worth a first step unsized
 
 
 def live_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
@@ -100,6 +101,21 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
                     f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
                     f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
                     "in the queue instead of being preempted and recomputed"
+                ),
+            )
+        )
+    elif log.preemptions >= STORM_PREEMPTIONS and setup.max_num_seqs is not None:
+        seqs = setup.max_num_seqs
+        value = max(1, seqs.value // 2)
+        lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: the step is not sized")
+        recommendations.extend(
+            _fewer_seqs(
+                value,
+                setup,
+                unknown="",
+                why=lambda now: (
+                    f"a first step: {seqs.value} ({seqs.source}) / 2 -> {value}; {log.preemptions:,} preemptions say "
+                    "fewer requests should run at once, the stats line that would size it is not in the log"
                 ),
             )
         )

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 from sidecar.doctor import hygiene
 from sidecar.doctor.allocator import history_allocator
-from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout, log_blowout
+from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout
 from sidecar.doctor.concurrency import history_concurrency, live_concurrency, log_concurrency
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import SEVERITY_ORDER, Cause, Diagnosis, Finding
-from sidecar.doctor.fit import live_does_not_fit, log_does_not_fit, weights_dominate
+from sidecar.doctor.fit import live_does_not_fit
 from sidecar.doctor.hang import history_hang
 from sidecar.doctor.leak import history_leak
-from sidecar.doctor.log_overshoot import log_overshoot
+from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.overshoot import live_overshoot
 from sidecar.doctor.setup import Setup, resolve
 from sidecar.doctor.versions import available
@@ -42,19 +42,16 @@ def diagnose(evidence: Evidence) -> Diagnosis:
             diagnosable=False,
             reason=_reason(evidence),
         )
-    dominated = weights_dominate(evidence.log)
     rules: tuple[Rule, ...] = (
         live_overshoot,
-        lambda ev, st: log_overshoot(ev.log, st),
+        log_memory,
         live_blowout,
-        lambda ev, st: log_blowout(ev, st, weights_dominate=dominated),
         live_concurrency,
         log_concurrency,
         history_concurrency,
         history_hang,
         history_leak,
         history_allocator,
-        log_does_not_fit,
         live_does_not_fit,
         hygiene.prefix_caching,
         hygiene.shutdown,

@@ -81,6 +81,7 @@ def max_model_len(p99_prompt: float, p99_output: float, requests: int, source: s
 def max_num_seqs(pool_tokens: int, mean_tokens: float, requests: int) -> Computed:
     """How many requests of today's mean size fit in 90 % of the KV pool."""
     usable = pool_tokens * KV_HEADROOM_RATIO
+    mean_tokens = max(1.0, mean_tokens)  # a request holds at least one token (a histogram's sum can say less)
     value = max(1, math.floor(usable / mean_tokens))
     return Computed(
         value=value,

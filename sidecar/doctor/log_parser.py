@@ -1,11 +1,10 @@
 """Reads a vLLM log (a start, a refused start, or a crash) into `LogFacts`. Pure: text in, facts out.
 
 Only the last start in the file counts (a log that holds a refused start and a later good one describes the
-good one); a log with no start line (a pasted tail) is read whole. Lines are matched anywhere, so vLLM's
-prefixes (`(EngineCore_DP0 pid=7) INFO 11-22 06:26:29 [core.py:133]`, V0's `INFO 12-16 21:40:15 engine.py:135]`,
-Ray's `(RayWorkerWrapper pid=..)`, docker, journald, kubectl or CI timestamps, a `> ` quote) do not matter;
-terminal colours are dropped, and a message a paste or a terminal wrapped (the next line starts with a lower-case
-letter) is read as one line.
+good one); a log with no start line (a pasted tail) is read whole. The log is first read as records
+(`log_records`): each line's prefix learned from the log itself, terminal colours dropped, and a message a
+paste or a terminal wrapped put back together. Lines are matched anywhere in a record, and the messages'
+patterns tolerate the whitespace a wrap dropped or added.
 """
 
 from __future__ import annotations
@@ -14,39 +13,43 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
+from sidecar.doctor.log_records import Record, join_lines, loose, records
 from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, SchedulerStats, ServerArgs
 from sidecar.doctor.oom_log import find_oom
+from sidecar.doctor.phase import oom_phase
 
 _NUM = r"(-?[\d.]+)"
 _INT = r"([\d,]+)"
-_ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
-_ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)\s*$")
-_ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)$")
+_ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
+_ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)")
+# Releases before 0.4 print no version: `Initializing an LLM engine with config: ...`.
+_ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine (?:\(v([^)\s]+)\) )?with config: (.*)$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
 
-_MAX_LEN_V1 = re.compile(
-    r"To serve at least one request with the models?'s max seq len \((\d+)\), \(" + _NUM + r" GiB KV cache is "
-    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" GiB\)\."
+# 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
+_MAX_LEN_V1 = loose(
+    r"To serve at least one request with the models?'s max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
+    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\."
     r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
 )
-_MAX_LEN_V0 = re.compile(
+_MAX_LEN_V0 = loose(
     r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
     r"cache \((\d+)\)"
 )
-_NO_CACHE_MEMORY = re.compile(r"No available memory for the cache blocks")
-_FREE_AT_START = re.compile(
+_NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
+_FREE_AT_START = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired GPU "
     r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
 )
-_FREE_INFO = re.compile(
+_FREE_INFO = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup\. Desired GPU memory utilization "
     r"is \(" + _NUM + ", " + _NUM + r" GiB\)\. Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for "
     r"peak activation, " + _NUM + r" GiB for non-torch memory, and " + _NUM + r" GiB for CUDAGraph memory"
 )
-_V0_BUDGET = re.compile(
+_V0_BUDGET = loose(
     r"total_gpu_memory \(" + _NUM + r" ?GiB\) x gpu_memory_utilization \(" + _NUM + r"\) = " + _NUM + r" ?GiB"
 )
-_V0_PROFILE = re.compile(
+_V0_PROFILE = loose(
     r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch activation peak "
     r"memory takes " + _NUM + r" ?GiB;\s*the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
 )  # `\s*`: a paste that wrapped the line at that space dropped it
@@ -66,20 +69,27 @@ _STATS = re.compile(
     r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, (?:[^%]*?Preemptions: (\d+), )?"
     r"(?:[^%]*?)\b[A-Z]+(?: \+ host)? KV cache usage: ([\d.]+)%"
 )
-_SAMPLER = re.compile(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
-_AVAILABLE_AT_START = re.compile(
+_SAMPLER = loose(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
+_AVAILABLE_AT_START = loose(
     r"Available memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) is below required GPU memory "
     r"utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
 )
-# A line with a level or a compose-style `name  | ` prefix is a log line of its own, whatever its first letter.
-_OWN_LINE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\S+\s+\| |Traceback|\bFile \"")
-_ANSI = re.compile(r"(?:\x1b|\^\[)\[[\d;]*m")
 # How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
 # unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), a worker that died, V0's
 # MQLLMEngine / AsyncEngineDeadError.
 _ENGINE_DEAD = re.compile(
     r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error|Engine core proc \S+ died"
     r"|Got fatal signal from worker processes|Worker proc \S+ died unexpectedly|RayWorkerProc rank=\S+ died"
+)
+# The frames of vLLM's check that the KV cache it sized holds one max_model_len request (V0 `initialize_cache` ->
+# `raise_if_cache_size_invalid`, V1 `check_enough_kv_cache_memory`): a traceback through them is that refusal.
+_KV_CHECK = re.compile(r"\b(?:raise_if_cache_size_invalid|_?check_enough_kv_cache_memory|initialize_cache)\b")
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception): ")
+# V1's process names and sources (EngineCore, VllmWorker rank=, Worker_TP, vllm/v1/), else V0's (MQLLMEngine,
+# VllmWorkerProcess, vllm/worker/, vllm/engine/llm_engine.py).
+_ENGINE_GENERATION = re.compile(
+    r"(EngineCore|VllmWorker rank=|Worker_TP\d|vllm/v1/|V1 LLM engine)"
+    r"|MQLLMEngine|VllmWorkerProcess|vllm/worker/|vllm/engine/(?:async_)?llm_engine\.py"
 )
 # The CUDA-graph capture sizes in the engine's config line: `"cudagraph_capture_sizes":[512,504,...]` (0.7-0.10) and
 # `"max_capture_size":512` (0.7-0.10) or `"max_cudagraph_capture_size":512` (0.11.2+).
@@ -98,44 +108,50 @@ _ARG_TYPES: dict[str, type] = {
     "shutdown_timeout": int,
     "quantization": str,
     "kv_cache_dtype": str,
+    "model": str,
+    "dtype": str,
+    "pipeline_parallel_size": int,
+    "enforce_eager": bool,
 }
 
 Facts = dict[str, object]
 
 
 def parse_log(text: str) -> LogFacts:
-    lines = log_lines(text)
-    lines = lines[_last_start(lines) :]
+    return parse_records(records(text))
+
+
+def parse_records(log: list[Record]) -> LogFacts:
+    """The facts of the last start in `log`; `lines_read` counts its records."""
+    log = log[_last_start([record.text for record in log]) :]
     facts: Facts = {}
     recognised = 0
-    for line in lines:
-        # Every handler sees every line: 0.28+ prints the KV size and the concurrency on one line.
-        if [_apply(handler, line, facts) for handler in _HANDLERS].count(True):
+    for record in log:
+        # Every handler sees every record: 0.28+ prints the KV size and the concurrency on one line.
+        if [_apply(handler, record.text, facts) for handler in _HANDLERS].count(True):
             recognised += 1
-    oom = find_oom(lines)
+        for handler in _CONTEXT:
+            _apply(handler, record.payload, facts)  # not the prefix: a launcher's names say nothing of vLLM's
+    oom = find_oom(log)
     if oom is not None:
         recognised += 1
-    result = LogFacts(lines_read=len(lines), lines_recognised=recognised, oom=oom)
+    refusal = facts.get("refusal")
+    if isinstance(refusal, Refusal) and refusal.kind is RefusalKind.SAMPLER_WARMUP:
+        at = max(i for i, record in enumerate(log) if _SAMPLER.search(record.text))
+        facts["refusal"] = replace(refusal, phase=oom_phase(log, at)[0])
+    result = LogFacts(lines_read=len(log), lines_recognised=recognised, oom=oom)
     return replace(result, **facts)  # type: ignore[arg-type]
 
 
 def log_lines(text: str) -> list[str]:
-    """The lines `parse_log` reads, colours stripped and wrapped messages joined; `lines_read` counts these, so a
-    caller that cuts a log by it must cut these (`"\\n".join(log_lines(text))` parses the same)."""
-    return rejoin(_ANSI.sub("", text).splitlines())
+    """The records `parse_log` reads, as text (colours stripped, wrapped messages joined); `lines_read` counts
+    these."""
+    return [record.text for record in records(text)]
 
 
 def rejoin(lines: list[str]) -> list[str]:
-    """Lines with each wrapped message put back together: a line that starts with a lower-case letter continues
-    the one before it (vLLM's own lines start with a level, a prefix, a timestamp, a space or an upper-case word;
-    a wrap that cut a word, `KV cach` / `e is needed`, joins without a space, as the terminal cut it)."""
-    joined: list[str] = []
-    for line in lines:
-        if joined and line[:1].islower() and joined[-1].strip() and not _OWN_LINE.search(line):
-            joined[-1] += line
-        else:
-            joined.append(line)
-    return joined
+    """Lines with each wrapped message put back together (see `log_records`)."""
+    return [record.text for record in join_lines(lines)]
 
 
 def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bool:
@@ -165,7 +181,10 @@ def _args(line: str, facts: Facts) -> bool:
         return False
     body = (non_default or namespace).group(1)  # type: ignore[union-attr]
     values = {key: _arg_value(body, key, kind, quoted_keys=non_default is not None) for key, kind in _ARG_TYPES.items()}
+    values["model"] = values["model"] or _arg_value(body, "model_tag", str, quoted_keys=non_default is not None)
     facts["args"] = ServerArgs(complete=namespace is not None, **values)  # type: ignore[arg-type]
+    if values["model"]:
+        facts.setdefault("model", values["model"])
     return True
 
 
@@ -190,7 +209,8 @@ def _engine_config(line: str, facts: Facts) -> bool:
     match = _ENGINE_CONFIG.search(line)
     if match is None:
         return False
-    facts["version"] = match.group(1).rstrip(",")
+    if match.group(1):
+        facts["version"] = match.group(1).rstrip(",")
     config = match.group(2)
     for key, name, kind in (
         ("max_seq_len", "max_seq_len", int),
@@ -198,10 +218,15 @@ def _engine_config(line: str, facts: Facts) -> bool:
         ("quantization", "quantization", str),
         ("kv_cache_dtype", "kv_cache_dtype", str),
         ("device_config", "device", str),
+        ("dtype", "dtype", str),
+        ("pipeline_parallel_size", "pipeline_parallel_size", int),
     ):
         found = re.search(rf"\b{key}=([\w.]+)", config)
         if found is not None and found.group(1) != "None":
             facts[name] = kind(found.group(1))
+    model = re.search(r"\bmodel='([^']+)'", config)
+    if model is not None:
+        facts["model"] = model.group(1)
     sizes = _CAPTURE_SIZES.search(config)
     if sizes is not None and sizes.group(1).strip():
         facts["capture_sizes"] = tuple(sorted(int(size) for size in sizes.group(1).split(",") if size.strip()))
@@ -368,6 +393,19 @@ def _dead(_: re.Match[str], facts: Facts) -> None:
     facts["engine_dead"] = True
 
 
+def _traceback(_: re.Match[str], facts: Facts) -> None:
+    facts["traceback"] = True
+
+
+def _kv_check(_: re.Match[str], facts: Facts) -> None:
+    facts["kv_check_failed"] = True
+
+
+def _engine(match: re.Match[str], facts: Facts) -> None:
+    if facts.get("engine") != "v1":  # a V1 log prints V0-looking paths too (shared modules); V1's names decide
+        facts["engine"] = "v1" if match.group(1) else "v0"
+
+
 _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _args,
     _engine_config,
@@ -392,4 +430,10 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int)),
     _simple(_PREEMPTIONS, _preemptions),
     _simple(_ENGINE_DEAD, _dead),
+)
+# Context, not a line of vLLM's own: read, but a log of nothing else is still "no vLLM line recognised".
+_CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
+    _simple(_TRACEBACK, _traceback),
+    _simple(_KV_CHECK, _kv_check),
+    _simple(_ENGINE_GENERATION, _engine),
 )

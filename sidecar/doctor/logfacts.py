@@ -31,6 +31,10 @@ class ServerArgs:
     shutdown_timeout: int | None = None
     quantization: str | None = None
     kv_cache_dtype: str | None = None
+    model: str | None = None
+    dtype: str | None = None
+    pipeline_parallel_size: int | None = None
+    enforce_eager: bool | None = None
 
 
 class RefusalKind(StrEnum):
@@ -54,29 +58,68 @@ class Refusal:
     utilization: float | None = None
     requested_gib: float | None = None
     dummy_requests: int | None = None  # sampler warm-up: how many dummy requests (max_num_seqs) it ran
+    phase: OomPhase | None = None  # sampler warm-up: in the profile run (before the KV cache) or in the warm-up after
 
 
 class OomPhase(StrEnum):
-    PROFILING = "profiling"  # the profile run sizing the KV cache
-    GRAPH_CAPTURE = "graph_capture"  # CUDA graph capture after the KV cache was allocated
+    """Where in vLLM's life an out-of-memory error hit, in the order a start goes through them.
+
+    The order matters for the budget: weights and the profile run come before the KV cache is allocated, so
+    `--gpu-memory-utilization` does not cap them (lowering it cannot help); from the KV cache's allocation on,
+    vLLM has filled its budget and a transient needs room the budget leaves."""
+
     WEIGHT_LOADING = "weight_loading"  # creating or loading the model's weights: before any budget applies
+    PROFILING = "profiling"  # the profile run sizing the KV cache (a dummy batch, the sampler, the encoder)
+    KV_ALLOCATION = "kv_allocation"  # allocating the KV cache itself
+    WARMUP = "warmup"  # after the KV cache: compiling, warming up kernels or the sampler
+    GRAPH_CAPTURE = "graph_capture"  # CUDA graph capture after the KV cache was allocated
     SERVING = "serving"  # a forward pass while serving requests
+    WAKE_UP = "wake_up"  # sleep mode: mapping the weights and the KV cache back (RL trainers share the card)
+    AFTER_KV_CACHE = "after_kv_cache"  # CUDA graphs exist, so the KV cache is allocated: capturing or serving
     UNKNOWN = "unknown"
+
+    @property
+    def before_kv_cache(self) -> bool:
+        return self in (OomPhase.WEIGHT_LOADING, OomPhase.PROFILING)
+
+    @property
+    def after_kv_cache(self) -> bool:
+        return self in (
+            OomPhase.KV_ALLOCATION,
+            OomPhase.WARMUP,
+            OomPhase.GRAPH_CAPTURE,
+            OomPhase.SERVING,
+            OomPhase.WAKE_UP,
+            OomPhase.AFTER_KV_CACHE,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CudaOom:
-    """PyTorch's CUDA out-of-memory message."""
+    """An out-of-memory error of the accelerator (CUDA, HIP, XPU...): PyTorch's message with its numbers, or a
+    bare `CUDA error: out of memory` without any. Every number is None when the message does not state it."""
 
     phase: OomPhase
-    tried_bytes: int
+    phase_evidence: str = ""  # the frame or the progress line that placed it
+    device: str = "CUDA"
+    message: str = ""  # the error as printed, without the log's prefix
+    rank: int | None = None  # the tensor-parallel rank whose line it was, when the prefix says
+    tried_bytes: int | None
     gpu: int | None
     total_bytes: int | None
     free_bytes: int | None
     process_bytes: int | None  # "this process has X memory in use" (non-PyTorch memory included)
     allocated_bytes: int | None = None  # "Of the allocated memory A is allocated by PyTorch"
+    private_pool_bytes: int | None = None  # "with P allocated in private pools (e.g., CUDA Graphs)": graphs exist
     reserved_unallocated_bytes: int | None
     other_processes: tuple[tuple[int, int], ...]  # (pid, bytes) of the other processes PyTorch lists
+
+    @property
+    def shortfall_bytes(self) -> int | None:
+        """What the failed allocation lacked: tried - free (0 when it should have fitted)."""
+        if self.tried_bytes is None or self.free_bytes is None:
+            return None
+        return max(0, self.tried_bytes - self.free_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,4 +174,10 @@ class LogFacts:
     busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
     engine_dead: bool = False  # the engine (or a worker) died: EngineDeadError, "Engine core proc ... died", ...
     capture_sizes: tuple[int, ...] | None = None  # CUDA-graph batch sizes from the engine's config line, ascending
+    traceback: bool = False  # a Python traceback follows the start: something raised
+    kv_check_failed: bool = False  # the traceback runs through vLLM's check that the KV cache holds max_model_len
+    engine: str | None = None  # "v0" or "v1", from the engine's process names and source paths
+    model: str | None = None  # the model vLLM serves, as its arguments or its engine config line name it
+    dtype: str | None = None  # the engine config's dtype (torch.bfloat16, float16, ...)
+    pipeline_parallel_size: int | None = None
     max_capture_size: int | None = None  # the largest of them as the config line states it

@@ -1,127 +1,194 @@
-"""PyTorch's CUDA out-of-memory message in a vLLM log, and the phase it happened in. Pure.
+"""The accelerator's out-of-memory errors in a vLLM log, whatever printed them, and the phase they hit in. Pure.
 
-The phase comes from the traceback that ends in the error (the frames name vLLM's functions), or, without
-one, from the INFO lines just before it: a graph capture, the profile run that sizes the KV cache, or serving.
+One family: PyTorch's `torch.OutOfMemoryError` / `torch.cuda.OutOfMemoryError` for CUDA, HIP (ROCm), XPU and the
+other backends, with its numbers (torch 2.1+ and the older `(GPU 0; ... total capacity; ...)` form) or without;
+the driver's bare `CUDA error: out of memory` / `hipErrorOutOfMemory` / `CUDA_ERROR_OUT_OF_MEMORY` (raised from
+`capture_end()` during graph capture, with no numbers); cuBLAS and NCCL failing to allocate; XLA's
+`RESOURCE_EXHAUSTED` on a TPU's HBM. vLLM repeats the error in
+the API server's traceback, and wraps it in its own (`EngineDeadError`, `Worker failed with error`): the last
+error is the fatal one, its numbers come from the last error of the family that states them, its phase from
+the traceback of the error that names one.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from sidecar.doctor.log_records import Record, loose
 from sidecar.doctor.logfacts import CudaOom, OomPhase
+from sidecar.doctor.phase import oom_phase
 
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6}
 _UNITS |= {"GB": 10**9}
-_SIZE = r"([\d.]+ (?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB))"
-_MODERN = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
+_SIZE = r"([\d.]+ ?(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB))"
+_DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
+# Any member of the family, for finding the records; the patterns below read their numbers.
+_FAMILY = loose(
+    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?:CUDA|HIP|cuda|hip) [Ee]rror: out of memory"
+    r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,80}memory"
+    r"|Tried to allocate " + _SIZE
+)
+_MODERN = loose(
+    _DEVICE + r" out of memory\. Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
-_THIS_PROCESS = re.compile(r"this process has " + _SIZE + r" memory in use")
-_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
-_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_TRIED = loose(r"Tried to allocate " + _SIZE)
+_THIS_PROCESS = loose(r"this process has " + _SIZE + r" memory in use")
+_UNALLOCATED = loose(_SIZE + r" is reserved by PyTorch but unallocated")
+_ALLOCATED = loose(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_PRIVATE_POOLS = loose(r"with " + _SIZE + r" allocated in private pools")
 # torch < 2.1: "Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already allocated; 3.12 MiB
 # free; 14.66 GiB reserved in total by PyTorch)"
-_LEGACY = re.compile(
-    r"CUDA out of memory\. Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; "
-    + _SIZE + r" already allocated; " + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)"
+_LEGACY = loose(
+    r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
+    + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)"
 )  # fmt: skip
-_OTHER_PROCESS = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
-_TRACEBACK = "Traceback (most recent call last)"
-_LOOKBACK_LINES = 40
-
-# Checked in this order: a capture runs inside KV-cache initialisation, so its frames also name the profiler's.
-_FRAME_MARKERS: tuple[tuple[OomPhase, tuple[str, ...]], ...] = (
-    (OomPhase.GRAPH_CAPTURE, ("capture_model", "_capture_cudagraphs", "graph_capture", "capture_graph")),
-    (OomPhase.WEIGHT_LOADING, ("load_model", "create_weights", "load_weights", "_initialize_model", "get_model(")),
-    (OomPhase.PROFILING, ("profile_run", "determine_available_memory", "determine_num_available_blocks")),
-    (OomPhase.SERVING, ("run_busy_loop", "run_engine_loop", "execute_model", "step_with_batch_queue", "engine_step")),
-)
-_INFO_MARKERS: tuple[tuple[OomPhase, tuple[str, ...]], ...] = (
-    (OomPhase.GRAPH_CAPTURE, ("Capturing cudagraphs", "Capturing CUDA graph", "Capturing CUDA graphs")),
-    (OomPhase.WEIGHT_LOADING, ("Starting to load model", "Loading safetensors checkpoint shards: ")),
-    (OomPhase.PROFILING, ("Memory profiling", "profile run", "Starting profile run", "Model loading took")),
-    (OomPhase.SERVING, ("Avg prompt throughput", "Application startup complete", "KV cache usage")),
+_OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
+_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU)\b|\bhip|\bhbm\b")
+# Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
+# mode's allocator names its own source file when it cannot map memory back.
+_PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
+    (
+        OomPhase.WEIGHT_LOADING,
+        re.compile(r"Failed to create \w+ (?:\w+ )?weights|while loading weights|Failed to load model"),
+    ),
+    (OomPhase.WAKE_UP, re.compile(r"cumem_allocator")),
 )
 
 
 def size_bytes(text: str) -> int:
     """`1.95 GiB` as PyTorch prints sizes (binary units; GB/MB taken as decimal) to bytes."""
-    number, unit = text.split()
-    return int(float(number) * _UNITS[unit])
+    match = re.fullmatch(r"([\d.]+) ?(\w+)", text.strip())
+    if match is None:
+        raise ValueError(text)
+    return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
-def find_oom(lines: Sequence[str]) -> CudaOom | None:
-    """The last CUDA OOM in `lines` (vLLM repeats it in the API server's traceback; the last is the fatal one)."""
-    for index in range(len(lines) - 1, -1, -1):
-        line = lines[index]
-        if "CUDA out of memory" not in line:
-            continue
+def find_oom(records: Sequence[Record]) -> CudaOom | None:
+    """The last out-of-memory error of the log, with the numbers and the phase its family states."""
+    family = [index for index, record in enumerate(records) if _FAMILY.search(record.payload)]
+    if not family:
+        return None
+    last = family[-1]
+    payloads = [records[index].payload for index in reversed(family)]
+    numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy))), None)
+    numbers = numbers or next((found for payload in payloads if (found := _numbers(payload, _tried_only))), None)
+    phase, where = OomPhase.UNKNOWN, "no traceback frame or progress line places it"
+    for index in reversed(family):
+        phase, where = _phase(records, index)
+        if phase is not OomPhase.UNKNOWN:
+            break
+    record = records[last]
+    message = record.payload.strip()
+    return CudaOom(
+        phase=phase,
+        phase_evidence=where,
+        device=_device(records, family),
+        message=message,
+        rank=next((records[i].rank for i in reversed(family) if records[i].rank is not None), None),
+        **(numbers or _no_numbers()),  # type: ignore[arg-type]
+    )
+
+
+def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
+    payload = records[index].payload
+    for phase, pattern in _PHASE_ON_THE_LINE:
+        said = pattern.search(payload)
+        if said is not None:
+            return phase, f"the error line says so: {said.group(0)!r}"
+    return oom_phase(records, index)
+
+
+def _device(records: Sequence[Record], family: list[int]) -> str:
+    for index in reversed(family):
+        match = _DEVICE_NAME.search(records[index].payload)
+        if match is not None:
+            named = match.group(1) or ("TPU" if match.group(0) == "hbm" else "HIP")
+            return named.upper()
+    return "CUDA"
+
+
+def _no_numbers() -> dict[str, object]:
+    return {
+        "tried_bytes": None,
+        "gpu": None,
+        "total_bytes": None,
+        "free_bytes": None,
+        "process_bytes": None,
+        "allocated_bytes": None,
+        "reserved_unallocated_bytes": None,
+        "other_processes": (),
+    }
+
+
+def _numbers(line: str, *readers: Callable[[str], dict[str, object] | None]) -> dict[str, object] | None:
+    for read in readers:
         try:
-            parsed = _parse(line)
-        except ValueError:  # a size PyTorch never prints ("1.2.3 GiB"): not its message
-            parsed = None
-        if parsed is not None:
-            phase = _phase(lines, index)
-            return CudaOom(phase=phase, **parsed)  # type: ignore[arg-type]
+            found = read(line)
+        except (ValueError, KeyError):  # a size PyTorch never prints ("1.2.3 GiB"): not its message
+            found = None
+        if found is not None:
+            return found
     return None
 
 
-def _parse(line: str) -> dict[str, object] | None:
+def _modern(line: str) -> dict[str, object] | None:
     modern = _MODERN.search(line)
-    if modern is not None:
-        rest = line[modern.end() :]
-        process = _THIS_PROCESS.search(rest)
-        unallocated = _UNALLOCATED.search(rest)
-        allocated_match = _ALLOCATED.search(rest)
-        allocated = size_bytes(allocated_match.group(1)) if allocated_match else None
-        processes = [(int(pid), size_bytes(size)) for pid, size in _OTHER_PROCESS.findall(rest)]
-        process_bytes = size_bytes(process.group(1)) if process else None
-        if process_bytes is None and allocated is not None:
-            # In a container PyTorch cannot tell its own PID apart and lists itself as "Process N": the one
-            # process that holds at least what PyTorch allocated is vLLM's own.
-            own = [entry for entry in processes if entry[1] >= allocated]
-            if len(own) == 1:
-                process_bytes = own[0][1]
-                processes.remove(own[0])
-        return {
-            "tried_bytes": size_bytes(modern.group(1)),
-            "gpu": int(modern.group(2)) if modern.group(2) else None,
-            "total_bytes": size_bytes(modern.group(3)),
-            "free_bytes": size_bytes(modern.group(4)),
-            "process_bytes": process_bytes,
-            "allocated_bytes": allocated,
-            "reserved_unallocated_bytes": size_bytes(unallocated.group(1)) if unallocated else None,
-            "other_processes": tuple(processes),
-        }
+    if modern is None:
+        return None
+    rest = line[modern.end() :]
+    process = _THIS_PROCESS.search(rest)
+    unallocated = _UNALLOCATED.search(rest)
+    allocated_match = _ALLOCATED.search(rest)
+    allocated = size_bytes(allocated_match.group(1)) if allocated_match else None
+    processes = [(int(pid), size_bytes(size)) for pid, size in _OTHER_PROCESS.findall(rest)]
+    process_bytes = size_bytes(process.group(1)) if process else None
+    if process_bytes is None and processes:
+        # In a container PyTorch cannot tell its own PID apart and lists itself as "Process N": the one
+        # process that holds at least what PyTorch allocated is vLLM's own; with that number cut off, the
+        # largest (vLLM holds its whole budget).
+        own = [entry for entry in processes if allocated is None or entry[1] >= allocated]
+        if allocated is None:
+            own = [max(processes, key=lambda entry: entry[1])]
+        if len(own) == 1:
+            process_bytes = own[0][1]
+            processes.remove(own[0])
+    return {
+        "tried_bytes": size_bytes(modern.group(2)),
+        "gpu": int(modern.group(3)) if modern.group(3) else None,
+        "total_bytes": size_bytes(modern.group(4)),
+        "free_bytes": size_bytes(modern.group(5)),
+        "process_bytes": process_bytes,
+        "allocated_bytes": allocated,
+        "private_pool_bytes": size_bytes(pools.group(1)) if (pools := _PRIVATE_POOLS.search(rest)) else None,
+        "reserved_unallocated_bytes": size_bytes(unallocated.group(1)) if unallocated else None,
+        "other_processes": tuple(processes),
+    }
+
+
+def _legacy(line: str) -> dict[str, object] | None:
     legacy = _LEGACY.search(line)
-    if legacy is not None:
-        reserved = size_bytes(legacy.group(6))
-        return {
-            "tried_bytes": size_bytes(legacy.group(1)),
-            "gpu": int(legacy.group(2)),
-            "total_bytes": size_bytes(legacy.group(3)),
-            "free_bytes": size_bytes(legacy.group(5)),
-            "process_bytes": reserved,
-            "reserved_unallocated_bytes": max(0, reserved - size_bytes(legacy.group(4))),
-            "other_processes": (),
-        }
-    return None
+    if legacy is None:
+        return None
+    reserved = size_bytes(legacy.group(6))
+    allocated = size_bytes(legacy.group(4))
+    return {
+        "tried_bytes": size_bytes(legacy.group(1)),
+        "gpu": int(legacy.group(2)),
+        "total_bytes": size_bytes(legacy.group(3)),
+        "free_bytes": size_bytes(legacy.group(5)),
+        "process_bytes": reserved,
+        "allocated_bytes": allocated,
+        "reserved_unallocated_bytes": max(0, reserved - allocated),
+        "other_processes": (),
+    }
 
 
-def _phase(lines: Sequence[str], oom_index: int) -> OomPhase:
-    if "Failed to create" in lines[oom_index] and "weights" in lines[oom_index]:
-        return OomPhase.WEIGHT_LOADING  # vLLM's linear layers say so on the error line itself
-    start = max(0, oom_index - _LOOKBACK_LINES)
-    window = lines[start : oom_index + 1]
-    traceback_at = max((i for i, line in enumerate(window) if _TRACEBACK in line), default=None)
-    if traceback_at is not None:
-        frames = "\n".join(window[traceback_at:])
-        for phase, markers in _FRAME_MARKERS:
-            if any(marker in frames for marker in markers):
-                return phase
-    before = "\n".join(window)
-    found = [(before.rfind(marker), phase) for phase, markers in _INFO_MARKERS for marker in markers]
-    latest = max(found)
-    return latest[1] if latest[0] >= 0 else OomPhase.UNKNOWN
+def _tried_only(line: str) -> dict[str, object] | None:
+    """A message that states the allocation but not the card (XPU's, a cut paste): the size alone."""
+    tried = _TRIED.search(line)
+    if tried is None:
+        return None
+    return {**_no_numbers(), "tried_bytes": size_bytes(tried.group(1))}

@@ -124,9 +124,10 @@ def _cause(facts: LogFacts, source: str) -> Finding | None:
 
 def _what_it_shows(facts: LogFacts) -> str:
     if facts.oom is not None:
+        tried = f" (tried to allocate {gib(facts.oom.tried_bytes)})" if facts.oom.tried_bytes is not None else ""
         return (
-            f"vLLM's log shows a CUDA out-of-memory error while {facts.oom.phase.value.replace('_', ' ')} "
-            f"(tried to allocate {gib(facts.oom.tried_bytes)}), but no flag change that would prevent it"
+            f"vLLM's log shows a {facts.oom.device} out-of-memory error while "
+            f"{facts.oom.phase.value.replace('_', ' ')}{tried}, but no flag change that would prevent it"
         )
     if facts.refusal is not None:
         return f"vLLM refused to start: {_cut(facts.refusal.line)}"

@@ -1,22 +1,23 @@
-"""The corpus of real vLLM failure logs (tests/doctor/corpus/index.toml): `doctor --vllm-log FILE --json` names the
-cause and recommends a value in the range worked out by hand for each. In process, with no vLLM and no GPU."""
+"""The corpus of real vLLM failure logs (tests/doctor/corpus/index.toml): `doctor --vllm-log FILE --json` names an
+accepted cause with a recommendation in range and none that points the wrong way (`corpus_verdict.verdict`), in
+process, with no vLLM and no GPU. An entry the doctor still gets wrong says so (`known_miss`, with the reason):
+it is expected to stay wrong until the reason is fixed, and the summary lists it."""
 
 from __future__ import annotations
 
 import io
 import json
 import sys
-import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sidecar.cli import main
+from tests.doctor.corpus_verdict import CORPUS, Verdict, entries, matches, verdict
 from tests.loopback import closed_port
 
-CORPUS = Path(__file__).parent / "corpus"
-ENTRIES: list[dict[str, Any]] = tomllib.loads((CORPUS / "index.toml").read_text())["log"]
+ENTRIES = entries()
+SETS = {"issue-14", "dev-25", "heldout-25"}
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], log: str) -> tuple[int, dict[str, Any]]:
@@ -40,27 +41,48 @@ def test_the_corpus_is_whole() -> None:
     assert sorted(entry["file"] for entry in ENTRIES) == files
     assert len(files) >= 25
     for entry in ENTRIES:
-        assert entry["source"].startswith("https://github.com/"), entry["file"]
-        assert all(entry[key] for key in ("arithmetic", "version", "shape")), entry["file"]
+        assert entry["source"].startswith("https://github.com/") or entry["set"] != "issue-14", entry["file"]
+        assert all(entry[key] for key in ("arithmetic", "version", "shape", "causes")), entry["file"]
+        assert entry["set"] in SETS, entry["file"]
+        assert entry["set"] == "issue-14" or "first_contact" in entry, f"{entry['file']}: first contact not recorded"
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[entry["file"] for entry in ENTRIES])
 def test_corpus_log(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     code, document = _doctor(capsys, str(CORPUS / entry["file"]))
-    assert code == 1, "a failure log is diagnosed with a finding (exit 1), even with no start line"
-    finding = document["findings"][0]
-    assert finding["cause"] == entry["cause"]
-    recommended = {r["flag"]: r["value"] for r in finding["recommendations"]}
-    for expected in entry["expect"]:
-        value = recommended.get(expected["flag"])
-        assert value is not None, f"{expected['flag']} missing from {recommended}"
-        if "value" in expected:
-            assert value == expected["value"]
-        else:
-            assert expected["min"] <= value <= expected["max"], f"{expected['flag']} {value}"
-    for flag in entry.get("absent", []):
-        assert flag not in recommended, f"{flag} must not be recommended: {recommended}"
-    assert all(r["why"] for r in finding["recommendations"]), "every value comes with its arithmetic"
+    found = verdict(entry, code, document)
+    if "known_miss" in entry:
+        assert found is not Verdict.RIGHT, f"fixed: drop known_miss ({entry['known_miss']})"
+        assert found is not Verdict.WRONG_DIRECTION, "a known miss may miss, never point the wrong way"
+        pytest.xfail(f"known miss ({found}): {entry['known_miss']}")
+    assert found is Verdict.RIGHT, json.dumps(document.get("findings", []), indent=1)[:3000]
+    assert all(r["why"] for f in document["findings"] for r in f["recommendations"]), "every value has its arithmetic"
+
+
+def test_the_verdict_reads_ranges_values_switches_and_wrong_directions() -> None:
+    assert matches({"flag": "--max-model-len", "min": 100, "max": 200}, "--max-model-len", 150)
+    assert not matches({"flag": "--max-model-len", "max": 200}, "--max-model-len", 201)
+    assert not matches({"flag": "--max-model-len", "min": 1}, "--max-num-seqs", 5)
+    assert matches({"flag": "--enforce-eager", "value": ""}, "--enforce-eager", "")
+    assert matches({"flag": "--quantization", "values": ["fp8", "awq"]}, "--quantization", "awq")
+    assert matches({"flag": "PYTORCH_CUDA_ALLOC_CONF"}, "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    entry = {
+        "causes": ["kv_cache_blowout"],
+        "expect": [{"flag": "--max-model-len", "max": 4096}],
+        "wrong": [{"flag": "--gpu-memory-utilization", "max": 0.89}],
+    }
+
+    def said(cause: str, *recommendations: tuple[str, object]) -> dict[str, Any]:
+        recs = [{"flag": flag, "value": value, "why": "w"} for flag, value in recommendations]
+        return {"findings": [{"cause": cause, "recommendations": recs}]}
+
+    assert verdict(entry, 1, said("kv_cache_blowout", ("--max-model-len", 4096))) is Verdict.RIGHT
+    assert verdict(entry, 1, said("kv_cache_blowout", ("--max-model-len", 8192))) is Verdict.OUT_OF_RANGE
+    assert verdict(entry, 1, said("does_not_fit", ("--max-model-len", 4096))) is Verdict.WRONG_CAUSE
+    wrong = said("kv_cache_blowout", ("--max-model-len", 4096), ("--gpu-memory-utilization", 0.85))
+    assert verdict(entry, 1, wrong) is Verdict.WRONG_DIRECTION
+    assert verdict(entry, 0, {"findings": []}) is Verdict.NO_FINDING
+    assert verdict(entry, 2, {}) is Verdict.NO_FINDING
 
 
 def test_stdin_is_read_with_a_dash(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from sidecar.doctor.finding import Cause, Diagnosis, Finding, Recommendation, Se
 from sidecar.doctor.history import HistoryError, from_ledger, from_status
 from sidecar.doctor.logfacts import Refusal, RefusalKind
 from sidecar.doctor.render import document, exit_code, paste, render_json, render_text
-from tests.doctor.builders import GIB, args, evidence, gpu, gpus, live, log, traffic
+from tests.doctor.builders import GIB, args, engine, evidence, gpu, gpus, live, log, reading, traffic
 
 
 def test_nothing_readable_is_not_a_diagnosis() -> None:
@@ -38,8 +38,10 @@ def test_a_log_alone_is_enough() -> None:
 
 
 def test_findings_are_ordered_by_severity_then_cause() -> None:
+    preempting = reading(engine(preemptions_total=8.0))
+    load = traffic([900.0] * 60, [150.0] * 60, latencies=[2.0] * 60)
     ev = evidence(
-        live_evidence=live(max_model_len=32768, load=traffic([900.0] * 60, [150.0] * 60, latencies=[2.0] * 60)),
+        live_evidence=live(max_model_len=32768, load=load, vllm=preempting),
         gpu_evidence=gpus(gpu(used=int(76.75 * GIB), others=((31337, 6 * GIB, "python train.py"),))),
         log_facts=log(args=args(max_num_seqs=64)),
     )

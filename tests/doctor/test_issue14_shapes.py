@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from sidecar.doctor.capture_sizes import default_capture_sizes
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Finding
-from sidecar.doctor.log_overshoot import default_capture_sizes, log_overshoot
+from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import CudaOom, OomPhase
 from sidecar.doctor.setup import resolve
@@ -39,7 +40,7 @@ def _capture_oom() -> CudaOom:
 
 def _graph_finding(**facts: object) -> Finding | None:
     ev = evidence(live_evidence=DOWN, log_facts=log(oom=_capture_oom(), **facts))
-    return log_overshoot(ev.log, resolve(ev))
+    return log_memory(ev, resolve(ev))
 
 
 def test_default_capture_sizes_follow_vllms_own_lists() -> None:
@@ -89,7 +90,7 @@ def test_graph_capture_oom_on_085_rewrites_the_logged_capture_list_as_compilatio
     assert facts.capture_sizes is not None
     assert (len(facts.capture_sizes), facts.max_capture_size) == (67, 512)
     ev = evidence(live_evidence=DOWN, log_facts=log(**{**_fields(facts), "oom": _capture_oom()}))
-    finding = log_overshoot(ev.log, resolve(ev))
+    finding = log_memory(ev, resolve(ev))
     flags = dict(_flags(finding))
     expected = [1, 2, 4, *range(8, 257, 8)]
     assert flags["--compilation-config"] == json.dumps({"cudagraph_capture_sizes": expected}, separators=(",", ":"))
@@ -117,18 +118,31 @@ Try increasing `gpu_memory_utilization` when initializing the engine.
 
 
 @pytest.mark.parametrize("weights", [True, False])
-def test_a_negative_v1_kv_budget_is_does_not_fit_with_the_shortfall(weights: bool) -> None:
+def test_a_negative_v1_kv_budget_without_the_card_raises_the_budget_and_says_what_is_unknown(weights: bool) -> None:
     text = NEGATIVE_V1 if weights else NEGATIVE_V1.split("\n", 1)[1]
     facts = parse_log(text)
     assert facts.available_kv_gib == -2.16
     diagnosis = diagnose(evidence(live_evidence=DOWN, log_facts=facts))
     finding = diagnosis.findings[0]
+    # Neither the card nor the budget is in these lines: a larger budget is the one direction that cannot hurt
+    # (vLLM's own advice), and no tensor parallelism is guessed.
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.9)]
+    assert any("KV cache -2.16 GiB" in line for line in finding.evidence), finding.evidence
+    assert any("whether the weights fit is not in the log" in line for line in finding.evidence)
+
+
+def test_a_negative_v1_kv_budget_with_weights_that_fill_the_card_is_does_not_fit() -> None:
+    free = (
+        "(EngineCore_DP0 pid=72) INFO 08-25 09:12:33 [gpu_worker.py:270] Free memory on device (15.2/15.57 GiB) on "
+        "startup. Desired GPU memory utilization is (0.9, 14.01 GiB). Actual usage is 14.25 GiB for weight, 1.2 GiB "
+        "for peak activation, 0.5 GiB for non-torch memory, and 0.0 GiB for CUDAGraph memory.\n"
+    )
+    finding = diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(free + NEGATIVE_V1))).findings[0]
     assert finding.cause is Cause.DOES_NOT_FIT
-    short = [line for line in finding.evidence if "2.16 GiB short before any KV cache" in line]
-    assert short, finding.evidence
-    assert ("--gpu-memory-utilization", 0.9) in _flags(finding)  # vLLM's own advice, the budget not in the log
-    if weights:
-        assert dict(_flags(finding))["--tensor-parallel-size"] == 2  # 14.25 / 2 = 7.13 <= 0.75 x 12.09
+    flags = dict(_flags(finding))
+    assert flags["--tensor-parallel-size"] == 2  # 14.25 / 2 = 7.1 <= 0.75 x 15.57
+    assert "--gpu-memory-utilization" not in flags
 
 
 # vllm/v1/metrics/loggers.py 0.11.2: "Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation
@@ -183,7 +197,7 @@ def test_the_engine_dying_after_an_oom_is_said(line: str) -> None:
     facts = parse_log(oom + "\n" + line + "\n")
     assert facts.engine_dead
     finding = diagnose(evidence(live_evidence=DOWN, log_facts=facts)).findings[0]
-    assert finding.summary.startswith("vLLM died of a CUDA out-of-memory error")
+    assert finding.summary.startswith("vLLM died of an out-of-memory error while capturing CUDA graphs or serving")
     assert any(text.startswith("the engine died of this error") for text in finding.evidence)
     alone = diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(oom + "\n"))).findings[0]
     assert not any(text.startswith("the engine died of this error") for text in alone.evidence)

@@ -1,18 +1,21 @@
-"""KV-cache blowout, concurrency misjudgement and does-not-fit, from live metrics and from logs."""
+"""KV-cache blowout, concurrency misjudgement and does-not-fit, from live metrics and from logs (the log's
+refusals through the memory ledger, `log_memory`)."""
 
 from __future__ import annotations
 
-from sidecar.doctor.blowout import live_blowout, log_blowout
+from sidecar.doctor.blowout import live_blowout
 from sidecar.doctor.concurrency import live_concurrency
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Severity
-from sidecar.doctor.fit import live_does_not_fit, log_does_not_fit, weights_dominate
-from sidecar.doctor.logfacts import LogFacts, Refusal, RefusalKind
+from sidecar.doctor.fit import live_does_not_fit
+from sidecar.doctor.log_memory import log_memory
+from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind
 from sidecar.doctor.setup import resolve
 from sidecar.model.vllm import EngineMetrics
 from tests.doctor.builders import GIB, args, cache_config, engine, evidence, gpu, gpus, live, log, reading, traffic
 
 REQUESTS = 100
+PRESSED = (engine(cache_config=cache_config(kv_cache_size_tokens=40960), preemptions_total=3.0),)
 PROMPTS = [900.0] * REQUESTS  # bucket (500, 1000]
 OUTPUTS = [150.0] * REQUESTS  # bucket (100, 200]: p99 prompt + output = 1,200 -> 1,280
 
@@ -38,27 +41,42 @@ def _live(
 
 
 def test_blowout_when_max_model_len_is_twice_what_p99_traffic_needs() -> None:
-    ev = _live(32768)
+    ev = _live(32768, engines=PRESSED)
     finding = live_blowout(ev, resolve(ev))
     assert finding is not None
     assert (finding.cause, finding.severity) == (Cause.KV_CACHE_BLOWOUT, Severity.WARNING)
     assert _flags(finding) == [("--max-model-len", 1280)]
     assert (
         "one max_model_len request can take 80% of the KV pool (40,960 tokens, vllm:cache_config_info)"
-        in (finding.evidence[-1])
+        in finding.evidence[-2]
+    )
+    assert finding.evidence[-1] == (
+        "and the KV cache is under pressure: 3 preemptions since vLLM started (vllm:num_preemptions_total)"
     )
     assert "p99 prompt 1,000 + p99 output 200 = 1,200 tokens" in finding.recommendations[0].why
 
 
+def test_no_blowout_on_a_healthy_server_however_long_the_limit() -> None:
+    """A long max_model_len that short requests never fill costs nothing: shortening it would only refuse the
+    longer prompts to come. Advice needs harm: preemptions, requests waiting, a KV cache near full."""
+    healthy = (engine(cache_config=cache_config(kv_cache_size_tokens=40960), kv_cache_usage_ratio=0.3),)
+    ev = _live(32768, engines=healthy)
+    assert live_blowout(ev, resolve(ev)) is None
+    for pressure in ({"requests_waiting": 2.0}, {"kv_cache_usage_ratio": 0.85}, {"preemptions_total": 1.0}):
+        engines = (engine(cache_config=cache_config(kv_cache_size_tokens=40960), **pressure),)
+        ev = _live(32768, engines=engines)
+        assert _flags(live_blowout(ev, resolve(ev))) == [("--max-model-len", 1280)], pressure
+
+
 def test_no_blowout_under_twice_or_with_thin_traffic() -> None:
-    ev = _live(2559)
+    ev = _live(2559, engines=PRESSED)
     assert live_blowout(ev, resolve(ev)) is None
     thin = evidence(live_evidence=live(max_model_len=32768, load=traffic(PROMPTS[:49], OUTPUTS[:49])))
     assert live_blowout(thin, resolve(thin)) is None
 
 
 def test_blowout_warns_when_clients_ask_for_more_max_tokens_than_the_new_limit_leaves() -> None:
-    ev = _live(32768, max_tokens=[4000.0] * REQUESTS)
+    ev = _live(32768, max_tokens=[4000.0] * REQUESTS, engines=PRESSED)
     finding = live_blowout(ev, resolve(ev))
     assert finding is not None
     assert "clients ask for up to 5,000 max_tokens" in finding.recommendations[0].why
@@ -68,6 +86,10 @@ def _refused(refusal: Refusal, **facts: object) -> Evidence:
     return evidence(
         live_evidence=live(error="connection refused", version=None), log_facts=log(refusal=refusal, **facts)
     )
+
+
+def _reading(ev: Evidence) -> Finding | None:
+    return log_memory(ev, resolve(ev))
 
 
 V1_REFUSAL = Refusal(
@@ -82,12 +104,13 @@ V1_REFUSAL = Refusal(
 
 def test_refused_start_recommends_vllms_estimate_rounded_to_the_block_size() -> None:
     ev = _refused(V1_REFUSAL, args=args(block_size=32))
-    finding = log_blowout(ev, resolve(ev), weights_dominate=False)
+    finding = _reading(ev)
     assert finding is not None
-    assert finding.severity is Severity.CRITICAL
+    assert (finding.cause, finding.severity) == (Cause.KV_CACHE_BLOWOUT, Severity.CRITICAL)
     assert _flags(finding) == [("--max-model-len", 51296)]  # 51296 is a multiple of 32 too
     ev = _refused(Refusal(kind=RefusalKind.MAX_LEN_EXCEEDS_KV, line="v0", max_model_len=8192, capacity_tokens=5000))
-    assert _flags(log_blowout(ev, resolve(ev), weights_dominate=False)) == [("--max-model-len", 4992)]
+    # fp8 halves a token's KV: 2 x 5,000 >= 8,192 fits one max_model_len request again.
+    assert _flags(_reading(ev)) == [("--max-model-len", 4992), ("--kv-cache-dtype", "fp8")]
 
 
 def test_refused_start_offers_more_kv_memory_only_where_the_version_has_the_flag() -> None:
@@ -99,7 +122,7 @@ def test_refused_start_offers_more_kv_memory_only_where_the_version_has_the_flag
     for version, expected in (("0.32.0", [("--max-model-len", 992), ("--kv-cache-memory-bytes", 2097152)]),
                               ("0.10.1", [("--max-model-len", 992)])):  # fmt: skip
         ev = _refused(refusal, version=version, **facts)
-        assert _flags(log_blowout(ev, resolve(ev), weights_dominate=False)) == expected
+        assert _flags(_reading(ev)) == expected
 
 
 def test_refused_start_offers_a_larger_budget_when_the_card_can_give_it() -> None:
@@ -109,16 +132,13 @@ def test_refused_start_offers_a_larger_budget_when_the_card_can_give_it() -> Non
         gpu_evidence=gpus(gpu(used=GIB // 2, vllm=GIB // 2)),
     )
     # 0.3 + (16.00 - 6.26) GiB / 80 GiB = 0.4218 -> 0.43
-    assert _flags(log_blowout(ev, resolve(ev), weights_dominate=False)) == [
-        ("--max-model-len", 51296),
-        ("--gpu-memory-utilization", 0.43),
-    ]
+    assert _flags(_reading(ev)) == [("--max-model-len", 51296), ("--gpu-memory-utilization", 0.43)]
     crowded = evidence(
         live_evidence=live(error="refused"),
         log_facts=log(refusal=V1_REFUSAL, args=args(gpu_memory_utilization=0.3)),
         gpu_evidence=gpus(gpu(used=50 * GIB, others=((7, 49 * GIB, "trainer"),))),
     )
-    finding = log_blowout(crowded, resolve(crowded), weights_dominate=False)
+    finding = _reading(crowded)
     assert _flags(finding) == [("--max-model-len", 51296)]
     assert finding is not None
     assert any("the card cannot give it" in line for line in finding.evidence)
@@ -167,42 +187,84 @@ def test_data_parallel_engines_use_the_per_engine_pool() -> None:
 NO_CACHE = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line="ValueError: No available memory for the cache blocks.")
 
 
-def test_does_not_fit_when_nothing_is_left_for_the_kv_cache() -> None:
-    ev = _refused(NO_CACHE, weights_gib=75.0, available_kv_gib=-0.74, args=args(gpu_memory_utilization=0.95))
-    finding = log_does_not_fit(ev, resolve(ev))
+def _profile(total_gib: float, utilization: float, weights_gib: float, kv_gib: float) -> MemoryProfile:
+    """V0's memory-profiling lines: the card, the budget, the weights and what is left for the KV cache."""
+    return MemoryProfile(
+        total_gib=total_gib,
+        utilization=utilization,
+        budget_gib=total_gib * utilization,
+        weights_gib=weights_gib,
+        activation_gib=1.0,
+        non_torch_gib=0.5,
+        kv_gib=kv_gib,
+    )
+
+
+def test_does_not_fit_when_the_weights_fill_the_card() -> None:
+    profile = _profile(80.0, 0.95, 75.0, -0.74)
+    ev = _refused(
+        NO_CACHE, weights_gib=75.0, available_kv_gib=-0.74, profile=profile, args=args(gpu_memory_utilization=0.95)
+    )
+    finding = _reading(ev)
     assert finding is not None
     assert (finding.cause, finding.severity) == (Cause.DOES_NOT_FIT, Severity.CRITICAL)
-    assert _flags(finding) == [("--quantization", "fp8"), ("--tensor-parallel-size", 2), ("--cpu-offload-gb", 20)]
-    assert "weights take 75.00 GiB; the budget is 0.74 GiB short before any KV cache" in finding.evidence
+    # 75 / 2 = 37.5 <= 0.75 x 80; fp8 halves it; 75 - 0.75 x 80 = 15 GiB offloaded.
+    assert _flags(finding) == [("--tensor-parallel-size", 2), ("--quantization", "fp8"), ("--cpu-offload-gb", 15)]
+    assert "--gpu-memory-utilization" not in dict(_flags(finding))
 
 
-def test_does_not_fit_when_the_kv_cache_is_a_sliver_and_max_len_does_not_fit() -> None:
+def test_weights_that_fit_with_no_kv_room_raise_the_budget_not_the_gpu_count() -> None:
+    # 14 GiB of weights on a 24 GiB card at 0.5: the budget (12 GiB) is what is short, not the card.
+    profile = _profile(24.0, 0.5, 14.0, -3.5)
+    ev = _refused(
+        NO_CACHE, weights_gib=14.0, available_kv_gib=-3.5, profile=profile, args=args(gpu_memory_utilization=0.5)
+    )
+    finding = _reading(ev)
+    assert finding is not None
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    # (12 + 3.5) GiB / 24 GiB + 0.05 = 0.6958 -> 0.70
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.7)]
+    assert not {"--tensor-parallel-size", "--quantization", "--cpu-offload-gb"} & set(dict(_flags(finding)))
+
+
+def test_a_budget_that_the_activations_eat_halves_the_sequences() -> None:
+    # 1024 sequences' activations take 10 GiB of a 0.9 x 80 = 72 GiB budget beside 60 GiB of weights.
+    profile = MemoryProfile(
+        total_gib=80.0, utilization=0.9, budget_gib=72.0, weights_gib=55.0, activation_gib=20.0, non_torch_gib=0.5,
+        kv_gib=-3.5,
+    )  # fmt: skip
+    ev = _refused(NO_CACHE, weights_gib=55.0, available_kv_gib=-3.5, profile=profile, args=args(max_num_seqs=1024))
+    flags = dict(_flags(_reading(ev)))
+    assert flags["--max-num-seqs"] == 512
+    assert "--tensor-parallel-size" not in flags
+
+
+def test_a_sliver_of_kv_cache_is_read_as_no_kv_room() -> None:
     sliver = Refusal(kind=RefusalKind.MAX_LEN_EXCEEDS_KV, line="x", max_model_len=4096, needed_gib=0.5,
                      available_gib=0.26, estimated_max_len=2128)  # fmt: skip
-    facts = {"weights_gib": 74.0, "available_kv_gib": 0.26}
-    assert weights_dominate(log(refusal=sliver, **facts))
-    ev = _refused(sliver, **facts)
-    assert _flags(log_does_not_fit(ev, resolve(ev))) == [
-        ("--quantization", "fp8"),
-        ("--tensor-parallel-size", 2),
-        ("--cpu-offload-gb", 19),  # 25 % of 74.26 - 0.26 = 18.3
-        ("--kv-cache-dtype", "fp8"),
-    ]
-    assert log_blowout(ev, resolve(ev), weights_dominate=True) is None, "the model is the problem, not max_model_len"
+    profile = _profile(80.0, 0.95, 74.0, 0.26)
+    finding = _reading(_refused(sliver, weights_gib=74.0, available_kv_gib=0.26, profile=profile))
+    assert finding is not None
+    assert finding.cause is Cause.DOES_NOT_FIT, "the model is the problem, not max_model_len"
 
 
 def test_a_quantised_model_on_tensor_parallel_two_needs_four() -> None:
+    profile = _profile(48.0, 0.9, 44.0, -1.0)
     ev = _refused(
-        NO_CACHE, weights_gib=38.0, available_kv_gib=-1.0, args=args(quantization="fp8", tensor_parallel_size=2)
+        NO_CACHE,
+        weights_gib=44.0,
+        available_kv_gib=-1.0,
+        profile=profile,
+        args=args(quantization="fp8", tensor_parallel_size=2),
     )
-    assert _flags(log_does_not_fit(ev, resolve(ev))) == [("--tensor-parallel-size", 4), ("--cpu-offload-gb", 11)]
+    # 2 x 44 = 88 GiB over 4 GPUs = 22 <= 0.75 x 48; 44 - 36 = 8 GiB offloaded.
+    assert _flags(_reading(ev)) == [("--tensor-parallel-size", 4), ("--cpu-offload-gb", 8)]
 
 
 def test_a_roomy_kv_cache_is_not_does_not_fit() -> None:
-    assert not weights_dominate(log(weights_gib=16.0, available_kv_gib=6.26))
-    assert not weights_dominate(LogFacts(lines_read=1, lines_recognised=0))
-    ev = _refused(V1_REFUSAL, weights_gib=16.0, available_kv_gib=6.26)
-    assert log_does_not_fit(ev, resolve(ev)) is None
+    finding = _reading(_refused(V1_REFUSAL, weights_gib=16.0, available_kv_gib=6.26))
+    assert finding is not None
+    assert finding.cause is Cause.KV_CACHE_BLOWOUT
 
 
 def test_live_does_not_fit_when_the_pool_holds_under_two_p99_requests_at_full_utilization() -> None:

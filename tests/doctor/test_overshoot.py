@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.evidence import GpuTrend
 from sidecar.doctor.finding import Cause, Finding, Severity
-from sidecar.doctor.log_overshoot import log_overshoot
+from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.logfacts import CudaOom, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.overshoot import allocator_fragmentation, live_overshoot
 from sidecar.doctor.setup import resolve
@@ -116,7 +114,7 @@ def test_no_gpu_reading_no_live_finding() -> None:
 def _from_log(**facts: object) -> Finding | None:
     """A log of a vLLM that is not running: nothing live to read."""
     ev = evidence(live_evidence=live(error="connection refused"), log_facts=log(**facts))
-    return log_overshoot(ev.log, resolve(ev))
+    return log_memory(ev, resolve(ev))
 
 
 def test_start_refused_for_free_memory() -> None:
@@ -171,7 +169,7 @@ def test_oom_while_serving_beyond_the_budget_numbers() -> None:
         finding = _from_log(oom=oom, args=args())
         assert _flags(finding) == [("--gpu-memory-utilization", 0.87)]
         assert finding is not None
-        assert f"its process held {held}.00 GiB" in " ".join(finding.evidence)
+        assert f"at the error vLLM's process held {held}.00 GiB" in " ".join(finding.evidence)
 
 
 def test_oom_with_stranded_memory_that_would_have_held_it_is_allocator_fragmentation() -> None:
@@ -204,21 +202,30 @@ def test_oom_in_graph_capture_lowers_the_budget_by_the_shortfall_or_goes_eager()
 
 
 def test_oom_in_the_profile_run_halves_the_dummy_batch() -> None:
-    finding = _from_log(oom=_oom(OomPhase.PROFILING), args=args(max_num_batched_tokens=16384))
+    profiling = _oom(OomPhase.PROFILING, reserved_unallocated_bytes=0)
+    finding = _from_log(oom=profiling, args=args(max_num_batched_tokens=16384))
     assert _flags(finding) == [("--max-num-batched-tokens", 8192)]
+    assert finding is not None
+    assert "gpu_memory_utilization does not cap the profile run" in " ".join(finding.evidence)
+    # Another process holding 10 GiB: the budget must first fit beside it, (80 - 10 - 4) / 80 = 0.825.
     finding = _from_log(
-        oom=_oom(OomPhase.PROFILING, other_processes=((7, 10 * GIB),)), args=args(max_num_batched_tokens=300)
+        oom=_oom(OomPhase.PROFILING, other_processes=((7, 10 * GIB),), reserved_unallocated_bytes=0),
+        args=args(max_num_batched_tokens=300),
     )
-    assert _flags(finding) == [("--max-num-batched-tokens", 256), ("--gpu-memory-utilization", 0.82)]
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.82)]
 
 
-def test_oom_in_the_profile_run_without_arguments_says_what_is_missing() -> None:
-    finding = _from_log(oom=_oom(OomPhase.PROFILING))
+def test_oom_in_the_profile_run_never_lowers_the_budget() -> None:
+    for facts in ({}, {"args": args(max_num_seqs=1024)}):
+        finding = _from_log(oom=_oom(OomPhase.PROFILING, reserved_unallocated_bytes=0), **facts)
+        assert finding is not None
+        assert "--gpu-memory-utilization" not in dict(_flags(finding))
+    finding = _from_log(oom=_oom(OomPhase.PROFILING, reserved_unallocated_bytes=0))
     assert finding is not None
     assert finding.recommendations == ()
-    assert any("max_num_batched_tokens unknown" in line for line in finding.evidence)
+    assert finding.steps
+    assert "neither max_num_batched_tokens nor max_num_seqs" in finding.steps[0]
 
 
-@pytest.mark.parametrize("facts", [{}, {"refusal": Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line="x")}])
-def test_nothing_in_the_log_about_memory_overshoot(facts: dict[str, object]) -> None:
-    assert _from_log(**facts) is None
+def test_nothing_in_the_log_about_memory_is_no_finding() -> None:
+    assert _from_log() is None

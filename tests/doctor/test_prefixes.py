@@ -20,7 +20,8 @@ import pytest
 
 from sidecar.cli import main
 from sidecar.doctor.log_parser import rejoin
-from tests.doctor.test_corpus import CORPUS, ENTRIES
+from tests.doctor.corpus_verdict import CORPUS, verdict
+from tests.doctor.test_corpus import ENTRIES
 from tests.loopback import closed_port
 
 PREFIXES: dict[str, Callable[[int], str]] = {
@@ -79,4 +80,4 @@ def test_a_prefixed_log_gives_the_same_finding(
     wrapped.write_text("".join(make(n) + line + "\n" for n, line in enumerate(rejoin(_raw(entry)))), encoding="utf-8")
     code, document = _doctor(capsys, wrapped)
     assert (code, _verdict(document)) == (plain_code, _verdict(plain))
-    assert document["findings"][0]["cause"] == entry["cause"]
+    assert verdict(entry, code, document) is verdict(entry, plain_code, plain)

@@ -1,0 +1,247 @@
+"""The memory ledger of the GPU an error hit: every amount the log states, each with the line it came from. Pure.
+
+vLLM's budget is `gpu_memory_utilization x total`; the weights, the profile run's activation peak, non-torch
+memory (CUDA context, NCCL) and the KV cache must fit in it, and anything else on the card must fit beside it.
+The doctor's readings of a crash (`log_memory`) follow from this ledger, not from the error's wording: which
+amounts overflow says what to change, and in which direction. An amount the log does not state is None; one
+taken from vLLM's defaults or estimated from the model's name says so (`assumed`), and a decision that needs
+a direction from an assumed amount is not taken (the reading says what to look for instead).
+
+Amounts are per GPU: vLLM's workers print their own (`Model loading took` per rank), the OOM names its GPU,
+and an estimate from the model's name is divided by the tensor and pipeline parallel sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sidecar.doctor.formula import GIB, RESERVE_RATIO, gib
+from sidecar.doctor.logfacts import CudaOom, LogFacts
+from sidecar.doctor.model_size import estimate
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
+from sidecar.model.gpu import ProcessOwner
+
+DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on CUDA unless --block-size says otherwise
+FITS_SHARE = 0.75  # weights at most this share of what the card can give vLLM: they fit, with room for KV
+DOES_NOT_FIT_SHARE = 0.90  # weights above this share leave too little for activations and any KV cache
+MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Amount:
+    value_bytes: float
+    source: str
+    assumed: bool = False
+
+    def line(self, what: str) -> str:
+        said = f"{what} {gib(self.value_bytes)} ({self.source})"
+        return said + (", assumed" if self.assumed and "assumed" not in self.source else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryLedger:
+    rank: int | None
+    total: Amount | None
+    utilization: float
+    utilization_source: str
+    utilization_assumed: bool
+    weights: Amount | None  # per GPU; the low end when estimated
+    weights_high_bytes: float | None  # per GPU, the high end of an estimate (the measured value otherwise)
+    activation: Amount | None
+    non_torch: Amount | None
+    graphs: Amount | None
+    kv: Amount | None  # the KV cache's memory; negative when the budget is short before any
+    kv_tokens: int | None
+    kv_tokens_source: str | None
+    others: Amount | None  # what other processes hold on the card
+    vllm_held: Amount | None  # at the error: vLLM's process, non-torch memory included
+    stranded: Amount | None  # reserved by PyTorch but unallocated
+
+    @property
+    def budget_bytes(self) -> float | None:
+        return self.utilization * self.total.value_bytes if self.total is not None else None
+
+    @property
+    def others_bytes(self) -> float:
+        return self.others.value_bytes if self.others is not None else 0.0
+
+    @property
+    def usable_bytes(self) -> float | None:
+        """What the card can give vLLM: its total less what other processes hold."""
+        return self.total.value_bytes - self.others_bytes if self.total is not None else None
+
+    @property
+    def ceiling(self) -> float | None:
+        """The largest gpu_memory_utilization that fits beside the other processes, leaving the reserve free."""
+        if self.total is None or self.total.value_bytes <= 0:
+            return None
+        return (self.total.value_bytes - self.others_bytes) / self.total.value_bytes - RESERVE_RATIO
+
+    def weights_fit(self) -> bool | None:
+        """True: the weights fit what the card can give, with room; False: they leave too little for anything
+        else; None: the ledger cannot say (weights or the card unknown, or in between)."""
+        usable = self.usable_bytes
+        if self.weights is None or usable is None or usable <= 0:
+            return None
+        if self.weights.value_bytes > DOES_NOT_FIT_SHARE * usable:
+            return False
+        high = self.weights_high_bytes if self.weights_high_bytes is not None else self.weights.value_bytes
+        if high <= FITS_SHARE * usable:
+            return True
+        return None
+
+    def lines(self) -> list[str]:
+        """The ledger as evidence, one line per amount the log states or that is assumed."""
+        lines: list[str] = []
+        where = f" (rank {self.rank})" if self.rank is not None else ""
+        if self.total is not None:
+            lines.append(self.total.line(f"the GPU{where}:"))
+            assumed = ", assumed" if self.utilization_assumed else ""
+            lines.append(
+                f"vLLM's budget: gpu_memory_utilization {self.utilization:g} ({self.utilization_source}{assumed}) "
+                f"x {gib(self.total.value_bytes)} = {gib(self.utilization * self.total.value_bytes)}"
+            )
+        for amount, what in (
+            (self.others, "other processes hold"),
+            (self.weights, "weights per GPU:"),
+            (self.activation, "the profile run's activation peak"),
+            (self.non_torch, "non-torch memory"),
+            (self.graphs, "CUDA graphs"),
+            (self.kv, "KV cache"),
+            (self.vllm_held, "at the error vLLM's process held"),
+            (self.stranded, "reserved by PyTorch but unallocated"),
+        ):
+            if amount is not None:
+                lines.append(amount.line(what))
+        if self.kv_tokens is not None:
+            lines.append(f"KV cache holds {self.kv_tokens:,} tokens ({self.kv_tokens_source})")
+        return lines
+
+
+def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
+    oom = log.oom
+    utilization = setup.gpu_memory_utilization
+    value, source, assumed = (
+        (utilization.value, utilization.source, False)
+        if utilization is not None
+        else (DEFAULT_UTILIZATION, f"vLLM's default {DEFAULT_UTILIZATION:g}: not in the log", True)
+    )
+    weights, weights_high = _weights(log, setup)
+    others = _others(log, oom) or _live_others(setup)
+    return MemoryLedger(
+        rank=oom.rank if oom is not None else None,
+        total=_total(log, setup),
+        utilization=value,
+        utilization_source=source,
+        utilization_assumed=assumed,
+        weights=weights,
+        weights_high_bytes=weights_high,
+        activation=_gib(log.profile.activation_gib if log.profile else None, "vLLM's memory-profiling line"),
+        non_torch=_gib(log.profile.non_torch_gib if log.profile else None, "vLLM's memory-profiling line"),
+        graphs=_gib(
+            (log.profile.cudagraph_gib if log.profile else None) or log.graph_capture_gib, "vLLM's graph-capture line"
+        ),
+        kv=_kv(log),
+        kv_tokens=_kv_tokens(log, setup)[0],
+        kv_tokens_source=_kv_tokens(log, setup)[1],
+        others=others,
+        vllm_held=_bytes(oom.process_bytes if oom else None, "the OOM message"),
+        stranded=_bytes(oom.reserved_unallocated_bytes if oom else None, "the OOM message"),
+    )
+
+
+def _gib(value: float | None, source: str) -> Amount | None:
+    return None if value is None else Amount(value_bytes=value * GIB, source=source)
+
+
+def _bytes(value: float | None, source: str) -> Amount | None:
+    return None if value is None else Amount(value_bytes=value, source=source)
+
+
+def _total(log: LogFacts, setup: Setup) -> Amount | None:
+    if log.oom is not None and log.oom.total_bytes:
+        return Amount(value_bytes=log.oom.total_bytes, source="the OOM message")
+    refusal = log.refusal
+    if refusal is not None and refusal.total_gib:
+        return Amount(value_bytes=refusal.total_gib * GIB, source="vLLM's refusal to start")
+    if log.profile is not None and log.profile.total_gib:
+        return Amount(value_bytes=log.profile.total_gib * GIB, source="vLLM's memory-profiling line")
+    if setup.card is not None and setup.card.memory_total_bytes > 0:
+        return Amount(value_bytes=setup.card.memory_total_bytes, source="NVML")
+    return None
+
+
+def _weights(log: LogFacts, setup: Setup) -> tuple[Amount | None, float | None]:
+    if log.weights_gib is not None:
+        measured = log.weights_gib * GIB
+        return Amount(value_bytes=measured, source="the model-loading line"), measured
+    if log.model is None:
+        return None, None
+    args = log.args
+    found = estimate(
+        log.model,
+        dtype=(args.dtype if args is not None else None) or log.dtype,
+        quantization=setup.quantization,
+    )
+    if found is None:
+        return None, None
+    gpus = max(1, setup.tensor_parallel_size) * max(1, log.pipeline_parallel_size or 1)
+    if args is not None and args.pipeline_parallel_size:
+        gpus = max(1, setup.tensor_parallel_size) * args.pipeline_parallel_size
+    split = f" / {gpus} GPUs" if gpus > 1 else ""
+    return (
+        Amount(value_bytes=found.low_bytes / gpus, source=found.why + split, assumed=True),
+        found.high_bytes / gpus,
+    )
+
+
+def _kv(log: LogFacts) -> Amount | None:
+    if log.available_kv_gib is not None:
+        return _gib(log.available_kv_gib, "vLLM's available KV cache memory")
+    if log.profile is not None and log.profile.kv_gib is not None:
+        return _gib(log.profile.kv_gib, "vLLM's memory-profiling line")
+    if log.refusal is not None and log.refusal.available_gib is not None:
+        return _gib(log.refusal.available_gib, "vLLM's refusal to start")
+    return None
+
+
+def _kv_tokens(log: LogFacts, setup: Setup) -> tuple[int | None, str | None]:
+    if log.kv_cache_tokens is not None:
+        return log.kv_cache_tokens, "the KV cache size vLLM logged"
+    if log.num_gpu_blocks is not None:
+        block = setup.block_size.value if setup.block_size is not None else None
+        if block is not None:
+            return log.num_gpu_blocks * block, f"{log.num_gpu_blocks:,} blocks x {block} tokens"
+        return (
+            log.num_gpu_blocks * DEFAULT_BLOCK_SIZE,
+            f"{log.num_gpu_blocks:,} blocks x {DEFAULT_BLOCK_SIZE} tokens, vLLM's default block size, assumed",
+        )
+    return None, None
+
+
+def _live_others(setup: Setup) -> Amount | None:
+    """Other tenants NVML sees on the card now (the doctor run beside a vLLM that failed to start)."""
+    card = setup.card
+    if card is None:
+        return None
+    held = sum(p.used_memory_bytes or 0 for p in card.processes if p.owner is ProcessOwner.OTHER)
+    return Amount(value_bytes=held, source="NVML: processes that are not vLLM's") if held >= MIN_OTHER_BYTES else None
+
+
+def _others(log: LogFacts, oom: CudaOom | None) -> Amount | None:
+    if oom is not None and oom.other_processes:
+        held = sum(size for _, size in oom.other_processes)
+        if held >= MIN_OTHER_BYTES:
+            listed = ", ".join(f"pid {pid} {gib(size)}" for pid, size in oom.other_processes)
+            return Amount(value_bytes=held, source=f"the OOM message lists {listed}")
+    refusal = log.refusal
+    free = refusal.free_gib if refusal is not None else None
+    total = refusal.total_gib if refusal is not None else None
+    if (free is None or total is None) and log.profile is not None:
+        free, total = log.profile.free_gib, log.profile.total_gib
+    if free is not None and total is not None and (total - free) * GIB >= MIN_OTHER_BYTES:
+        return Amount(
+            value_bytes=(total - free) * GIB,
+            source=f"{total:.2f} GiB total - {free:.2f} GiB free when vLLM started (its own CUDA context included)",
+        )
+    return None

@@ -1,0 +1,206 @@
+"""A log as records: each line's prefix, learned from the log itself, and messages put back together. Pure.
+
+Whatever prints vLLM's output adds its own prefix to each line: vLLM's logger (`ERROR 03-20 17:39:14
+[core.py:1100]`), its multiprocess decorator (`(EngineCore_DP0 pid=43)`), a launcher (`2025-05-01 12:00:00 |
+ERROR | stderr |`), docker compose, journald, `kubectl logs --timestamps`, a markdown quote. No list of known
+prefixes is kept: a line's head is read as a run of prefix-shaped tokens (timestamps, levels, bracketed groups,
+separators, `name[pid]:` tags), and a head counts as a prefix only when its shape (digits masked, levels and
+group contents erased) starts enough lines of this log. `22.5 GiB KV cache is needed` is then a message that a
+terminal wrapped, not a line with a `22.5` prefix.
+
+A line continues the record before it when it does not start a record of its own: it has no learned prefix,
+and it is neither indented (a traceback's code), nor a traceback or exception line, nor a progress bar. The
+continuation is appended to the record (with no space where a word was cut, `KV cach` + `e is needed`), so a
+message wrapped at any point reads as one line. Message patterns are written whitespace-tolerant (`loose`)
+for wraps that fell on a space the paste dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"(?:\x1b|\^\[)\[[\d;]*m")
+_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+_LEVELS = (
+    "INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE|Info|Warning|Warn|Error|Debug|Critical|"
+    "info|warning|warn|error|debug|stdout|stderr"
+)
+# One token of a line's head, each followed by whitespace (or the end). The group names are the token's class.
+_HEAD_TOKEN = re.compile(
+    r"(?P<group>\([^()\n]{1,160}\)|\[[^\[\]\n]{1,160}\]|<[^<>\n]{1,60}>):?"
+    rf"|(?P<level>(?:{_LEVELS})):?"
+    rf"|(?P<month>(?:{_MONTHS}))"
+    r"|(?P<tag>(?:[\w.\-]+\s+)?[\w.\-/@]+\[\d+\]:|[\w.\-/@]+(?=\s+\|))"
+    r"|(?P<where>[\w.\-/]+:\d+\])"  # V0's and glog's `engine.py:135]`
+    r"|(?P<time>\d[\d\-:/.,T]*(?:Z|[+-]\d\d:?\d\d)?)"
+    r"|(?P<sep>[|>»:*\-])"
+)
+_SPACE = re.compile(r"[ \t]+")
+_MAX_HEAD_TOKENS = 14
+_MIN_PREFIX_LINES = 2  # a head shape must start at least this many lines ...
+_MIN_PREFIX_SHARE = 0.05  # ... and this share of the non-empty lines to count as the log's prefix
+_PREFIXED_LOG_SHARE = 0.5  # a log where at least this share of lines carry a prefix is a prefixed log
+# A line that starts a record by its own shape, whatever prefix it has or lacks.
+_RECORD_START = re.compile(
+    r"""^(?:\s                                  # indented: a traceback's code, a caret line, a continuation
+         | Traceback\ \(most\ recent\ call\ last\)
+         | File\ "
+         | During\ handling\ of\ the\ above\ exception
+         | The\ above\ exception\ was
+         | [\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault)\b  # an exception line
+         | .{0,80}?\d+%\|                        # a progress bar
+         | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\ \d\d-\d\d  # vLLM's own logger, even on a line of its own
+         )""",
+    re.VERBOSE,
+)
+_PROCESS = re.compile(r"\([^()]*\bpid=\d+[^()]*\)|\[rank\d+\]")
+_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|\bTP(\d+)\b|\bDP(\d+)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One logical line of the log: its first line as printed, with the payloads of the lines that continued it."""
+
+    text: str
+    prefix: str  # the learned prefix of its first line, "" when it has none
+
+    @property
+    def payload(self) -> str:
+        return self.text[len(self.prefix) :]
+
+    @property
+    def process(self) -> str:
+        """The process the prefix names (`(EngineCore_DP0 pid=43)`, `[rank1]`), "" when it names none: the lines
+        of one traceback share it when several processes print at once."""
+        match = _PROCESS.search(self.prefix)
+        return match.group(0) if match is not None else ""
+
+    @property
+    def rank(self) -> int | None:
+        """The tensor-parallel rank the prefix names (`rank=1`, `[rank1]:`, `Worker_TP1`), None when none."""
+        match = _RANK.search(self.prefix)
+        if match is None:
+            return None
+        return int(next(group for group in match.groups() if group is not None))
+
+
+def strip_colours(text: str) -> str:
+    """Terminal colours, real or pasted as `^[[`, dropped."""
+    return _ANSI.sub("", text)
+
+
+def records(text: str) -> list[Record]:
+    return join_lines(strip_colours(text).splitlines())
+
+
+def join_lines(lines: list[str]) -> list[Record]:
+    heads = [_head(line) for line in lines]
+    learned = _learned_shapes(heads)
+    prefixes = [_learned_prefix(line, head, learned) for line, head in zip(lines, heads, strict=True)]
+    non_empty = [prefix for line, prefix in zip(lines, prefixes, strict=True) if line.strip()]
+    prefixed_log = bool(non_empty) and sum(1 for prefix in non_empty if prefix) >= _PREFIXED_LOG_SHARE * len(non_empty)
+    joined: list[Record] = []
+    for line, prefix in zip(lines, prefixes, strict=True):
+        if joined and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log):
+            previous = joined[-1]
+            joined[-1] = Record(text=_glue(previous.text, line), prefix=previous.prefix)
+        else:
+            joined.append(Record(text=line, prefix=prefix))
+    return joined
+
+
+def loose(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """A message pattern that also matches where a wrap dropped or added whitespace: each literal space outside a
+    character class matches any run of whitespace, or none."""
+    out: list[str] = []
+    in_class = escaped = False
+    for char in pattern:
+        if escaped:
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            out.append(char)
+            escaped = True
+        elif char == "[" and not in_class:
+            in_class = True
+            out.append(char)
+        elif char == "]" and in_class:
+            in_class = False
+            out.append(char)
+        elif char == " " and not in_class:
+            out.append(r"\s*")
+        else:
+            out.append(char)
+    return re.compile("".join(out), flags)
+
+
+def _head(line: str) -> list[tuple[str, int]]:
+    """The prefix-shaped tokens a line starts with: (shape, end offset including the one space after it)."""
+    tokens: list[tuple[str, int]] = []
+    at = 0
+    while len(tokens) < _MAX_HEAD_TOKENS:
+        match = _HEAD_TOKEN.match(line, at)
+        if match is None:
+            break
+        end = match.end()
+        space = _SPACE.match(line, end)
+        if space is None and end < len(line):
+            break  # a token must stand alone: `ERROR:` yes, `Error(` or `1048576),` no
+        tokens.append((_shape(match), end + (1 if space is not None else 0)))
+        at = space.end() if space is not None else end
+    return tokens
+
+
+def _shape(match: re.Match[str]) -> str:
+    kind = match.lastgroup or ""
+    text = match.group(0)
+    if kind == "group":
+        return text[0] + text[-1] if text[-1] != ":" else text[0] + text[-2] + ":"
+    if kind == "time":
+        return re.sub(r"\d+", "9", text)
+    if kind == "sep":
+        return text
+    return kind  # level, month, tag, where: their words vary line to line
+
+
+def _learned_shapes(heads: list[list[tuple[str, int]]]) -> set[tuple[str, ...]]:
+    """Head shapes (each leading run of tokens) that start enough lines of this log to be its prefix."""
+    counts: Counter[tuple[str, ...]] = Counter()
+    for head in heads:
+        shapes = tuple(shape for shape, _ in head)
+        counts.update(shapes[: n + 1] for n in range(len(shapes)))
+    lines = sum(1 for head in heads if head) or 1
+    needed = max(_MIN_PREFIX_LINES, math.ceil(_MIN_PREFIX_SHARE * lines))
+    return {shapes for shapes, count in counts.items() if count >= needed}
+
+
+def _learned_prefix(line: str, head: list[tuple[str, int]], learned: set[tuple[str, ...]]) -> str:
+    shapes = tuple(shape for shape, _ in head)
+    for n in range(len(head), 0, -1):
+        if shapes[:n] in learned:
+            return line[: head[n - 1][1]]
+    return ""
+
+
+def _continues(line: str, prefix: str, previous: Record, *, prefixed_log: bool) -> bool:
+    if prefix or not line.strip() or not previous.text.strip():
+        return False
+    if _RECORD_START.match(line):
+        return False
+    if prefixed_log:
+        return True  # an unprefixed line among prefixed ones: a terminal or a paste wrapped the one before
+    # An unprefixed log (a bare traceback, a paste): a line that starts like the rest of a sentence continues it.
+    first = line[0]
+    last = previous.text[-1]
+    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
+
+
+def _glue(before: str, after: str) -> str:
+    if before[-1:].isspace() or after[:1].isspace():
+        return before + after
+    if before[-1:].isalpha() and after[:1].isalpha():
+        return before + after  # a word cut by the wrap (`KV cach` + `e`); loose patterns absorb a lost space
+    return before + " " + after

@@ -1,0 +1,163 @@
+"""The flag changes a memory reading can recommend, each sized from the ledger with its arithmetic. Pure.
+
+Each function returns the recommendation or nothing when the ledger cannot size it; none decides whether it
+applies (that is `log_memory`'s reading of the ledger). Directions: a smaller model per GPU for weights that do
+not fit; a budget within what the card has free for another tenant; a lower budget for a transient after the
+KV cache; a larger budget, fewer sequences or fewer batched tokens when the weights fit but leave no KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.doctor import formula
+from sidecar.doctor.finding import Recommendation
+from sidecar.doctor.formula import GIB, gib
+from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
+
+MAX_TENSOR_PARALLEL = 8
+TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GPU gives vLLM after a remedy
+MIN_BATCHED_TOKENS = 256
+MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
+MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
+KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE = "expandable_segments:True"
+
+
+def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: float, what: str) -> list[Recommendation]:
+    """More GPUs, fewer bytes per weight, or weights in CPU memory, sized so the weights take at most 75 % of
+    what each card gives vLLM. `weights_bytes` is per GPU today; `what` says where it comes from."""
+    usable = ledger.usable_bytes
+    remedies: list[Recommendation] = []
+    current = max(1, setup.tensor_parallel_size)
+    if usable is not None and usable > 0:
+        size = current * 2
+        while size < MAX_TENSOR_PARALLEL and weights_bytes * current / size > TARGET_WEIGHT_SHARE * usable:
+            size *= 2
+        size = min(size, MAX_TENSOR_PARALLEL)
+        remedies.append(
+            Recommendation(
+                flag="--tensor-parallel-size",
+                value=size,
+                why=(
+                    f"{what}: {gib(weights_bytes * current)} of weights / {size} GPUs = "
+                    f"{gib(weights_bytes * current / size)} each, at most {TARGET_WEIGHT_SHARE:.0%} of the "
+                    f"{gib(usable)} each card gives vLLM, so activations and the KV cache have room (a power of two "
+                    "that divides the model's attention heads)"
+                ),
+            )
+        )
+    if setup.quantization is None:
+        remedies.append(
+            Recommendation(
+                flag="--quantization",
+                value="fp8",
+                why=(
+                    f"fp8 weights take half of 16-bit ones: {gib(weights_bytes)} -> {gib(weights_bytes / 2)} per GPU "
+                    "(an fp8-capable GPU: Ada, Hopper or newer; or serve an AWQ/GPTQ 4-bit checkpoint, a quarter)"
+                ),
+            )
+        )
+    if usable is not None and usable > 0:
+        offload = math.ceil((weights_bytes - TARGET_WEIGHT_SHARE * usable) / GIB)
+        if offload > 0:
+            remedies.append(
+                Recommendation(
+                    flag="--cpu-offload-gb",
+                    value=offload,
+                    why=(
+                        f"the slow way out: {gib(weights_bytes)} of weights - {TARGET_WEIGHT_SHARE:.0%} of "
+                        f"{gib(usable)} = {(weights_bytes - TARGET_WEIGHT_SHARE * usable) / GIB:.2f}, rounded up -> "
+                        f"{offload} GiB kept in CPU memory (every step reads them over PCIe)"
+                    ),
+                )
+            )
+    return remedies
+
+
+def budget_within_free(ledger: MemoryLedger) -> Recommendation | None:
+    """The largest budget that fits beside the other processes, when it is below today's (or vLLM's default)."""
+    total = ledger.total
+    if total is None or ledger.others is None:
+        return None
+    computed = formula.utilization(int(total.value_bytes), int(ledger.others_bytes), 0)
+    if computed.value >= ledger.utilization or computed.value < MIN_USEFUL_UTILIZATION:
+        return None
+    now = f"{ledger.utilization:g} ({ledger.utilization_source})"
+    return Recommendation(
+        flag="--gpu-memory-utilization",
+        value=computed.value,
+        why=f"{computed.why}: at most this, so the budget fits in what the other processes leave (today {now})",
+    )
+
+
+def lower_budget_for_transient(ledger: MemoryLedger, tried_bytes: int, free_bytes: int) -> Recommendation | None:
+    """A budget lower by what a failed transient allocation lacked, plus 1 % of the card."""
+    if ledger.total is None or ledger.total.value_bytes <= 0:
+        return None
+    shortfall = max(0, tried_bytes - free_bytes)
+    computed = formula.utilization_for_transient(
+        ledger.utilization, ledger.utilization_source, tried_bytes, shortfall, int(ledger.total.value_bytes)
+    )
+    return Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
+
+
+def raise_budget(
+    ledger: MemoryLedger, needed_bytes: float | None, reason: str, *, current: float | None
+) -> Recommendation | None:
+    """A larger budget, within what the card has free: room for `needed_bytes` (weights and activations) plus 5 %
+    of the card for the KV cache when the ledger says how much that is, else vLLM's default.
+    `current` is today's budget when the log states it (None: not stated, the value is vLLM's default or more)."""
+    ceiling = ledger.ceiling
+    total = ledger.total
+    wanted = DEFAULT_UTILIZATION
+    arithmetic = f"vLLM's default {DEFAULT_UTILIZATION:g} (the log does not say what the budget must hold)"
+    if needed_bytes is not None and total is not None and total.value_bytes > 0:
+        wanted = needed_bytes / total.value_bytes + KV_MARGIN_RATIO
+        arithmetic = (
+            f"({gib(needed_bytes)} + {KV_MARGIN_RATIO:.0%} of {gib(total.value_bytes)} for the KV cache) / "
+            f"{gib(total.value_bytes)} = {wanted:.4f}"
+        )
+    limit = min(MAX_UTILIZATION, formula.floor_hundredths(ceiling)) if ceiling is not None else MAX_UTILIZATION
+    value = min(math.ceil(wanted * 100 - 1e-6) / 100, limit)
+    if current is not None and value <= current:
+        return None
+    capped = f", capped at {limit:.2f} (what the card has free, less the reserve)" if value < wanted - 1e-9 else ""
+    today = (
+        f"today {current:g} ({ledger.utilization_source})"
+        if current is not None
+        else "today's value is not in the log: if it is already this high, this is not the way out"
+    )
+    return Recommendation(
+        flag="--gpu-memory-utilization",
+        value=value,
+        why=f"{reason}: {arithmetic}, rounded up -> {value:.2f}{capped}; {today}",
+    )
+
+
+def fewer_batched_tokens(setup: Setup, why: str) -> Recommendation | None:
+    """Half of max_num_batched_tokens (a multiple of 256): the profile run's and a prefill step's peak."""
+    current = setup.max_num_batched_tokens
+    if current is None:
+        return None
+    halved = max(MIN_BATCHED_TOKENS, current.value // 2 // MIN_BATCHED_TOKENS * MIN_BATCHED_TOKENS)
+    if halved >= current.value:
+        return None
+    return Recommendation(
+        flag="--max-num-batched-tokens",
+        value=halved,
+        why=f"{why}: {current.value} ({current.source}) halved to a multiple of {MIN_BATCHED_TOKENS} -> {halved}",
+    )
+
+
+def fewer_sequences(seqs: int, source: str, why: str) -> Recommendation | None:
+    if seqs <= 1:
+        return None
+    halved = seqs // 2
+    return Recommendation(flag="--max-num-seqs", value=halved, why=f"{why}: {seqs} ({source}) / 2 -> {halved}")
+
+
+def expandable_segments(why: str) -> Recommendation:
+    return Recommendation(flag=ALLOC_CONF, value=EXPANDABLE, why=why)

@@ -1,0 +1,327 @@
+"""vLLM's refusals to start, read against the memory ledger: free memory, the KV cache, the sampler. Pure.
+
+* Free memory below the budget: another process holds the rest; the budget must fit in what is free.
+* One max_model_len request does not fit the KV cache (the refusal, or `# GPU blocks` x block size below
+  max_model_len before a traceback): a shorter `--max-model-len`, or more KV memory where the card has it.
+* No KV cache at all (`No available memory for the cache blocks`, a negative KV budget, zero blocks, or a KV
+  cache that is a sliver of the weights): the weights decide. Weights that do not fit are `does_not_fit`;
+  weights that fit mean the budget is short of them plus the profile run's activations: a larger budget within
+  what is free, or fewer sequences and batched tokens when the activations are what ate it.
+* The sampler's warm-up with max_num_seqs dummy requests: fewer sequences; a lower budget only when the
+  warm-up ran after the KV cache was allocated (in the profile run the budget does not cap it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.doctor import formula, remedies
+from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE, derived_max_len
+from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
+from sidecar.doctor.formula import GIB, MIB, gib, tokens
+from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.logfacts import LogFacts, OomPhase, Refusal, RefusalKind
+from sidecar.doctor.setup import Setup
+from sidecar.doctor.versions import available
+
+MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
+MIN_KV_SHARE = 0.10  # a KV cache under this share of weights + KV is a sliver too
+LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
+MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
+SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
+V0_MAX_NUM_SEQS = 256  # V0's default (0.5-0.10), the same for every card
+
+
+def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
+    free = (refusal.free_gib or 0.0) * GIB
+    total = (refusal.total_gib or 0.0) * GIB
+    lines = [
+        f"vLLM refused to start: {refusal.line}",
+        f"free at start {gib(free)} of {gib(total)}; gpu_memory_utilization {refusal.utilization:g} asks for "
+        f"{refusal.requested_gib:.2f} GiB: {gib(total - free)} is held by other processes (or a previous vLLM)",
+    ]
+    recommendations: list[Recommendation] = []
+    if total > 0:
+        computed = formula.utilization(int(total), int(total - free), 0)
+        if computed.value >= remedies.MIN_USEFUL_UTILIZATION:
+            recommendations.append(
+                Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
+            )
+        else:
+            lines.append(
+                f"what is left would be gpu_memory_utilization {computed.value:.2f}, too little to serve: free the GPU "
+                "first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
+            )
+    del ledger  # the refusal states every amount it needs
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not start: the card has less free memory than gpu_memory_utilization asks for",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding | None:
+    """One max_model_len request does not fit the KV cache; None when the KV cache is a sliver (no_kv_room)."""
+    if refusal is not None and refusal.kind is not RefusalKind.MAX_LEN_EXCEEDS_KV:
+        return None
+    fits = derived_max_len(refusal) if refusal is not None else ledger.kv_tokens
+    wanted = (refusal.max_model_len if refusal is not None else None) or (
+        setup.max_model_len.value if setup.max_model_len is not None else None
+    )
+    if fits is None or fits < MIN_REQUEST_TOKENS or _sliver(ledger):
+        return None
+    block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
+    value = fits // block * block
+    if refusal is not None:
+        lines = [f"vLLM refused to start: {refusal.line}"]
+        where = _where(refusal)
+    else:
+        limit = (
+            f"max_model_len is {tokens(wanted)} ({setup.max_model_len.source})"
+            if wanted is not None and setup.max_model_len is not None
+            else "the traceback runs through vLLM's check that it holds one max_model_len request"
+        )
+        lines = [
+            f"the KV cache holds {tokens(fits)} tokens ({ledger.kv_tokens_source}) and {limit}: vLLM refuses to "
+            "start when one request of max_model_len does not fit (the refusal's own text is not in the log)"
+        ]
+        where = "KV capacity"
+    lines.extend(ledger.lines())
+    recommendations = [
+        Recommendation(
+            flag="--max-model-len",
+            value=value,
+            why=f"vLLM's {where}: {tokens(fits)} tokens, rounded down to the block size {block} -> {value}",
+        )
+    ]
+    if wanted is not None:
+        recommendations.extend(_more_kv(refusal, ledger, setup, log, wanted=wanted, fits=fits, lines=lines))
+    said = f" {tokens(wanted)}" if wanted is not None else ""
+    return Finding(
+        cause=Cause.KV_CACHE_BLOWOUT,
+        severity=Severity.CRITICAL,
+        summary=f"vLLM could not start: max_model_len{said} is more than its KV cache holds ({tokens(fits)} tokens)",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
+    """Nothing (or a sliver) is left for the KV cache: whether the weights fit decides the direction."""
+    lines = [f"vLLM refused to start: {line}"] if line else []
+    if log.num_gpu_blocks == 0:
+        lines.append("vLLM sized its KV cache at 0 blocks")
+    lines.extend(ledger.lines())
+    fit = ledger.weights_fit()
+    weights = ledger.weights
+    if fit is False and weights is not None:
+        lines.append(
+            f"the weights alone take {weights.value_bytes / (ledger.usable_bytes or 1):.0%} of what the card gives "
+            "vLLM: no budget leaves the activations and a KV cache room"
+        )
+        return Finding(
+            cause=Cause.DOES_NOT_FIT,
+            severity=Severity.CRITICAL,
+            summary="the model does not fit: its weights leave no room for the KV cache on this GPU",
+            evidence=tuple(lines),
+            recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, weights.value_bytes, weights.source)),
+        )
+    recommendations = _room_for_kv(ledger, setup, log, lines)
+    if fit is None:
+        lines.append(
+            "whether the weights fit is not in the log ('Model loading took W GiB' says it): if they take most of "
+            "the card, the model does not fit and --tensor-parallel-size or --quantization is the way out"
+        )
+    if not recommendations:
+        return Finding(
+            cause=Cause.DOES_NOT_FIT,
+            severity=Severity.CRITICAL,
+            summary="vLLM could not start: nothing is left for the KV cache, and the log does not say why",
+            evidence=tuple(lines),
+            steps=(
+                "find 'Model loading took W GiB' and the memory-profiling line in vLLM's start: weights near the "
+                "card's size need more GPUs or quantization; weights that fit need a larger --gpu-memory-utilization "
+                "or fewer --max-num-seqs",
+            ),
+        )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not start: the budget holds the weights and activations but leaves no KV cache",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
+    dummy = refusal.dummy_requests or 0
+    lines = [f"vLLM could not start: {refusal.line}", *ledger.lines()]
+    recommendations: list[Recommendation] = []
+    halved = remedies.fewer_sequences(
+        dummy,
+        "the dummy requests of the warm-up",
+        f"the sampler warm-up runs max_num_seqs = {dummy} dummy requests at once and its logits did not fit; halving "
+        "it halves that peak (vLLM's own message names this flag)",
+    )
+    if halved is not None:
+        recommendations.append(halved)
+    if refusal.phase is OomPhase.PROFILING:
+        lines.append("the warm-up ran in the profile run, before the KV cache: gpu_memory_utilization does not cap it")
+    else:
+        lowered = formula.floor_hundredths(ledger.utilization - SAMPLER_UTILIZATION_STEP)
+        recommendations.append(
+            Recommendation(
+                flag="--gpu-memory-utilization",
+                value=lowered,
+                why=(
+                    f"or keep max_num_seqs and leave the warm-up more room: {ledger.utilization:g} "
+                    f"({ledger.utilization_source}) - {SAMPLER_UTILIZATION_STEP:g} -> {lowered:.2f} (the KV cache "
+                    "shrinks by that share of the card)"
+                ),
+            )
+        )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=f"vLLM ran out of memory warming up its sampler with {dummy} dummy requests (max_num_seqs)",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+    )
+
+
+def sequences(setup: Setup, log: LogFacts, why: str) -> Recommendation | None:
+    """Half of max_num_seqs as the arguments or vLLM's default state it (V0's 256 when the log shows V0)."""
+    seqs = setup.max_num_seqs
+    if seqs is not None:
+        return remedies.fewer_sequences(seqs.value, seqs.source, why)
+    if log.engine == "v0" and (setup.version is None or setup.version < (0, 8, 0)):
+        return remedies.fewer_sequences(V0_MAX_NUM_SEQS, "V0's default, assumed: the log shows the V0 engine", why)
+    return None
+
+
+def _room_for_kv(ledger: MemoryLedger, setup: Setup, log: LogFacts, lines: list[str]) -> list[Recommendation]:
+    recommendations: list[Recommendation] = []
+    needed = _non_kv_bytes(ledger)
+    current = None if ledger.utilization_assumed else ledger.utilization
+    if current is None or ledger.ceiling is None or current < ledger.ceiling:
+        raised = remedies.raise_budget(
+            ledger, needed, "the budget holds the weights and activations but leaves no KV cache", current=current
+        )
+        if raised is not None:
+            recommendations.append(raised)
+    activation = ledger.activation
+    budget = ledger.budget_bytes
+    large = activation is not None and budget and activation.value_bytes >= LARGE_ACTIVATION_SHARE * budget
+    if large and activation is not None:
+        lines.append(f"the profile run's activations take {activation.value_bytes / (budget or 1):.0%} of the budget")
+        batched = remedies.fewer_batched_tokens(setup, "the profile run's activations grow with max_num_batched_tokens")
+        if batched is not None:
+            recommendations.append(batched)
+    seqs = setup.max_num_seqs
+    if large or (seqs is not None and seqs.value >= MANY_SEQUENCES):
+        fewer = sequences(setup, log, "the profile run and the sampler run max_num_seqs dummy requests")
+        if fewer is not None:
+            recommendations.append(fewer)
+    return recommendations
+
+
+def _non_kv_bytes(ledger: MemoryLedger) -> float | None:
+    """What the budget must hold before any KV cache: weights + activations + non-torch memory, as the profile
+    line states them, or the budget less a negative KV budget."""
+    if ledger.kv is not None and ledger.kv.value_bytes < 0 and ledger.budget_bytes is not None:
+        return ledger.budget_bytes - ledger.kv.value_bytes
+    if ledger.weights is None:
+        return None
+    weights = ledger.weights_high_bytes or ledger.weights.value_bytes
+    return weights + sum(part.value_bytes for part in (ledger.activation, ledger.non_torch) if part is not None)
+
+
+def _sliver(ledger: MemoryLedger) -> bool:
+    if ledger.weights is None or ledger.kv is None or ledger.weights.assumed:
+        return False
+    weights, kv = ledger.weights.value_bytes, ledger.kv.value_bytes
+    return kv <= 0 or kv / (weights + kv) < MIN_KV_SHARE
+
+
+def _where(refusal: Refusal) -> str:
+    if refusal.estimated_max_len is not None:
+        return "estimate of the longest request its KV cache holds"
+    if refusal.capacity_tokens is not None:
+        return "KV capacity"
+    return (
+        f"numbers (this version prints no estimate): {refusal.max_model_len:,} tokens x {refusal.available_gib:.2f} "
+        f"GiB available / {refusal.needed_gib:.2f} GiB needed, the KV cache growing linearly with the length, ="
+    )
+
+
+def _more_kv(
+    refusal: Refusal | None,
+    ledger: MemoryLedger,
+    setup: Setup,
+    log: LogFacts,
+    *,
+    wanted: int,
+    fits: int,
+    lines: list[str],
+) -> list[Recommendation]:
+    """The other ways out: a KV cache large enough for max_model_len where the card allows it."""
+    out: list[Recommendation] = []
+    args = log.args
+    if (
+        args is not None
+        and args.kv_cache_memory_bytes is not None
+        and available("--kv-cache-memory-bytes", setup.version)
+    ):
+        needed = args.kv_cache_memory_bytes * wanted / fits
+        value = math.ceil(needed / MIB) * MIB
+        out.append(
+            Recommendation(
+                flag="--kv-cache-memory-bytes",
+                value=value,
+                why=(
+                    f"or keep max_model_len: {args.kv_cache_memory_bytes:,} bytes x {wanted:,} / {fits:,} tokens "
+                    f"= {needed:,.0f} bytes, rounded up to a whole MiB -> {value}"
+                ),
+            )
+        )
+    elif refusal is not None and refusal.needed_gib is not None and refusal.available_gib is not None:
+        raised = _raise_for_kv(refusal, ledger, lines)
+        if raised is not None:
+            out.append(raised)
+    if setup.kv_cache_dtype in (None, "auto") and 2 * fits >= wanted:
+        out.append(
+            Recommendation(
+                flag="--kv-cache-dtype",
+                value="fp8",
+                why=f"or keep max_model_len: an fp8 KV cache holds twice the tokens, {tokens(2 * fits)} >= "
+                f"{tokens(wanted)}",
+            )
+        )
+    return out
+
+
+def _raise_for_kv(refusal: Refusal, ledger: MemoryLedger, lines: list[str]) -> Recommendation | None:
+    total = ledger.total
+    if total is None or refusal.needed_gib is None or refusal.available_gib is None or ledger.utilization_assumed:
+        if total is None:
+            lines.append("the GPU's total memory is not in the log: a larger --gpu-memory-utilization is not sized")
+        return None
+    missing = (refusal.needed_gib - refusal.available_gib) * GIB
+    raised = math.ceil((ledger.utilization + missing / total.value_bytes) * 100 - 1e-6) / 100
+    ceiling = ledger.ceiling
+    if raised > remedies.MAX_UTILIZATION or (ceiling is not None and raised > ceiling):
+        lines.append(
+            f"a KV cache for max_model_len would need gpu_memory_utilization {raised:.2f}: the card cannot give it"
+        )
+        return None
+    return Recommendation(
+        flag="--gpu-memory-utilization",
+        value=raised,
+        why=(
+            f"or keep max_model_len: {ledger.utilization:g} + ({refusal.needed_gib:.2f} - {refusal.available_gib:.2f} "
+            f"GiB missing) / {gib(total.value_bytes)} = {ledger.utilization + missing / total.value_bytes:.4f}, "
+            f"rounded up -> {raised:.2f}"
+        ),
+    )

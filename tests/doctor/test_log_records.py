@@ -1,0 +1,119 @@
+"""A log read as records: the prefix each line carries, learned from the log itself, and wrapped messages put back
+together (sidecar/doctor/log_records.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.doctor.log_parser import parse_log
+from sidecar.doctor.log_records import loose, records
+from sidecar.doctor.logfacts import RefusalKind
+
+V1_REFUSAL = (
+    "ValueError: To serve at least one request with the models's max seq len (1048576), (22.5 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (14.57 GiB). Based on the available memory, the "
+    "estimated maximum model length is 678112. Try increasing `gpu_memory_utilization` or decreasing "
+    "`max_model_len` when initializing the engine."
+)
+
+# Each: a line of each kind an operator's tooling writes, then the payload the prefix leaves.
+PREFIXED = {
+    "launcher": ("2025-05-01 12:00:{n:02d} | ERROR | stderr | ", "2025-05-01 12:00:07 | ERROR | stderr | "),
+    "vllm v1": ("(EngineCore_DP0 pid=43) ERROR 03-20 17:39:{n:02d} [core.py:1100] ", None),
+    "vllm v0": ("ERROR 11-14 22:13:{n:02d} engine.py:135] ", None),
+    "ray in v1": (
+        "(APIServer pid=1) (DPEngineCoreActor pid=9, ip=10.0.0.7) ERROR 05-01 10:00:{n:02d} [core.py:9] ",
+        None,
+    ),
+    "journald": ("Nov 26 03:41:{n:02d} gpu-node-3 vllm[1234]: ", None),
+    "compose": ("vllm-1  | INFO 11-18 18:07:{n:02d} engine.py:366] ", None),
+    "kubectl": ("2026-11-26T03:41:{n:02d}.084084123Z ", None),
+    "lemonade": (
+        "2026-05-08 11:47:{n:02d}.257 [Error] (Process) (EngineCore pid=2651) ERROR 05-08 11:47:02 [core.py:1136] ",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PREFIXED))
+def test_the_prefix_is_learned_from_the_lines_that_share_it(name: str) -> None:
+    template, _ = PREFIXED[name]
+    body = ["Traceback (most recent call last):", '  File "/x/vllm/v1/worker/gpu_worker.py", line 1, in load_model',
+            "    self.model_runner.load_model()", "torch.OutOfMemoryError: CUDA out of memory."]  # fmt: skip
+    text = "\n".join(template.format(n=n) + line for n, line in enumerate(body))
+    read = records(text)
+    assert [record.payload for record in read] == body
+    assert all(record.prefix == template.format(n=n) for n, record in enumerate(read))
+
+
+def test_a_line_that_starts_with_a_number_is_not_a_prefix_of_its_own() -> None:
+    """The KV refusal a terminal wrapped after the comma: `22.5 GiB ...` continues the line before it."""
+    head, tail = V1_REFUSAL.split(", (", 1)
+    prefix = "(EngineCore_DP0 pid=43) ERROR 03-20 17:39:14 [core.py:1100] "
+    lines = [prefix + "EngineCore failed to start.", prefix + "Traceback (most recent call last):", prefix + head + ",",
+             tail[:-10], tail[-10:]]  # fmt: skip
+    read = records("\n".join(lines))
+    assert len(read) == 3
+    refusal = parse_log("\n".join(lines)).refusal
+    assert refusal is not None
+    assert (refusal.kind, refusal.max_model_len, refusal.estimated_max_len) == (
+        RefusalKind.MAX_LEN_EXCEEDS_KV,
+        1048576,
+        678112,
+    )
+
+
+@pytest.mark.parametrize("cut", [60, 61, 97, 150])
+def test_a_bare_message_wrapped_anywhere_reads_as_one(cut: int) -> None:
+    """A bare paste (no prefix at all) wrapped at a fixed width, inside a word or at a space the paste dropped."""
+    wrapped = V1_REFUSAL[:cut].rstrip(" ") + "\n" + V1_REFUSAL[cut:].lstrip(" ")
+    refusal = parse_log("Traceback (most recent call last):\n" + wrapped).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (1048576, 22.5, 678112)
+
+
+def test_a_traceback_keeps_its_lines_and_an_unprefixed_wrap_joins_the_line_before() -> None:
+    text = "\n".join(
+        [
+            "INFO 05-01 12:00:00 [core.py:1] one",
+            "INFO 05-01 12:00:01 [core.py:1] two, cut by the",
+            "terminal here",
+            "Traceback (most recent call last):",
+            '  File "x.py", line 1, in f',
+            "    g()",
+            "RuntimeError: CUDA error: out of memory",
+        ]
+    )
+    read = records(text)
+    assert [record.payload for record in read] == [
+        "one",
+        "two, cut by theterminal here",  # a letter on each side: read as a cut word; loose patterns absorb it
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in f',
+        "    g()",
+        "RuntimeError: CUDA error: out of memory",
+    ]
+
+
+def test_the_rank_and_the_process_come_from_the_prefix() -> None:
+    text = "\n".join(
+        f"(VllmWorker rank={rank} pid={100 + rank}) ERROR 05-10 16:00:15 [multiproc_executor.py:470] line {rank}"
+        for rank in (0, 1, 1)
+    )
+    read = records(text)
+    assert [record.rank for record in read] == [0, 1, 1]
+    assert read[1].process == "(VllmWorker rank=1 pid=101)"
+    assert records("[rank3]: torch.OutOfMemoryError: x\n[rank3]: y")[0].rank == 3
+    assert records("plain line")[0].rank is None
+
+
+def test_colours_are_dropped_real_or_pasted() -> None:
+    assert records("\x1b[1;36m(EngineCore pid=1)\x1b[0;0m hi")[0].text == "(EngineCore pid=1) hi"
+    assert records("^[[1;36m(EngineCore pid=1)^[[0;0m hi")[0].text == "(EngineCore pid=1) hi"
+
+
+def test_a_loose_pattern_takes_any_whitespace_where_the_pattern_has_a_space() -> None:
+    pattern = loose(r"KV cache is needed[ ,]")
+    assert pattern.search("KV cacheis\n  needed,")
+    assert pattern.search("KV cache is needed ")
+    assert not pattern.search("KV cache is needed;")

@@ -1,0 +1,206 @@
+"""The memory ledger and the reading of a crash it drives (issue 25): any OOM, whatever printed it; the phase from
+the frames; the direction of every recommendation from which amount overflowed. Lines are built from the format
+strings of vLLM and PyTorch (the release and file beside each); the corpus holds the real logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.doctor.diagnose import diagnose
+from sidecar.doctor.finding import Cause, Finding
+from sidecar.doctor.ledger import build_ledger
+from sidecar.doctor.log_parser import parse_log
+from sidecar.doctor.logfacts import OomPhase
+from sidecar.doctor.model_size import estimate
+from sidecar.doctor.setup import resolve
+from tests.doctor.builders import GIB, evidence, live
+
+DOWN = live(error="connection refused", version=None, max_model_len=None)
+V1 = "(EngineCore_DP0 pid=43) ERROR 03-20 17:39:14 [core.py:1100] "
+WORKER = "(VllmWorker rank=1 pid=2445) ERROR 05-10 16:00:15 [multiproc_executor.py:470] "
+
+
+def _finding(text: str) -> Finding:
+    return diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(text))).findings[0]
+
+
+def _flags(finding: Finding) -> dict[str, object]:
+    return {r.flag: r.value for r in finding.recommendations}
+
+
+def _traceback(prefix: str, frames: list[str], error: str) -> str:
+    lines = ["Traceback (most recent call last):"]
+    for name in frames:
+        lines += [f'  File "/usr/lib/python3/dist-packages/vllm/v1/worker/gpu_worker.py", line 1, in {name}', "    x()"]
+    return "\n".join(prefix + line for line in [*lines, error]) + "\n"
+
+
+# torch/csrc/cuda (2.1+): "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s
+# is free. ..."; ROCm builds print HIP where CUDA builds print CUDA.
+def _oom(device: str = "CUDA", *, tried: str = "2.00 GiB", total: str = "23.65 GiB", free: str = "1.06 GiB",
+         process: str = "22.55 GiB", allocated: str = "21.90 GiB", stranded: str = "20.00 MiB",
+         others: str = "") -> str:  # fmt: skip
+    return (
+        f"torch.OutOfMemoryError: {device} out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of "
+        f"{total} of which {free} is free. {others}Including non-PyTorch memory, this process has {process} memory "
+        f"in use. Of the allocated memory {allocated} is allocated by PyTorch, and {stranded} is reserved by PyTorch "
+        "but unallocated."
+    )
+
+
+@pytest.mark.parametrize(
+    ("frames", "phase"),
+    [
+        (["run_engine_core", "__init__", "load_model", "load_weights"], OomPhase.WEIGHT_LOADING),
+        (["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"], OomPhase.PROFILING),
+        (["initialize_from_config", "initialize_kv_cache", "_allocate_kv_cache_tensors"], OomPhase.KV_ALLOCATION),
+        (["compile_or_warm_up_model", "capture_model", "_capture_cudagraphs", "_dummy_run"], OomPhase.GRAPH_CAPTURE),
+        (["compile_or_warm_up_model", "_dummy_sampler_run"], OomPhase.WARMUP),
+        (["run_busy_loop", "step", "execute_model"], OomPhase.SERVING),
+        (["wake_up", "create_and_map"], OomPhase.WAKE_UP),
+        (["run_engine_core", "somewhere"], OomPhase.UNKNOWN),
+    ],
+)
+def test_the_phase_is_read_from_the_frames(frames: list[str], phase: OomPhase) -> None:
+    oom = parse_log(_traceback(V1, frames, _oom())).oom
+    assert oom is not None
+    assert oom.phase is phase, oom.phase_evidence
+
+
+def test_without_a_traceback_the_last_progress_line_places_it() -> None:
+    loaded = "INFO 08-20 03:10:00 [model_runner.py:1112] Model loading took 16.5557 GiB and 2.803817 seconds\n"
+    blocks = "INFO 08-20 03:10:05 [executor_base.py:112] # cuda blocks: 1000, # CPU blocks: 2048\n"
+    error = f"ERROR 08-20 03:10:09 [engine.py:467] {_oom()}\n"
+    assert parse_log(loaded + error).oom.phase is OomPhase.PROFILING  # type: ignore[union-attr]
+    assert parse_log(loaded + blocks + error).oom.phase is OomPhase.WARMUP  # type: ignore[union-attr]
+
+
+def test_another_processes_frames_do_not_place_it() -> None:
+    other = "(VllmWorker rank=0 pid=2444) ERROR 05-10 16:00:15 [multiproc_executor.py:470] "
+    text = "".join(
+        [
+            other + "Traceback (most recent call last):\n",
+            other + '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n',
+            _traceback(WORKER, ["run_busy_loop", "execute_model"], _oom()),
+        ]
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.phase, oom.rank) == (OomPhase.SERVING, 1)
+
+
+def test_a_hip_oom_on_rocm_is_read_like_cudas() -> None:
+    oom = parse_log(_traceback(V1, ["run_busy_loop", "execute_model"], _oom("HIP"))).oom
+    assert oom is not None
+    assert (oom.device, oom.tried_bytes, oom.total_bytes) == ("HIP", 2 * GIB, int(23.65 * GIB))
+
+
+def test_a_bare_cuda_error_in_graph_capture_has_no_numbers_and_is_still_read() -> None:
+    # torch/cuda/graphs.py capture_end -> "RuntimeError: CUDA error: out of memory" (no sizes from the driver).
+    text = _traceback(V1, ["compile_or_warm_up_model", "capture_model", "__exit__", "capture_end"],
+                      "RuntimeError: CUDA error: out of memory")  # fmt: skip
+    finding = _finding(text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "capturing CUDA graphs" in finding.summary
+    assert _flags(finding) == {"--enforce-eager": ""}, "no budget is sized from a message without sizes"
+
+
+def test_a_launchers_prefix_does_not_hide_the_oom() -> None:
+    prefix = "2025-05-01 12:00:00 | ERROR | stderr | "
+    finding = _finding(_traceback(prefix, ["run_busy_loop", "execute_model"], _oom()))
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    # 0.9 (default) - (2.00 - 1.06) GiB / 23.65 GiB - 0.01 = 0.8502 -> 0.85
+    assert _flags(finding) == {"--gpu-memory-utilization": 0.85}
+
+
+def test_weights_that_do_not_fit_never_lower_the_budget() -> None:
+    text = _traceback(V1, ["load_model", "load_weights", "weight_loader"], _oom(tried="112.00 MiB", free="40.00 MiB"))
+    finding = _finding(text)
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert "--gpu-memory-utilization" not in _flags(finding)
+    assert _flags(finding)["--tensor-parallel-size"] == 2  # 22.55 + 0.11 GiB / 2 = 11.3 <= 0.75 x 23.65
+
+
+def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
+    # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
+    text = _traceback(
+        V1,
+        ["run_busy_loop", "execute_model"],
+        _oom(total="80.00 GiB", free="0.50 GiB", process="54.00 GiB", allocated="53.00 GiB",
+             others="Process 4242 has 25.00 GiB memory in use. "),
+    )  # fmt: skip
+    finding = _finding(text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == {"--gpu-memory-utilization": 0.63}
+    assert "another process" in finding.summary
+
+
+def test_an_oom_in_the_profile_run_shrinks_the_dummy_batch_and_not_the_budget() -> None:
+    args = "INFO 05-01 12:00:00 [utils.py:1] non-default args: {'model': 'm', 'max_num_seqs': 1024}\n"
+    finding = _finding(args + _traceback(V1, ["determine_available_memory", "profile_run"], _oom()))
+    assert _flags(finding) == {"--max-num-seqs": 512}
+
+
+def test_a_sampler_warm_up_in_the_profile_run_does_not_lower_the_budget() -> None:
+    # vllm/v1/worker/gpu_model_runner.py 0.11.0 `_dummy_sampler_run`, called from profile_run.
+    message = (
+        "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try "
+        "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine."
+    )
+    in_profile = _finding(_traceback(V1, ["profile_run", "_dummy_sampler_run"], message))
+    assert _flags(in_profile) == {"--max-num-seqs": 512}
+    after_kv = _finding(_traceback(V1, ["compile_or_warm_up_model", "_dummy_sampler_run"], message))
+    assert _flags(after_kv) == {"--max-num-seqs": 512, "--gpu-memory-utilization": 0.88}
+
+
+def test_a_preemption_storm_without_a_stats_line_halves_max_num_seqs_as_a_first_step() -> None:
+    args = "INFO 05-01 12:00:00 arg_utils.py:1] args: Namespace(model='m', max_num_seqs=256, block_size=16)\n"
+    warning = (
+        "WARNING 05-01 12:05:00 scheduler.py:1089] Sequence group 7 is preempted by PreemptionMode.RECOMPUTE mode "
+        "because there is not enough KV cache space. This can affect the end-to-end performance. Increase "
+        "gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. "
+        "total_num_cumulative_preemption=151\n"
+    )
+    finding = _finding(args + warning)
+    assert finding.cause is Cause.CONCURRENCY_MISJUDGEMENT
+    assert _flags(finding)["--max-num-seqs"] == 128
+
+
+def test_the_ledger_says_where_each_amount_came_from_and_what_is_assumed() -> None:
+    text = (
+        "INFO 01-01 00:00:00 llm_engine.py:1] Initializing an LLM engine (v0.6.3) with config: "
+        "model='Qwen/Qwen2.5-72B-Instruct', dtype=torch.bfloat16, max_seq_len=32768, tensor_parallel_size=2, "
+        "quantization=None\n" + _traceback(V1, ["load_model"], _oom(total="79.15 GiB"))
+    )
+    facts = parse_log(text)
+    ev = evidence(live_evidence=DOWN, log_facts=facts)
+    ledger = build_ledger(facts, resolve(ev))
+    assert ledger.total is not None
+    assert ledger.total.value_bytes == int(79.15 * GIB)
+    assert ledger.utilization_assumed
+    assert ledger.weights is not None
+    assert ledger.weights.assumed  # 72e9 x 2 bytes / 2 GPUs = 67.1 GiB: from the name, not a loading line
+    assert ledger.weights.value_bytes == pytest.approx(72e9 * 2 / 2)
+    assert ledger.weights_fit() is None, "67 of 79 GiB: neither clearly in nor clearly out"
+    assert any("(estimated" in line for line in ledger.lines())
+
+
+@pytest.mark.parametrize(
+    ("name", "low_gib", "high_gib"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", 14.9, 14.9),
+        ("Qwen/Qwen2.5-VL-7B-Instruct-AWQ", 3.3, 4.2),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 78.2, 104.3),
+        ("Qwen/Qwen3-30B-A3B-FP8", 27.9, 30.7),
+        ("/data/models/qwen1.5-4b-chat", 7.5, 7.5),
+    ],
+)
+def test_the_weights_a_models_name_implies(name: str, low_gib: float, high_gib: float) -> None:
+    found = estimate(name)
+    assert found is not None
+    assert (round(found.low_bytes / GIB, 1), round(found.high_bytes / GIB, 1)) == (low_gib, high_gib)
+
+
+def test_a_name_without_a_size_estimates_nothing() -> None:
+    assert estimate("microsoft/phi-4") is None
+    assert estimate("deepseek-ai/DeepSeek-V3") is None
