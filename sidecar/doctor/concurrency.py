@@ -17,6 +17,7 @@ from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock, tokens
 from sidecar.doctor.setup import Setup
+from sidecar.doctor.start_readings import sequences
 from sidecar.doctor.versions import available
 from sidecar.policy.settings import PolicySettings
 
@@ -104,21 +105,17 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
                 ),
             )
         )
-    elif log.preemptions >= STORM_PREEMPTIONS and setup.max_num_seqs is not None:
-        seqs = setup.max_num_seqs
-        value = max(1, seqs.value // 2)
-        lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: the step is not sized")
-        recommendations.extend(
-            _fewer_seqs(
-                value,
-                setup,
-                unknown="",
-                why=lambda now: (
-                    f"a first step: {seqs.value} ({seqs.source}) / 2 -> {value}; {log.preemptions:,} preemptions say "
-                    "fewer requests should run at once, the stats line that would size it is not in the log"
-                ),
-            )
+    elif log.preemptions >= STORM_PREEMPTIONS and (
+        halved := sequences(
+            setup,
+            log,
+            f"a first step: {log.preemptions:,} preemptions say fewer requests should run at once; the stats line "
+            "that would size it is not in the log",
         )
+    ):
+        lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: the step is not sized")
+        recommendations.append(halved)
+        recommendations.extend(queued_reqs(int(halved.value), setup))
     else:
         lines.append("no stats line (Running: ... GPU KV cache usage: ...) in the log: max_num_seqs cannot be sized")
     lines.append(MORE_KV_ROOM)

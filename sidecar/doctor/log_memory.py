@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sidecar.doctor import remedies
+from sidecar.doctor import formula, remedies
 from sidecar.doctor.capture_sizes import fewer_graphs
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
@@ -35,6 +35,8 @@ from sidecar.doctor.start_readings import free_memory_refusal, kv_refusal, no_kv
 _RAN_OUT = "vLLM ran out of memory"
 BEYOND_ANY_BUDGET = 0.97  # PyTorch holding this share of the card: no budget vLLM sets allows it after the KV cache
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
+NOT_SHORT_FREE_SHARE = 0.1  # free at the error at least this share of the card (and twice the ask): no shortage
+MAX_TRANSIENT_SHARE = 0.2  # a shortfall beyond this share of the card is no transient a budget makes room for
 _PHASE_TEXT = {
     OomPhase.WEIGHT_LOADING: "loading the model's weights",
     OomPhase.PROFILING: "profiling memory at start (before the KV cache)",
@@ -107,14 +109,10 @@ def _died(finding: Finding) -> Finding:
 def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
     phase, placed = _placed(oom, ledger)
     lines = [_oom_line(oom, phase), f"where: {placed}", *ledger.lines()]
-    stranded = _stranded(oom)
-    if phase is OomPhase.WAKE_UP:
-        return _wake_up(lines)
-    if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
-        return _another_process(oom, ledger, lines, stranded)
-    if phase is OomPhase.WEIGHT_LOADING or _beyond_any_budget(oom, ledger, phase):
-        return _weights_do_not_fit(oom, ledger, setup, lines)
-    if stranded and phase is not OomPhase.GRAPH_CAPTURE:  # graphs allocate from private pools of their own
+    not_the_budget = _not_the_budget(oom, phase, ledger, setup, log=log, lines=lines)
+    if not_the_budget is not None:
+        return not_the_budget
+    if _stranded(oom) and phase is not OomPhase.GRAPH_CAPTURE:  # graphs allocate from private pools of their own
         return _finding(
             Cause.ALLOCATOR_FRAGMENTATION,
             f"{_RAN_OUT} while {phase_text(phase)}: PyTorch's allocator stranded the memory it needed",
@@ -124,6 +122,24 @@ def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Fin
     if phase is OomPhase.PROFILING:
         return _before_kv(oom, ledger, setup, log, lines)
     return _after_kv(oom, phase, ledger, setup, log=log, lines=lines)
+
+
+def _not_the_budget(
+    oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, *, log: LogFacts, lines: list[str]
+) -> Finding | None:
+    """The readings where vLLM's own budget is not what to tune, checked first: sleep mode's wake-up, memory that
+    was free, another process, one step larger than any margin, weights beyond the card."""
+    if phase is OomPhase.WAKE_UP:
+        return _wake_up(lines)
+    if _not_short(oom):
+        return _not_a_shortage(oom, phase, lines)
+    if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
+        return _another_process(oom, ledger, lines, _stranded(oom))
+    if _larger_than_any_margin(oom, ledger):
+        return _one_step_too_large(oom, phase, setup, log, lines)
+    if phase is OomPhase.WEIGHT_LOADING or _beyond_any_budget(oom, ledger, phase):
+        return _weights_do_not_fit(oom, ledger, setup, lines)
+    return None
 
 
 def _placed(oom: CudaOom, ledger: MemoryLedger) -> tuple[OomPhase, str]:
@@ -155,6 +171,72 @@ def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> b
         return False
     budget_allows = ledger.utilization if not ledger.utilization_assumed else 0.0
     return allocated >= BEYOND_ANY_BUDGET * total and budget_allows < BEYOND_ANY_BUDGET
+
+
+def _not_short(oom: CudaOom) -> bool:
+    """The card had the memory: free was at least twice the allocation and a tenth of the card."""
+    tried, free, total = oom.tried_bytes, oom.free_bytes, oom.total_bytes
+    if tried is None or free is None or not total:
+        return False
+    return free >= 2 * tried and free >= NOT_SHORT_FREE_SHARE * total
+
+
+def _not_a_shortage(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding:
+    return Finding(
+        cause=Cause.OTHER,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"vLLM's {oom.device} allocator failed while {phase_text(phase)} with the memory free: not a shortage "
+            "that a memory flag fixes"
+        ),
+        evidence=(
+            *lines,
+            f"{gib(oom.free_bytes or 0)} was free for a {gib(oom.tried_bytes or 0)} allocation: the allocation failed "
+            "for another reason than room",
+        ),
+        steps=(
+            "read the error just before this one (an 'invalid argument' from the allocator, sleep mode's cumem "
+            "allocator, a driver or runtime mismatch): no budget, parallelism or precision change applies",
+        ),
+    )
+
+
+def _larger_than_any_margin(oom: CudaOom, ledger: MemoryLedger) -> bool:
+    """One allocation that no budget could make room for: larger than the card, or short by more than a fifth of
+    it (a lower budget leaves a transient a few hundredths of the card, not that)."""
+    total = oom.total_bytes
+    shortfall = oom.shortfall_bytes
+    if not total or oom.tried_bytes is None or shortfall is None:
+        return False
+    return oom.tried_bytes >= (ledger.usable_bytes or total) or shortfall > MAX_TRANSIENT_SHARE * total
+
+
+def _one_step_too_large(oom: CudaOom, phase: OomPhase, setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
+    recommendations = [
+        r
+        for r in (
+            remedies.fewer_batched_tokens(setup, "one step's activations grow with max_num_batched_tokens"),
+            sequences(setup, log, "the profile run and the sampler run max_num_seqs dummy requests"),
+        )
+        if r is not None
+    ]
+    lines.append(
+        f"one allocation of {gib(oom.tried_bytes or 0)} against {gib(oom.total_bytes or 0)} on the card: no "
+        "gpu_memory_utilization makes room for that, the step itself is too large"
+    )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=f"{_RAN_OUT} while {phase_text(phase)}: one step asked for more than any budget leaves",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=(
+            "shrink the step that asked: an attention without a memory-efficient kernel materialises the whole "
+            "score matrix (install flash-attention or pick another attention backend); a multimodal encoder's "
+            "profile runs the largest image or video (--limit-mm-per-prompt, a smaller max image size through "
+            "--mm-processor-kwargs); a long prefill (--max-num-batched-tokens, chunked prefill)",
+        ),
+    )
 
 
 def _stranded(oom: CudaOom) -> bool:
@@ -270,10 +352,18 @@ def _after_kv(
 ) -> Finding:
     """A transient after the KV cache took the budget: give it the room it lacked, or make it smaller."""
     recommendations: list[Recommendation] = []
+    steps: list[str] = []
     if oom.tried_bytes is not None and oom.free_bytes is not None:
         lowered = remedies.lower_budget_for_transient(ledger, oom.tried_bytes, oom.free_bytes)
-        if lowered is not None:
+        if lowered is not None and not ledger.utilization_assumed:
             recommendations.append(lowered)
+        elif lowered is not None and ledger.total is not None:
+            step = (oom.shortfall_bytes or 0) / ledger.total.value_bytes + formula.GRAPH_MARGIN_RATIO
+            steps.append(
+                f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; from "
+                f"vLLM's default {ledger.utilization:g} that is {lowered.value}): the transient lacked "
+                f"{gib(oom.shortfall_bytes or 0)} of {gib(ledger.total.value_bytes)}"
+            )
     if phase in (OomPhase.GRAPH_CAPTURE, OomPhase.WARMUP, OomPhase.AFTER_KV_CACHE):
         if phase is not OomPhase.AFTER_KV_CACHE:
             fewer = fewer_graphs(setup, log, lines)
@@ -299,11 +389,10 @@ def _after_kv(
             and setup.max_num_batched_tokens.value > 2048
         ):
             recommendations.append(batched)
-    steps: tuple[str, ...] = ()
-    if not recommendations:
-        steps = (
+    if not recommendations and not steps:
+        steps.append(
             "the log states neither the allocation nor the card: lower --gpu-memory-utilization a few hundredths "
-            "below what you set, or find PyTorch's 'Tried to allocate ... of which ... is free' line to size it",
+            "below what you set, or find PyTorch's 'Tried to allocate ... of which ... is free' line to size it"
         )
     cause_text = "a transient the budget did not leave room for"
     return Finding(
@@ -312,7 +401,7 @@ def _after_kv(
         summary=f"{_RAN_OUT} while {phase_text(phase)}: {cause_text}",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
-        steps=steps,
+        steps=tuple(steps),
     )
 
 

@@ -24,6 +24,8 @@ _ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)")
 # Releases before 0.4 print no version: `Initializing an LLM engine with config: ...`.
 _ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine (?:\(v([^)\s]+)\) )?with config: (.*)$")
+# A command line pasted with the log: `vllm serve MODEL ...`, `--model MODEL` (api_server, launchers).
+_COMMAND_MODEL = re.compile(r"\bvllm serve\s+(?!-)([\w./@:-]+)|--model[= ]+(?!-)([\w./@:-]+)")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
 
 # 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
@@ -89,7 +91,7 @@ _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(?:Error|Exce
 # VllmWorkerProcess, vllm/worker/, vllm/engine/llm_engine.py).
 _ENGINE_GENERATION = re.compile(
     r"(EngineCore|VllmWorker rank=|Worker_TP\d|vllm/v1/|V1 LLM engine)"
-    r"|MQLLMEngine|VllmWorkerProcess|vllm/worker/|vllm/engine/(?:async_)?llm_engine\.py"
+    r"|MQLLMEngine|VllmWorkerProcess|vllm/worker/|vllm/engine/(?:async_)?llm_engine\.py|preempted by PreemptionMode"
 )
 # The CUDA-graph capture sizes in the engine's config line: `"cudagraph_capture_sizes":[512,504,...]` (0.7-0.10) and
 # `"max_capture_size":512` (0.7-0.10) or `"max_cudagraph_capture_size":512` (0.11.2+).
@@ -385,6 +387,10 @@ def _concurrency(match: re.Match[str], facts: Facts) -> None:
     facts["concurrency"] = (int(_number(match.group(1))), float(match.group(2)))
 
 
+def _command_model(match: re.Match[str], facts: Facts) -> None:
+    facts.setdefault("model", match.group(1) or match.group(2))  # vLLM's own arguments line, when there is one, wins
+
+
 def _banner_version(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("version", match.group(1))  # the engine's own config line, when there is one, wins
 
@@ -435,5 +441,6 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
 _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check),
+    _simple(_COMMAND_MODEL, _command_model),
     _simple(_ENGINE_GENERATION, _engine),
 )

@@ -173,7 +173,8 @@ def _learned_shapes(heads: list[list[tuple[str, int]]]) -> set[tuple[str, ...]]:
         shapes = tuple(shape for shape, _ in head)
         counts.update(shapes[: n + 1] for n in range(len(shapes)))
     lines = sum(1 for head in heads if head) or 1
-    needed = max(_MIN_PREFIX_LINES, math.ceil(_MIN_PREFIX_SHARE * lines))
+    # A one-line paste has nothing to compare with: its own head is its prefix.
+    needed = max(min(_MIN_PREFIX_LINES, lines), math.ceil(_MIN_PREFIX_SHARE * lines))
     return {shapes for shapes, count in counts.items() if count >= needed}
 
 

@@ -27,7 +27,7 @@ _DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
 _FAMILY = loose(
     r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?:CUDA|HIP|cuda|hip) [Ee]rror: out of memory"
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
-    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,80}memory"
+    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
     r"|Tried to allocate " + _SIZE
 )
 _MODERN = loose(
@@ -43,8 +43,8 @@ _PRIVATE_POOLS = loose(r"with " + _SIZE + r" allocated in private pools")
 # free; 14.66 GiB reserved in total by PyTorch)"
 _LEGACY = loose(
     r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
-    + _SIZE + r" free; " + _SIZE + r" reserved in total by PyTorch\)"
-)  # fmt: skip
+    r"(?:" + _SIZE + r" free; )?" + _SIZE + r" reserved in total by PyTorch\)"
+)  # fmt: skip  (XPU's allocator leaves out the free field)
 _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
 _DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU)\b|\bhip|\bhbm\b")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
@@ -178,7 +178,7 @@ def _legacy(line: str) -> dict[str, object] | None:
         "tried_bytes": size_bytes(legacy.group(1)),
         "gpu": int(legacy.group(2)),
         "total_bytes": size_bytes(legacy.group(3)),
-        "free_bytes": size_bytes(legacy.group(5)),
+        "free_bytes": size_bytes(legacy.group(5)) if legacy.group(5) else None,
         "process_bytes": reserved,
         "allocated_bytes": allocated,
         "reserved_unallocated_bytes": max(0, reserved - allocated),

@@ -125,12 +125,15 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
         for path, name in frames:
             if name in names or any(part in path for part in paths):
                 return phase, f"frame {name} ({path.rsplit('/', 1)[-1]})"
-    for index in range(start - 1, -1, -1):
-        text = records[index].payload
-        for phase, pattern in reversed(_PROGRESS):
-            match = pattern.search(text)
-            if match is not None:
-                return phase, f"the last progress line before it: {match.group(0)!r}"
+    before = range(start - 1, -1, -1)
+    after = range(at + 1, len(records))  # a paste that put the error first and the lines that led to it after
+    for indices, where in ((before, "before"), (after, "after, in the paste's order,")):
+        for index in indices:
+            text = records[index].payload
+            for phase, pattern in reversed(_PROGRESS):
+                match = pattern.search(text)
+                if match is not None:
+                    return phase, f"the last progress line {where} it: {match.group(0)!r}"
     return OomPhase.UNKNOWN, "no traceback frame or progress line places it"
 
 

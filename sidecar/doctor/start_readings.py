@@ -14,14 +14,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from sidecar.doctor import formula, remedies
 from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE, derived_max_len
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
-from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.ledger import Amount, MemoryLedger
 from sidecar.doctor.logfacts import LogFacts, OomPhase, Refusal, RefusalKind
-from sidecar.doctor.setup import Setup
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 from sidecar.doctor.versions import available
 
 MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
@@ -130,28 +131,68 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
         )
     recommendations = _room_for_kv(ledger, setup, log, lines)
     if fit is None:
-        lines.append(
-            "whether the weights fit is not in the log ('Model loading took W GiB' says it): if they take most of "
-            "the card, the model does not fit and --tensor-parallel-size or --quantization is the way out"
-        )
+        lines.append(_what_would_decide(ledger))
     if not recommendations:
-        return Finding(
-            cause=Cause.DOES_NOT_FIT,
-            severity=Severity.CRITICAL,
-            summary="vLLM could not start: nothing is left for the KV cache, and the log does not say why",
-            evidence=tuple(lines),
-            steps=(
-                "find 'Model loading took W GiB' and the memory-profiling line in vLLM's start: weights near the "
-                "card's size need more GPUs or quantization; weights that fit need a larger --gpu-memory-utilization "
-                "or fewer --max-num-seqs",
-            ),
-        )
+        return _short_at_full_budget(ledger, setup, lines)
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
         summary="vLLM could not start: the budget holds the weights and activations but leaves no KV cache",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def _what_would_decide(ledger: MemoryLedger) -> str:
+    if ledger.weights is None:
+        missing = "the weights' size is not in the log ('Model loading took W GiB' says it)"
+    elif ledger.total is None:
+        missing = "the card's size is not in the log (the OOM message, the memory-profiling line or NVML say it)"
+    else:
+        missing = "the weights take between 75 % and 90 % of what the card gives vLLM"
+    return (
+        f"whether the weights fit is not decided: {missing}; if they take most of the card, the model does not fit "
+        "and --tensor-parallel-size or --quantization is the way out"
+    )
+
+
+def _short_at_full_budget(ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    """No larger budget and no smaller batch to give: with the weights measured and the budget at vLLM's default
+    or more, the model is what does not fit. The budget held at least the weights less the KV shortfall, so the
+    card is at least that over the budget's share: remedies sized against that floor ask for more, never less."""
+    weights, kv = ledger.weights, ledger.kv
+    if (
+        weights is not None
+        and not weights.assumed
+        and kv is not None
+        and not ledger.utilization_assumed
+        and ledger.utilization >= DEFAULT_UTILIZATION
+    ):
+        floor = (weights.value_bytes + min(0.0, kv.value_bytes)) / ledger.utilization
+        card = ledger.total.value_bytes if ledger.total is not None else floor
+        lines.append(
+            f"gpu_memory_utilization is already {ledger.utilization:g}: the budget held at least "
+            f"{gib(weights.value_bytes + min(0.0, kv.value_bytes))} (the weights less the KV shortfall), so the card "
+            f"has at least {gib(card)}; the weights are what does not fit"
+        )
+        sized = ledger if ledger.total is not None else replace(ledger, total=Amount(value_bytes=card, source="floor"))
+        return Finding(
+            cause=Cause.DOES_NOT_FIT,
+            severity=Severity.CRITICAL,
+            summary="the model does not fit: at this budget its weights leave no room for the KV cache",
+            evidence=tuple(lines),
+            recommendations=tuple(remedies.smaller_model_per_gpu(sized, setup, weights.value_bytes, weights.source)),
+        )
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not start: nothing is left for the KV cache, and the log does not say why",
+        evidence=tuple(lines),
+        steps=(
+            "find 'Model loading took W GiB' and the memory-profiling line in vLLM's start: weights near the "
+            "card's size need more GPUs or quantization; weights that fit need a larger --gpu-memory-utilization "
+            "or fewer --max-num-seqs",
+        ),
     )
 
 

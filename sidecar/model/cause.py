@@ -29,6 +29,7 @@ class CrashCause:
     recommendations: tuple[FlagChange, ...]
     source: str  # where the log was read: "journal of vllm.service (system), invocation 2a14…", "file /x.log"
     read_wall_time_s: float  # when it was read (Unix seconds)
+    steps: tuple[str, ...] = ()  # what to do that is no flag value: a relative change, what to look for
 
     @property
     def known(self) -> bool:
@@ -38,8 +39,10 @@ class CrashCause:
         """One line for chat and Events: `cause <name>: <summary>; change <flags>`, or `cause unknown: <why>`."""
         if self.cause is None:
             return f"cause unknown: {self.summary}"
-        change = "; change " + ", ".join(r.pasted for r in self.recommendations) if self.recommendations else ""
-        return f"cause {self.cause}: {self.summary}{change}"
+        if self.recommendations:
+            return f"cause {self.cause}: {self.summary}; change " + ", ".join(r.pasted for r in self.recommendations)
+        step = f"; next: {self.steps[0]}" if self.steps else ""
+        return f"cause {self.cause}: {self.summary}{step}"
 
     @classmethod
     def unknown(cls, why: str, *, source: str, wall_time_s: float) -> CrashCause:

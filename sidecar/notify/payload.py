@@ -5,7 +5,7 @@ Two bodies, both `application/json`:
 - the generic document, `{"source": "vllm-sidecar", "kind", "summary", "reason", "time", "dry_run",
   "details", "host", "pod", "cause"}` (`time` is RFC 3339 in UTC, from the notification's wall time;
   `cause` is null, or why vLLM died as its log says: `{"cause", "severity", "summary", "evidence",
-  "recommendations": [{"flag", "value", "why"}], "source", "read_at"}`, `cause` null when unknown);
+  "recommendations": [{"flag", "value", "why"}], "steps", "source", "read_at"}`, `cause` null when unknown);
 - the Slack-compatible one, `{"text": "..."}`: one line, an emoji per kind, a dry run reads "would"; a
   second line with the cause and the flags to change when the notification carries one.
   Slack incoming webhooks (and Mattermost, Rocket.Chat, Teams' Slack-compatible connectors) accept it.
@@ -80,6 +80,7 @@ class CauseDocument(TypedDict):
     summary: str
     evidence: list[str]
     recommendations: list[RecommendationDocument]
+    steps: list[str]
     source: str
     read_at: str
 
@@ -132,6 +133,7 @@ def cause_document(cause: CrashCause) -> CauseDocument:
             RecommendationDocument(flag=change.flag, value=change.value, why=change.why)
             for change in cause.recommendations
         ],
+        steps=list(cause.steps),
         source=cause.source,
         read_at=rfc3339(cause.read_wall_time_s),
     )

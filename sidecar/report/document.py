@@ -194,6 +194,7 @@ def _crash_cause_document(cause: CrashCause | None) -> JsonObject | None:
         "summary": cause.summary,
         "evidence": list(cause.evidence),
         "recommendations": [{"flag": r.flag, "value": r.value, "why": r.why} for r in cause.recommendations],
+        "steps": list(cause.steps),
         "source": cause.source,
         "read_timestamp_seconds": cause.read_wall_time_s,
     }

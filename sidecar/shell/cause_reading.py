@@ -62,6 +62,7 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
         ),
         source=source,
         read_wall_time_s=wall_time_s,
+        steps=finding.steps,
     )
 
 

@@ -193,3 +193,19 @@ def test_an_oom_inside_the_budget_lowers_the_budget_by_what_the_allocation_lacke
 def test_an_empty_or_binary_log_says_so(text: str, summary: str) -> None:
     cause = explain(file(text), Wanted.DIED, wall_time_s=WALL_S)
     assert (cause.cause, cause.summary) == (None, summary)
+
+
+def test_a_cause_without_a_flag_value_carries_the_doctors_step() -> None:
+    """The budget is not in the log: the doctor gives its lowering as a step, and the notification says it, no
+    more sure of it than the doctor is."""
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "23.65 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 22.55 GiB memory in use. "
+        "Of the allocated memory 21.90 GiB is allocated by PyTorch, and 20.00 MiB is reserved by PyTorch but "
+        "unallocated."
+    )
+    text = "\n".join(["Traceback (most recent call last):", '  File "x.py", line 1, in execute_model', oom]) + "\n"
+    cause = explain(file(text), Wanted.DIED, wall_time_s=WALL_S)
+    assert (cause.cause, cause.recommendations) == ("configuration_overshoot", ())
+    assert cause.steps[0].startswith("lower --gpu-memory-utilization by 0.050 below what you set")
+    assert "; next: lower --gpu-memory-utilization by 0.050" in cause.line()

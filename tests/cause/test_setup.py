@@ -112,6 +112,7 @@ def test_status_shows_the_last_cause_with_when_and_where() -> None:
         "summary": "vLLM could not start",
         "evidence": ["vLLM refused to start"],
         "recommendations": [{"flag": "--max-model-len", "value": 992, "why": "fits"}],
+        "steps": [],
         "source": "journal of vllm.service (system manager), invocation 1, 150 lines",
         "read_timestamp_seconds": 1_795_000_000.5,
     }

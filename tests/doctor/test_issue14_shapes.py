@@ -101,10 +101,19 @@ def _fields(facts: object) -> dict[str, object]:
 
 
 def test_graph_capture_oom_without_the_version_says_why_no_size_is_given() -> None:
-    finding = _graph_finding()
+    finding = _graph_finding(args=args())  # non-default args without the budget: vLLM's default, known
     assert _flags(finding) == [("--gpu-memory-utilization", 0.88), ("--enforce-eager", "")]
     assert finding is not None
     assert any("fewer captured graph sizes cannot be sized" in line for line in finding.evidence)
+
+
+def test_graph_capture_oom_with_the_budget_unknown_gives_its_lowering_as_a_step() -> None:
+    """No arguments in the log: 0.88 from vLLM's default could be a raise for whoever set 0.8, so the lowering is
+    relative (by 0.019 from what was set) and only what holds at any budget is a value."""
+    finding = _graph_finding()
+    assert _flags(finding) == [("--enforce-eager", "")]
+    assert finding is not None
+    assert finding.steps[0].startswith("lower --gpu-memory-utilization by 0.019 below what you set")
 
 
 # vllm/v1/worker/gpu_worker.py 0.10.2: logger.info("Available KV cache memory: %.2f GiB", ...); 0.32.0 prints

@@ -107,10 +107,20 @@ def test_a_bare_cuda_error_in_graph_capture_has_no_numbers_and_is_still_read() -
 
 def test_a_launchers_prefix_does_not_hide_the_oom() -> None:
     prefix = "2025-05-01 12:00:00 | ERROR | stderr | "
-    finding = _finding(_traceback(prefix, ["run_busy_loop", "execute_model"], _oom()))
+    args = prefix + "INFO 05-01 12:00:00 [utils.py:1] non-default args: {'model': 'm'}\n"
+    finding = _finding(args + _traceback(prefix, ["run_busy_loop", "execute_model"], _oom()))
     assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
-    # 0.9 (default) - (2.00 - 1.06) GiB / 23.65 GiB - 0.01 = 0.8502 -> 0.85
+    # 0.9 (vLLM's default: not among the non-default args) - (2.00 - 1.06) GiB / 23.65 GiB - 0.01 = 0.8502 -> 0.85
     assert _flags(finding) == {"--gpu-memory-utilization": 0.85}
+
+
+def test_a_lower_budget_from_a_budget_the_log_does_not_state_is_a_step_not_a_value() -> None:
+    """Whoever lowered the budget to 0.8 after a first OOM and pasted only the traceback must not be told 0.85."""
+    finding = _finding(_traceback(V1, ["run_busy_loop", "execute_model"], _oom()))
+    assert finding.recommendations == ()
+    # (2.00 - 1.06) GiB / 23.65 GiB + 0.01 = 0.0497
+    assert finding.steps[0].startswith("lower --gpu-memory-utilization by 0.050 below what you set")
+    assert "from vLLM's default 0.9 that is 0.85" in finding.steps[0]
 
 
 def test_weights_that_do_not_fit_never_lower_the_budget() -> None:

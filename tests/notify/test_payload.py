@@ -58,6 +58,7 @@ def test_json_document_carries_why_vllm_died_with_the_flags_to_change() -> None:
             {"flag": "--gpu-memory-utilization", "value": 0.87, "why": "(80 - 6 - 4) / 80"},
             {"flag": "--enforce-eager", "value": "", "why": "no CUDA graphs"},
         ],
+        "steps": [],
         "source": "journal of vllm.service (system manager), invocation 2a14, 13 lines",
         "read_at": "2023-11-14T22:13:21.250Z",
     }
