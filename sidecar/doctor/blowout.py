@@ -20,7 +20,6 @@ from sidecar.doctor.setup import Setup
 MIN_REQUESTS = 50  # fewer finished requests are too thin a sample for a p99
 BLOWOUT_RATIO = 2.0  # max_model_len at least this many times what p99 traffic needs
 DEFAULT_BLOCK_SIZE = 16
-MAX_RAISED_UTILIZATION = 0.95
 PRESSURE_KV_USAGE = 0.8  # KV usage from here on is pressure a shorter max_model_len could relieve
 
 

@@ -12,12 +12,9 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import tokens
 from sidecar.doctor.setup import Setup
 
-MIN_KV_SHARE = 0.10  # below this share of (weights + KV) the cache is a sliver: the model is the problem
-TARGET_KV_SHARE = 0.25  # what a remedy should leave for the KV cache, of the per-GPU weights + KV room
 MIN_P99_REQUESTS = 2.0
 FULL_CARD_UTILIZATION = 0.9
 MAX_TENSOR_PARALLEL = 8
-MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver
 
 
 def live_does_not_fit(evidence: Evidence, setup: Setup) -> Finding | None:

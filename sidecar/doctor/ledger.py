@@ -128,6 +128,7 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
     )
     weights, weights_high = _weights(log, setup)
     others = _others(log, oom) or _live_others(setup)
+    kv_tokens, kv_tokens_source = _kv_tokens(log, setup)
     return MemoryLedger(
         rank=oom.rank if oom is not None else None,
         total=_total(log, setup),
@@ -142,8 +143,8 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
             (log.profile.cudagraph_gib if log.profile else None) or log.graph_capture_gib, "vLLM's graph-capture line"
         ),
         kv=_kv(log),
-        kv_tokens=_kv_tokens(log, setup)[0],
-        kv_tokens_source=_kv_tokens(log, setup)[1],
+        kv_tokens=kv_tokens,
+        kv_tokens_source=kv_tokens_source,
         others=others,
         vllm_held=_bytes(oom.process_bytes if oom else None, "the OOM message"),
         stranded=_bytes(oom.reserved_unallocated_bytes if oom else None, "the OOM message"),

@@ -238,8 +238,15 @@ def _engine_config(line: str, facts: Facts) -> bool:
     return True
 
 
-def _simple(pattern: re.Pattern[str], store: Callable[[re.Match[str], Facts], None]) -> Callable[[str, Facts], bool]:
+def _simple(
+    pattern: re.Pattern[str], store: Callable[[re.Match[str], Facts], None], *, needle: str = ""
+) -> Callable[[str, Facts], bool]:
+    """A handler for one pattern; `needle`, a word every match contains (one a wrap cannot split), skips the
+    regular expression on the lines that lack it: most lines of a long log match none."""
+
     def handler(line: str, facts: Facts) -> bool:
+        if needle not in line:
+            return False
         match = pattern.search(line)
         if match is None:
             return False
@@ -415,32 +422,32 @@ def _engine(match: re.Match[str], facts: Facts) -> None:
 _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _args,
     _engine_config,
-    _simple(_BANNER_VERSION, _banner_version),
-    _simple(_MAX_LEN_V1, _max_len_v1),
-    _simple(_MAX_LEN_V0, _max_len_v0),
-    _simple(_NO_CACHE_MEMORY, _no_cache),
-    _simple(_FREE_AT_START, _free_at_start),
-    _simple(_AVAILABLE_AT_START, _free_at_start),
-    _simple(_SAMPLER, _sampler),
-    _simple(_STATS, _stats),
-    _simple(_PREEMPTED, _preempted),
-    _simple(_FREE_INFO, _free_info),
-    _simple(_V0_BUDGET, _v0_budget),
-    _simple(_V0_PROFILE, _v0_profile),
+    _simple(_BANNER_VERSION, _banner_version, needle="version"),
+    _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
+    _simple(_MAX_LEN_V0, _max_len_v0, needle="seq"),
+    _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
+    _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
+    _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
+    _simple(_SAMPLER, _sampler, needle="sampler"),
+    _simple(_STATS, _stats, needle="Running"),
+    _simple(_PREEMPTED, _preempted, needle="preempted"),
+    _simple(_FREE_INFO, _free_info, needle="utilization"),
+    _simple(_V0_BUDGET, _v0_budget, needle="total_gpu_memory"),
+    _simple(_V0_PROFILE, _v0_profile, needle="weights"),
     _simple(_KV_TOKENS, _store("kv_cache_tokens", lambda text: int(_number(text)))),
-    _simple(_CONCURRENCY, _concurrency),
-    _simple(_BLOCKS, _blocks),
+    _simple(_CONCURRENCY, _concurrency, needle="concurrency"),
+    _simple(_BLOCKS, _blocks, needle="blocks"),
     _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
-    _simple(_WEIGHTS, _weights),
-    _simple(_GRAPHS, _store("graph_capture_gib", float)),
-    _simple(_MAX_MODEL_LEN, _store("max_seq_len", int)),
-    _simple(_PREEMPTIONS, _preemptions),
+    _simple(_WEIGHTS, _weights, needle="took"),
+    _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
+    _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),
+    _simple(_PREEMPTIONS, _preemptions, needle="total_num_cumulative_preemption"),
     _simple(_ENGINE_DEAD, _dead),
 )
 # Context, not a line of vLLM's own: read, but a log of nothing else is still "no vLLM line recognised".
 _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
-    _simple(_KV_CHECK, _kv_check),
+    _simple(_KV_CHECK, _kv_check, needle="cache"),
     _simple(_COMMAND_MODEL, _command_model),
     _simple(_ENGINE_GENERATION, _engine),
 )

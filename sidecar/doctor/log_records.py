@@ -43,6 +43,7 @@ _MAX_HEAD_TOKENS = 14
 _MIN_PREFIX_LINES = 2  # a head shape must start at least this many lines ...
 _MIN_PREFIX_SHARE = 0.05  # ... and this share of the non-empty lines to count as the log's prefix
 _PREFIXED_LOG_SHARE = 0.5  # a log where at least this share of lines carry a prefix is a prefixed log
+_MAX_RECORD_CHARS = 65536  # a wrapped message is never longer: past it, a run of loose lines starts a new record
 # A line that starts a record by its own shape, whatever prefix it has or lacks.
 _RECORD_START = re.compile(
     r"""^(?:\s                                  # indented: a traceback's code, a caret line, a continuation
@@ -102,14 +103,23 @@ def join_lines(lines: list[str]) -> list[Record]:
     prefixes = [_learned_prefix(line, head, learned) for line, head in zip(lines, heads, strict=True)]
     non_empty = [prefix for line, prefix in zip(lines, prefixes, strict=True) if line.strip()]
     prefixed_log = bool(non_empty) and sum(1 for prefix in non_empty if prefix) >= _PREFIXED_LOG_SHARE * len(non_empty)
-    joined: list[Record] = []
+    # Each record as its prefix and its parts, joined once at the end (a long run of continuations stays linear).
+    joined: list[tuple[str, list[str]]] = []
+    size = 0
     for line, prefix in zip(lines, prefixes, strict=True):
-        if joined and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log):
-            previous = joined[-1]
-            joined[-1] = Record(text=_glue(previous.text, line), prefix=previous.prefix)
+        if (
+            joined
+            and size + len(line) <= _MAX_RECORD_CHARS
+            and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log)
+        ):
+            parts = joined[-1][1]
+            glue = _glue(parts[-1], line)
+            parts.append(glue)
+            size += len(glue)
         else:
-            joined.append(Record(text=line, prefix=prefix))
-    return joined
+            joined.append((prefix, [line]))
+            size = len(line)
+    return [Record(text="".join(parts), prefix=prefix) for prefix, parts in joined]
 
 
 def loose(pattern: str, flags: int = 0) -> re.Pattern[str]:
@@ -186,8 +196,9 @@ def _learned_prefix(line: str, head: list[tuple[str, int]], learned: set[tuple[s
     return ""
 
 
-def _continues(line: str, prefix: str, previous: Record, *, prefixed_log: bool) -> bool:
-    if prefix or not line.strip() or not previous.text.strip():
+def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefixed_log: bool) -> bool:
+    last_part = previous[1][-1]
+    if prefix or not line.strip() or not last_part.strip():
         return False
     if _RECORD_START.match(line):
         return False
@@ -195,13 +206,15 @@ def _continues(line: str, prefix: str, previous: Record, *, prefixed_log: bool) 
         return True  # an unprefixed line among prefixed ones: a terminal or a paste wrapped the one before
     # An unprefixed log (a bare traceback, a paste): a line that starts like the rest of a sentence continues it.
     first = line[0]
-    last = previous.text[-1]
+    last = last_part[-1]
     return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
 
 
 def _glue(before: str, after: str) -> str:
+    """`after` as it continues `before`: with no space where a word was cut (`KV cach` + `e`; loose patterns
+    absorb a space the paste lost), with one where the wrap fell between punctuation and a word."""
     if before[-1:].isspace() or after[:1].isspace():
-        return before + after
+        return after
     if before[-1:].isalpha() and after[:1].isalpha():
-        return before + after  # a word cut by the wrap (`KV cach` + `e`); loose patterns absorb a lost space
-    return before + " " + after
+        return after
+    return " " + after

@@ -46,6 +46,7 @@ _LEGACY = loose(
     r"(?:" + _SIZE + r" free; )?" + _SIZE + r" reserved in total by PyTorch\)"
 )  # fmt: skip  (XPU's allocator leaves out the free field)
 _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
+_MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU)\b|\bhip|\bhbm\b")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
@@ -76,7 +77,7 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
     numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy))), None)
     numbers = numbers or next((found for payload in payloads if (found := _numbers(payload, _tried_only))), None)
     phase, where = OomPhase.UNKNOWN, "no traceback frame or progress line places it"
-    for index in reversed(family):
+    for index in reversed(family[-_MAX_PLACED:]):  # a serving loop can repeat the error thousands of times
         phase, where = _phase(records, index)
         if phase is not OomPhase.UNKNOWN:
             break

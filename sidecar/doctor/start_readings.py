@@ -33,7 +33,8 @@ SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when m
 V0_MAX_NUM_SEQS = 256  # V0's default (0.5-0.10), the same for every card
 
 
-def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
+def free_memory_refusal(refusal: Refusal) -> Finding:
+    """The refusal states every amount it needs: free and total at start, the budget asked for."""
     free = (refusal.free_gib or 0.0) * GIB
     total = (refusal.total_gib or 0.0) * GIB
     lines = [
@@ -53,7 +54,6 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
                 f"what is left would be gpu_memory_utilization {computed.value:.2f}, too little to serve: free the GPU "
                 "first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
             )
-    del ledger  # the refusal states every amount it needs
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,

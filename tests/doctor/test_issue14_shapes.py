@@ -138,7 +138,7 @@ def test_a_negative_v1_kv_budget_without_the_card_raises_the_budget_and_says_wha
     assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
     assert _flags(finding) == [("--gpu-memory-utilization", 0.9)]
     assert any("KV cache -2.16 GiB" in line for line in finding.evidence), finding.evidence
-    assert any("whether the weights fit is not in the log" in line for line in finding.evidence)
+    assert any("whether the weights fit is not decided" in line for line in finding.evidence)
 
 
 def test_a_negative_v1_kv_budget_with_weights_that_fill_the_card_is_does_not_fit() -> None:
