@@ -117,3 +117,12 @@ def test_a_loose_pattern_takes_any_whitespace_where_the_pattern_has_a_space() ->
     assert pattern.search("KV cacheis\n  needed,")
     assert pattern.search("KV cache is needed ")
     assert not pattern.search("KV cache is needed;")
+
+
+def test_a_run_of_loose_lines_is_cut_into_bounded_records() -> None:
+    """A bare log of lines that each continue the one before (no prefix, lower case) is not one record of the
+    whole file: a wrapped message is never 64 KiB long, and building one would be quadratic."""
+    read = records("a plain line that starts in lower case\n" * 20000)
+    assert len(read) > 1
+    assert max(len(record.text) for record in read) <= 65536
+    assert sum(len(record.text) for record in read) == 20000 * len("a plain line that starts in lower case")
