@@ -112,6 +112,8 @@ def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Fin
     not_the_budget = _not_the_budget(oom, phase, ledger, setup, log=log, lines=lines)
     if not_the_budget is not None:
         return not_the_budget
+    if phase is OomPhase.PROFILING:  # the dummy batch is the configuration's choice, stranded memory or not
+        return _before_kv(oom, ledger, setup, log, lines)
     if _stranded(oom) and phase is not OomPhase.GRAPH_CAPTURE:  # graphs allocate from private pools of their own
         return _finding(
             Cause.ALLOCATOR_FRAGMENTATION,
@@ -119,8 +121,6 @@ def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Fin
             [*lines, _stranded_line(oom)],
             [remedies.expandable_segments(_stranded_why(oom))],
         )
-    if phase is OomPhase.PROFILING:
-        return _before_kv(oom, ledger, setup, log, lines)
     return _after_kv(oom, phase, ledger, setup, log=log, lines=lines)
 
 
@@ -323,7 +323,8 @@ def _weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines:
 
 
 def _before_kv(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
-    """The profile run's dummy batch did not fit beside the weights: the budget does not cap it."""
+    """The profile run's dummy batch did not fit beside the weights: the budget does not cap it. Fewer sequences
+    and batched tokens come first (the dummy batch is theirs); stranded memory adds expandable segments."""
     if ledger.weights_fit() is False:
         return _weights_do_not_fit(oom, ledger, setup, lines)
     recommendations = [
@@ -334,6 +335,9 @@ def _before_kv(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts, 
         )
         if r is not None
     ]
+    if _stranded(oom):
+        lines.append(_stranded_line(oom))
+        recommendations.append(remedies.expandable_segments(f"and, as the memory was stranded: {_stranded_why(oom)}"))
     lines.append("gpu_memory_utilization does not cap the profile run (it sizes the KV cache after it)")
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,

@@ -229,3 +229,15 @@ def test_oom_in_the_profile_run_never_lowers_the_budget() -> None:
 
 def test_nothing_in_the_log_about_memory_is_no_finding() -> None:
     assert _from_log() is None
+
+
+def test_oom_in_the_profile_run_with_stranded_memory_shrinks_the_batch_first() -> None:
+    """The profile run's dummy batch is the configuration's own choice: fewer batched tokens first, the allocator's
+    expandable segments beside it (3 GiB stranded >= the 1.5 GiB it lacked)."""
+    finding = _from_log(oom=_oom(OomPhase.PROFILING), args=args(max_num_batched_tokens=16384))
+    assert finding is not None
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == [
+        ("--max-num-batched-tokens", 8192),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+    ]
