@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sidecar.doctor.formula import GIB, RESERVE_RATIO, gib
 from sidecar.doctor.logfacts import CudaOom, LogFacts
-from sidecar.doctor.model_size import estimate
+from sidecar.doctor.model_size import estimate, fp8_capable, weight_bits
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 from sidecar.model.gpu import ProcessOwner
 
@@ -56,6 +56,12 @@ class MemoryLedger:
     others: Amount | None  # what other processes hold on the card
     vllm_held: Amount | None  # at the error: vLLM's process, non-torch memory included
     stranded: Amount | None  # reserved by PyTorch but unallocated
+    gpu_name: str | None = None  # NVML's name of the card, or the one the log prints
+    weights_bits: int | None = None  # 4, 8 or 16 when the model's name, quantization or dtype says so
+
+    @property
+    def fp8_capable(self) -> bool:
+        return fp8_capable(self.gpu_name)
 
     @property
     def budget_bytes(self) -> float | None:
@@ -148,6 +154,12 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
         others=others,
         vllm_held=_bytes(oom.process_bytes if oom else None, "the OOM message"),
         stranded=_bytes(oom.reserved_unallocated_bytes if oom else None, "the OOM message"),
+        gpu_name=(setup.card.name if setup.card is not None else None) or log.gpu_name,
+        weights_bits=weight_bits(
+            log.model,
+            dtype=(log.args.dtype if log.args is not None else None) or log.dtype,
+            quantization=setup.quantization,
+        ),
     )
 
 
@@ -220,6 +232,14 @@ def _kv_tokens(log: LogFacts, setup: Setup) -> tuple[int | None, str | None]:
     return None, None
 
 
+def _outside(oom: CudaOom) -> float | None:
+    """What the card holds besides this process and what is free: other processes' memory, whether PyTorch lists
+    them or not (older releases list none). Needs this process's own total, which PyTorch states."""
+    if oom.total_bytes is None or oom.free_bytes is None or oom.process_bytes is None:
+        return None
+    return max(0.0, oom.total_bytes - oom.free_bytes - oom.process_bytes)
+
+
 def _live_others(setup: Setup) -> Amount | None:
     """Other tenants NVML sees on the card now (the doctor run beside a vLLM that failed to start)."""
     card = setup.card
@@ -230,8 +250,18 @@ def _live_others(setup: Setup) -> Amount | None:
 
 
 def _others(log: LogFacts, oom: CudaOom | None) -> Amount | None:
-    if oom is not None and oom.other_processes:
+    if oom is not None:
         held = sum(size for _, size in oom.other_processes)
+        outside = _outside(oom)
+        if outside is not None and outside > held + MIN_OTHER_BYTES:
+            return Amount(
+                value_bytes=outside,
+                source=(
+                    f"{gib(oom.total_bytes or 0)} total - {gib(oom.free_bytes or 0)} free - "
+                    f"{gib(oom.process_bytes or 0)} this process held, in the OOM message: the rest is other processes'"
+                    + (f" ({gib(held)} of it listed)" if held else "")
+                ),
+            )
         if held >= MIN_OTHER_BYTES:
             listed = ", ".join(f"pid {pid} {gib(size)}" for pid, size in oom.other_processes)
             return Amount(value_bytes=held, source=f"the OOM message lists {listed}")

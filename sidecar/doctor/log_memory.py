@@ -35,6 +35,8 @@ from sidecar.doctor.start_readings import free_memory_refusal, kv_refusal, no_kv
 _RAN_OUT = "vLLM ran out of memory"
 BEYOND_ANY_BUDGET = 0.97  # PyTorch holding this share of the card: no budget vLLM sets allows it after the KV cache
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
+MIN_SLACK_BYTES = 64 * 2**20  # stranded memory under this is the caching allocator's ordinary slack
+STRANDED_MARGIN = 4  # a small shortfall is fragmentation when the stranded memory holds it this many times
 NOT_SHORT_FREE_SHARE = 0.1  # free at the error at least this share of the card (and twice the ask): no shortage
 MAX_TRANSIENT_SHARE = 0.2  # a shortfall beyond this share of the card is no transient a budget makes room for
 _PHASE_TEXT = {
@@ -119,7 +121,7 @@ def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Fin
             Cause.ALLOCATOR_FRAGMENTATION,
             f"{_RAN_OUT} while {phase_text(phase)}: PyTorch's allocator stranded the memory it needed",
             [*lines, _stranded_line(oom)],
-            [remedies.expandable_segments(_stranded_why(oom))],
+            [remedies.expandable_segments(_stranded_why(oom), oom.device)],
         )
     return _after_kv(oom, phase, ledger, setup, log=log, lines=lines)
 
@@ -137,9 +139,9 @@ def _not_the_budget(
         return _another_process(oom, ledger, lines, _stranded(oom))
     if _larger_than_any_margin(oom, ledger):
         return _one_step_too_large(oom, phase, setup, log, lines)
-    if phase is OomPhase.WEIGHT_LOADING or _beyond_any_budget(oom, ledger, phase):
+    if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
         return _weights_do_not_fit(oom, ledger, setup, lines)
-    return None
+    return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
 
 
 def _placed(oom: CudaOom, ledger: MemoryLedger) -> tuple[OomPhase, str]:
@@ -163,8 +165,8 @@ def _placed(oom: CudaOom, ledger: MemoryLedger) -> tuple[OomPhase, str]:
 
 
 def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> bool:
-    """PyTorch itself holding nearly the whole card, in no known phase: after the KV cache the budget bounds what
-    vLLM allocates, so this is the weights (or a load that expands them) before any budget applied."""
+    """PyTorch itself holding nearly the whole card, in no known phase, beyond any budget the log states: the
+    weights before any budget applied, or a transient after a budget set that high. The log does not say which."""
     total = oom.total_bytes
     allocated = oom.allocated_bytes
     if phase is not OomPhase.UNKNOWN or not total or allocated is None:
@@ -239,10 +241,33 @@ def _one_step_too_large(oom: CudaOom, phase: OomPhase, setup: Setup, log: LogFac
     )
 
 
+def _probably_weights(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    """PyTorch holding nearly the whole card with no phase in the log: most often weights that do not fit, and
+    the remedies for that (more GPUs, offload) relieve a transient too; the other reading is a step, since its
+    remedy (a lower budget) would not help weights."""
+    total = oom.total_bytes or 0
+    lines.append(
+        f"PyTorch held {gib(oom.allocated_bytes or 0)} of the {gib(total)} card, beyond vLLM's default budget, with "
+        "nothing in the log saying when: most often weights that do not fit; a transient after the KV cache under a "
+        "budget set that high is the other reading"
+    )
+    finding = _weights_do_not_fit(oom, ledger, setup, lines)
+    step = (
+        f"if vLLM had printed 'Model loading took ... GiB' before the error, the weights fitted and a transient "
+        f"after the KV cache did not: lower --gpu-memory-utilization by "
+        f"{((oom.shortfall_bytes or 0) / total if total else 0) + 0.01:.3f} below what you set instead"
+    )
+    return replace(finding, steps=(*finding.steps, step))
+
+
 def _stranded(oom: CudaOom) -> bool:
+    """The stranded memory would have held what the allocation lacked, with room: at least 256 MiB, or, for a
+    small shortfall, four times it (and more than the allocator's usual 64 MiB of slack)."""
     stranded = oom.reserved_unallocated_bytes
     shortfall = oom.shortfall_bytes
-    return stranded is not None and shortfall is not None and stranded >= max(MIN_STRANDED_BYTES, shortfall)
+    if stranded is None or shortfall is None or stranded < shortfall:
+        return False
+    return stranded >= MIN_STRANDED_BYTES or stranded >= max(MIN_SLACK_BYTES, STRANDED_MARGIN * shortfall)
 
 
 def _stranded_line(oom: CudaOom) -> str:
@@ -291,7 +316,7 @@ def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stran
         steps = ("the budget already fits beside the other processes: what vLLM itself held was over it",)
     if stranded:
         lines.append(_stranded_line(oom))
-        recommendations.append(remedies.expandable_segments(_stranded_why(oom)))
+        recommendations.append(remedies.expandable_segments(_stranded_why(oom), oom.device))
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
@@ -306,8 +331,10 @@ def _weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines:
     held = oom.process_bytes if oom.process_bytes is not None else (oom.allocated_bytes or 0)
     needed: float = held + (oom.tried_bytes or 0)
     what = f"at least {gib(needed)} held or asked for when the load failed"
-    if ledger.weights is not None and ledger.weights.value_bytes > needed:
-        needed, what = ledger.weights.value_bytes, ledger.weights.source
+    high = ledger.weights_high_bytes
+    if ledger.weights is not None and high is not None and high > needed:
+        # Remedies are sized from the high end of an estimate: more GPUs or offload than needed still start.
+        needed, what = high, ledger.weights.source
     lines.append(
         f"the weights need at least {gib(needed)} per GPU"
         + (f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else "")
@@ -337,7 +364,9 @@ def _before_kv(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts, 
     ]
     if _stranded(oom):
         lines.append(_stranded_line(oom))
-        recommendations.append(remedies.expandable_segments(f"and, as the memory was stranded: {_stranded_why(oom)}"))
+        recommendations.append(
+            remedies.expandable_segments(f"and, as the memory was stranded: {_stranded_why(oom)}", oom.device)
+        )
     lines.append("gpu_memory_utilization does not cap the profile run (it sizes the KV cache after it)")
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,

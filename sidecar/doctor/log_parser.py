@@ -24,6 +24,11 @@ _ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 _ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)")
 # Releases before 0.4 print no version: `Initializing an LLM engine with config: ...`.
 _ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine (?:\(v([^)\s]+)\) )?with config: (.*)$")
+# The card's name where a log prints it: collect_env, nvidia-smi, rocm-smi, a launcher's banner.
+_GPU_NAME = re.compile(
+    r"\b((?:NVIDIA|Tesla|Quadro|AMD Instinct|AMD Radeon)[ \w-]{0,24}?\b(?:[AHLBTV]\d{1,3}[A-Z]?|GH200|GB\d00|"
+    r"RTX ?\w*? ?\d{4}\w*|RTX PRO \d{4}|MI\d{3}\w*))\b"
+)
 # A command line pasted with the log: `vllm serve MODEL ...`, `--model MODEL` (api_server, launchers).
 _COMMAND_MODEL = re.compile(r"\bvllm serve\s+(?!-)([\w./@:-]+)|--model[= ]+(?!-)([\w./@:-]+)")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
@@ -55,19 +60,19 @@ _V0_PROFILE = loose(
     r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch activation peak "
     r"memory takes " + _NUM + r" ?GiB;\s*the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
 )  # `\s*`: a paste that wrapped the line at that space dropped it
-_KV_TOKENS = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
-_BLOCKS = re.compile(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
-_AVAILABLE_KV = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
-_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
-_GRAPHS = re.compile(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
-_MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
+_KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
+_CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
+_BLOCKS = loose(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
+_AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
+_WEIGHTS = loose(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
+_GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
+_MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
-_PREEMPTED = re.compile(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
+_PREEMPTED = loose(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
 # V0: `Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%`; V1: `Running: R reqs, Waiting: W
 # reqs, [Deferred: D reqs, ][KV fetch: ..., ][Preemptions: P, ]GPU|CPU KV cache usage: U%` (Preemptions since 0.11.2:
 # the preemptions of that interval, printed only when some happened; the device name from 0.30).
-_STATS = re.compile(
+_STATS = loose(
     r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, (?:[^%]*?Preemptions: (\d+), )?"
     r"(?:[^%]*?)\b[A-Z]+(?: \+ host)? KV cache usage: ([\d.]+)%"
 )
@@ -394,6 +399,10 @@ def _concurrency(match: re.Match[str], facts: Facts) -> None:
     facts["concurrency"] = (int(_number(match.group(1))), float(match.group(2)))
 
 
+def _gpu_name(match: re.Match[str], facts: Facts) -> None:
+    facts.setdefault("gpu_name", match.group(1))
+
+
 def _command_model(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("model", match.group(1) or match.group(2))  # vLLM's own arguments line, when there is one, wins
 
@@ -449,5 +458,6 @@ _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check, needle="cache"),
     _simple(_COMMAND_MODEL, _command_model),
+    _simple(_GPU_NAME, _gpu_name),
     _simple(_ENGINE_GENERATION, _engine),
 )

@@ -177,6 +177,7 @@ class LogFacts:
     traceback: bool = False  # a Python traceback follows the start: something raised
     kv_check_failed: bool = False  # the traceback runs through vLLM's check that the KV cache holds max_model_len
     engine: str | None = None  # "v0" or "v1", from the engine's process names and source paths
+    gpu_name: str | None = None  # the card's name where the log prints it (collect_env, a launcher's banner)
     model: str | None = None  # the model vLLM serves, as its arguments or its engine config line name it
     dtype: str | None = None  # the engine config's dtype (torch.bfloat16, float16, ...)
     pipeline_parallel_size: int | None = None

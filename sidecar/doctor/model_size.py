@@ -18,6 +18,7 @@ _EXPERTS = re.compile(r"(?<![\w.])(\d+)x(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
 _DENSE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 _FOUR_BIT = re.compile(r"awq|gptq|int4|4bit|4-bit|w4a16|nvfp4|mxfp4|fp4|bnb|q4|gguf", re.IGNORECASE)
 _EIGHT_BIT = re.compile(r"fp8|int8|8bit|8-bit|w8a8|w8a16|q8", re.IGNORECASE)
+_NAME_ROUNDING = 1.1  # names round parameter counts down: Qwen2.5-14B has 14.8B, Qwen2.5-7B 7.6B, 72B 72.7B
 _SHARED_SHARE = 0.75  # at least this share of N x M parameters for an N x M mixture (Mixtral 46.7 / 56 = 0.83)
 
 
@@ -41,7 +42,7 @@ def estimate(model: str, *, dtype: str | None = None, quantization: str | None =
         if not sizes:
             return None
         params = max(sizes)  # Qwen3-30B-A3B: the total, not the active parameters
-        low_params = high_params = params
+        low_params, high_params = params, params * _NAME_ROUNDING  # "14B" holds 14.8B, "7B" 7.6B
         counted = f"{params:g}B parameters"
     low_per, high_per, precision = _bytes_per_parameter(name, dtype, quantization)
     low, high = low_params * 1e9 * low_per, high_params * 1e9 * high_per
@@ -54,6 +55,33 @@ def estimate(model: str, *, dtype: str | None = None, quantization: str | None =
             + " GiB of weights (estimated: the log does not say what loading took)"
         ),
     )
+
+
+def weight_bits(model: str | None, *, dtype: str | None, quantization: str | None) -> int | None:
+    """4 or 8 when the name or the quantization says so; 16 when the dtype is stated 16-bit and nothing says
+    quantized; None when nothing says."""
+    said = " ".join(part for part in (model or "", quantization or "") if part)
+    if _FOUR_BIT.search(said):
+        return 4
+    if _EIGHT_BIT.search(said):
+        return 8
+    if quantization is None and dtype is not None and ("16" in dtype or dtype in ("half", "auto")):
+        return 16 if dtype != "auto" else None
+    return None
+
+
+# GPUs whose vLLM runs fp8 weights natively: Ada (L4, L40, RTX 40xx), Hopper (H100, H200, H20, H800, GH200),
+# Blackwell (B100, B200, GB200, RTX 50xx, RTX PRO 6000), AMD MI300/MI325/MI350. A100 and older run fp8 through a
+# slow fallback or not at all (T4, V100).
+_FP8_GPU = re.compile(
+    r"\b(?:H100|H200|H20|H800|GH200|B100|B200|GB200|GB300|B300|L4|L40S?|L20|RTX ?(?:40|50)\d\d|RTX PRO 6000|"
+    r"RTX 6000 Ada|MI3[0-5]\d\w*)\b",
+    re.IGNORECASE,
+)
+
+
+def fp8_capable(gpu_name: str | None) -> bool:
+    return gpu_name is not None and _FP8_GPU.search(gpu_name) is not None
 
 
 def _bytes_per_parameter(name: str, dtype: str | None, quantization: str | None) -> tuple[float, float, str]:

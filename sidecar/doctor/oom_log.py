@@ -28,7 +28,12 @@ _FAMILY = loose(
     r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?:CUDA|HIP|cuda|hip) [Ee]rror: out of memory"
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
-    r"|Tried to allocate " + _SIZE
+    r"|memory mapping failed with OOM|Tried to allocate " + _SIZE
+)
+# PyTorch's allocator with expandable segments, when the driver cannot map more: "expandable_segments: memory
+# mapping failed with OOM on device 4 while trying to map 20971520 bytes (free: 17235968, total: 25295323136)".
+_MAPPING = loose(
+    r"mapping failed with OOM on device (\d+) while trying to map (\d+) bytes \(free: (\d+), total: (\d+)\)"
 )
 _MODERN = loose(
     _DEVICE + r" out of memory\. Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
@@ -42,9 +47,18 @@ _PRIVATE_POOLS = loose(r"with " + _SIZE + r" allocated in private pools")
 # torch < 2.1: "Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already allocated; 3.12 MiB
 # free; 14.66 GiB reserved in total by PyTorch)"
 _LEGACY = loose(
-    r"Tried to allocate " + _SIZE + r" \(GPU (\d+); " + _SIZE + r" total capacity; " + _SIZE + r" already allocated; "
-    r"(?:" + _SIZE + r" free; )?" + _SIZE + r" reserved in total by PyTorch\)"
-)  # fmt: skip  (XPU's allocator leaves out the free field)
+    r"Tried to allocate "
+    + _SIZE
+    + r" \((?:GPU|NPU|XPU) (\d+); "
+    + _SIZE
+    + r" total capacity; "
+    + _SIZE
+    + r" already allocated; (?:[\d.]+ ?\w+ current active; )?(?:"
+    + _SIZE
+    + r" free; )?"
+    + _SIZE
+    + r" reserved in total by PyTorch\)"
+)  # fmt: skip  (XPU's allocator leaves out the free field; torch_npu adds "current active")
 _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU)\b|\bhip|\bhbm\b")
@@ -74,7 +88,7 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
         return None
     last = family[-1]
     payloads = [records[index].payload for index in reversed(family)]
-    numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy))), None)
+    numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy, _mapping))), None)
     numbers = numbers or next((found for payload in payloads if (found := _numbers(payload, _tried_only))), None)
     phase, where = OomPhase.UNKNOWN, "no traceback frame or progress line places it"
     for index in reversed(family[-_MAX_PLACED:]):  # a serving loop can repeat the error thousands of times
@@ -184,6 +198,19 @@ def _legacy(line: str) -> dict[str, object] | None:
         "allocated_bytes": allocated,
         "reserved_unallocated_bytes": max(0, reserved - allocated),
         "other_processes": (),
+    }
+
+
+def _mapping(line: str) -> dict[str, object] | None:
+    mapping = _MAPPING.search(line)
+    if mapping is None:
+        return None
+    return {
+        **_no_numbers(),
+        "gpu": int(mapping.group(1)),
+        "tried_bytes": int(mapping.group(2)),
+        "free_bytes": int(mapping.group(3)),
+        "total_bytes": int(mapping.group(4)),
     }
 
 

@@ -23,6 +23,7 @@ MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is 
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
 
 
@@ -49,17 +50,9 @@ def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: flo
                 ),
             )
         )
-    if setup.quantization is None:
-        remedies.append(
-            Recommendation(
-                flag="--quantization",
-                value="fp8",
-                why=(
-                    f"fp8 weights take half of 16-bit ones: {gib(weights_bytes)} -> {gib(weights_bytes / 2)} per GPU "
-                    "(an fp8-capable GPU: Ada, Hopper or newer; or serve an AWQ/GPTQ 4-bit checkpoint, a quarter)"
-                ),
-            )
-        )
+    fp8 = _fp8(ledger, setup, weights_bytes, usable)
+    if fp8 is not None:
+        remedies.append(fp8)
     if usable is not None and usable > 0:
         offload = math.ceil((weights_bytes - TARGET_WEIGHT_SHARE * usable) / GIB)
         if offload > 0:
@@ -75,6 +68,24 @@ def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: flo
                 )
             )
     return remedies
+
+
+def _fp8(ledger: MemoryLedger, setup: Setup, weights_bytes: float, usable: float | None) -> Recommendation | None:
+    """fp8 weights, only where they are the way out: weights stated 16-bit (not already 8- or 4-bit by their
+    quantization or name), half of them within 75 % of the card, and a GPU known to run fp8 (Ada, Hopper,
+    Blackwell, MI300): a T4 or a V100 cannot, and the log rarely names the card."""
+    if setup.quantization is not None or ledger.weights_bits != 16 or not ledger.fp8_capable:
+        return None
+    if usable is None or weights_bytes / 2 > TARGET_WEIGHT_SHARE * usable:
+        return None
+    return Recommendation(
+        flag="--quantization",
+        value="fp8",
+        why=(
+            f"fp8 weights take half of 16-bit ones: {gib(weights_bytes)} -> {gib(weights_bytes / 2)} per GPU, within "
+            f"{TARGET_WEIGHT_SHARE:.0%} of {gib(usable)} ({ledger.gpu_name}: fp8-capable)"
+        ),
+    )
 
 
 def budget_within_free(ledger: MemoryLedger) -> Recommendation | None:
@@ -159,5 +170,8 @@ def fewer_sequences(seqs: int, source: str, why: str) -> Recommendation | None:
     return Recommendation(flag="--max-num-seqs", value=halved, why=f"{why}: {seqs} ({source}) / 2 -> {halved}")
 
 
-def expandable_segments(why: str) -> Recommendation:
-    return Recommendation(flag=ALLOC_CONF, value=EXPANDABLE, why=why)
+def expandable_segments(why: str, device: str = "CUDA") -> Recommendation:
+    """The allocator's setting for the device: torch_npu reads its own variable; CUDA and ROCm builds read
+    PyTorch's."""
+    flag = NPU_ALLOC_CONF if device == "NPU" else ALLOC_CONF
+    return Recommendation(flag=flag, value=EXPANDABLE, why=why)

@@ -2,9 +2,10 @@
 
 * Free memory below the budget: another process holds the rest; the budget must fit in what is free.
 * One max_model_len request does not fit the KV cache (the refusal, or `# GPU blocks` x block size below
-  max_model_len before a traceback): a shorter `--max-model-len`, or more KV memory where the card has it.
-* No KV cache at all (`No available memory for the cache blocks`, a negative KV budget, zero blocks, or a KV
-  cache that is a sliver of the weights): the weights decide. Weights that do not fit are `does_not_fit`;
+  max_model_len before a traceback): a shorter `--max-model-len` (what the cache holds, when that is at least a
+  real request's 256 tokens), or more KV memory where the card has it.
+* No KV cache at all (`No available memory for the cache blocks`, a negative KV budget, zero blocks, or room for
+  fewer than 256 tokens): the weights decide. Weights that do not fit are `does_not_fit`;
   weights that fit mean the budget is short of them plus the profile run's activations: a larger budget within
   what is free, or fewer sequences and batched tokens when the activations are what ate it.
 * The sampler's warm-up with max_num_seqs dummy requests: fewer sequences; a lower budget only when the
@@ -26,7 +27,6 @@ from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 from sidecar.doctor.versions import available
 
 MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
-MIN_KV_SHARE = 0.10  # a KV cache under this share of weights + KV is a sliver too
 LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
 MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
@@ -71,8 +71,8 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
     wanted = (refusal.max_model_len if refusal is not None else None) or (
         setup.max_model_len.value if setup.max_model_len is not None else None
     )
-    if fits is None or fits < MIN_REQUEST_TOKENS or _sliver(ledger):
-        return None
+    if fits is None or fits < MIN_REQUEST_TOKENS:
+        return None  # a sliver: the model or the budget is the problem, not max_model_len (no_kv_room)
     block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
     value = fits // block * block
     if refusal is not None:
@@ -277,13 +277,6 @@ def _non_kv_bytes(ledger: MemoryLedger) -> float | None:
         return None
     weights = ledger.weights_high_bytes or ledger.weights.value_bytes
     return weights + sum(part.value_bytes for part in (ledger.activation, ledger.non_torch) if part is not None)
-
-
-def _sliver(ledger: MemoryLedger) -> bool:
-    if ledger.weights is None or ledger.kv is None or ledger.weights.assumed:
-        return False
-    weights, kv = ledger.weights.value_bytes, ledger.kv.value_bytes
-    return kv <= 0 or kv / (weights + kv) < MIN_KV_SHARE
 
 
 def _where(refusal: Refusal) -> str:

@@ -69,6 +69,7 @@ FLAGS: dict[str, FlagSpan] = {
             source="CompilationConfig.max_cudagraph_capture_size, 0.11.2 on",
         ),
         FlagSpan(flag="PYTORCH_CUDA_ALLOC_CONF", since=None, source="PyTorch's caching allocator (torch >= 2.1)"),
+        FlagSpan(flag="PYTORCH_NPU_ALLOC_CONF", since=None, source="torch_npu's caching allocator (Ascend NPUs)"),
         FlagSpan(
             flag="VLLM_ENGINE_ITERATION_TIMEOUT_S",
             since=None,

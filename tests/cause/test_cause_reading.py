@@ -164,14 +164,15 @@ def test_journal_the_last_invocation_stopped_with_no_crash_in_its_log() -> None:
 
 
 def test_an_oom_inside_the_budget_lowers_the_budget_by_what_the_allocation_lacked() -> None:
-    """Inside its budget, no other tenant, no stranded memory: the transient was not budgeted for (issue 14)."""
+    """No other tenant (vLLM's process and what is free make up the card), no stranded memory: the transient was
+    not budgeted for (issue 14)."""
     config = SimConfig(vllm_version=VllmVersion.V0_32)
     oom = OutOfMemory(
         gpu=0,
         tried_bytes=2 * GIB,
         total_bytes=80 * GIB,
         free_bytes=512 * MIB,
-        process_bytes=70 * GIB,
+        process_bytes=80 * GIB - 512 * MIB,
         allocated_bytes=70 * GIB,
         reserved_unallocated_bytes=64 * MIB,
         other_processes=(),

@@ -253,8 +253,8 @@ ROWS: tuple[Row, ...] = (
                 cause="does_not_fit",
                 severity="critical",
                 # The log states no card: at 0.95 the budget held >= 75 - 0.74 GiB, so the card has >= 78.17 GiB;
-                # 75 / 2 <= 0.75 x 78.17; 75 - 0.75 x 78.17 = 16.4 -> 17 GiB offloaded.
-                recommendations=(("--tensor-parallel-size", 2), ("--quantization", "fp8"), ("--cpu-offload-gb", 17)),
+                # 75 / 2 <= 0.75 x 78.17; 75 - 0.75 x 78.17 = 16.4 -> 17 GiB offloaded (no fp8: the card is unnamed).
+                recommendations=(("--tensor-parallel-size", 2), ("--cpu-offload-gb", 17)),
                 evidence_contains=("the card has at least 78.17 GiB; the weights are what does not fit",),
             ),
             SHUTDOWN_NO_TRAFFIC,

@@ -208,9 +208,30 @@ def test_does_not_fit_when_the_weights_fill_the_card() -> None:
     finding = _reading(ev)
     assert finding is not None
     assert (finding.cause, finding.severity) == (Cause.DOES_NOT_FIT, Severity.CRITICAL)
-    # 75 / 2 = 37.5 <= 0.75 x 80; fp8 halves it; 75 - 0.75 x 80 = 15 GiB offloaded.
-    assert _flags(finding) == [("--tensor-parallel-size", 2), ("--quantization", "fp8"), ("--cpu-offload-gb", 15)]
+    # 75 / 2 = 37.5 <= 0.75 x 80; 75 - 0.75 x 80 = 15 GiB offloaded; fp8 only on a card known to run it.
+    assert _flags(finding) == [("--tensor-parallel-size", 2), ("--cpu-offload-gb", 15)]
     assert "--gpu-memory-utilization" not in dict(_flags(finding))
+
+
+def test_fp8_weights_only_where_they_fit_and_the_card_runs_them() -> None:
+    """Half of 16-bit weights must fit 75 % of the card, and the card must be one fp8 runs on: a T4 or a V100
+    cannot, and weights already 8- or 4-bit do not halve again."""
+    profile = _profile(80.0, 0.95, 75.0, -0.74)
+
+    def fp8(card: str, **facts: object) -> object:
+        values: dict[str, object] = {"weights_gib": 75.0, "available_kv_gib": -0.74, "profile": profile}
+        values.update(facts)
+        ev = evidence(
+            live_evidence=live(error="connection refused", version=None),
+            log_facts=log(refusal=NO_CACHE, args=args(gpu_memory_utilization=0.95), **values),
+            gpu_evidence=gpus(gpu(name=card, used=GIB // 2, vllm=GIB // 2)),
+        )
+        return dict(_flags(_reading(ev))).get("--quantization")
+
+    assert fp8("NVIDIA H100 80GB HBM3", dtype="torch.bfloat16") == "fp8"  # 37.5 <= 0.75 x 80
+    assert fp8("Tesla V100-SXM2-32GB", dtype="torch.bfloat16") is None, "no fp8 on Volta"
+    assert fp8("NVIDIA H100 80GB HBM3") is None, "the weights' precision is not stated"
+    assert fp8("NVIDIA H100 80GB HBM3", dtype="torch.bfloat16", model="Qwen/Qwen2.5-72B-Instruct-FP8") is None
 
 
 def test_weights_that_fit_with_no_kv_room_raise_the_budget_not_the_gpu_count() -> None:
@@ -239,13 +260,23 @@ def test_a_budget_that_the_activations_eat_halves_the_sequences() -> None:
     assert "--tensor-parallel-size" not in flags
 
 
-def test_a_sliver_of_kv_cache_is_read_as_no_kv_room() -> None:
+def test_a_kv_cache_that_still_holds_a_request_is_a_blowout_whatever_the_weights_take() -> None:
+    """74 GiB of weights beside 0.26 GiB of KV cache: the cache still holds 2,128 tokens, so max_model_len 2,128
+    starts vLLM; a cache under 256 tokens is the model's or the budget's problem instead."""
     sliver = Refusal(kind=RefusalKind.MAX_LEN_EXCEEDS_KV, line="x", max_model_len=4096, needed_gib=0.5,
                      available_gib=0.26, estimated_max_len=2128)  # fmt: skip
     profile = _profile(80.0, 0.95, 74.0, 0.26)
     finding = _reading(_refused(sliver, weights_gib=74.0, available_kv_gib=0.26, profile=profile))
     assert finding is not None
-    assert finding.cause is Cause.DOES_NOT_FIT, "the model is the problem, not max_model_len"
+    assert finding.cause is Cause.KV_CACHE_BLOWOUT
+    assert _flags(finding)[0] == ("--max-model-len", 2128)
+    tiny = Refusal(kind=RefusalKind.MAX_LEN_EXCEEDS_KV, line="x", max_model_len=4096, needed_gib=0.5,
+                   available_gib=0.01, estimated_max_len=160)  # fmt: skip
+    finding = _reading(
+        _refused(tiny, weights_gib=74.0, available_kv_gib=0.01, profile=_profile(80.0, 0.95, 74.0, 0.01))
+    )
+    assert finding is not None
+    assert finding.cause is Cause.DOES_NOT_FIT, "74 of 80 GiB: the weights leave no KV cache"
 
 
 def test_a_quantised_model_on_tensor_parallel_two_needs_four() -> None:

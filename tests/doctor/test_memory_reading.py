@@ -38,8 +38,9 @@ def _traceback(prefix: str, frames: list[str], error: str) -> str:
 # torch/csrc/cuda (2.1+): "CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s
 # is free. ..."; ROCm builds print HIP where CUDA builds print CUDA.
 def _oom(device: str = "CUDA", *, tried: str = "2.00 GiB", total: str = "23.65 GiB", free: str = "1.06 GiB",
-         process: str = "22.55 GiB", allocated: str = "21.90 GiB", stranded: str = "20.00 MiB",
+         process: str = "22.59 GiB", allocated: str = "21.90 GiB", stranded: str = "20.00 MiB",
          others: str = "") -> str:  # fmt: skip
+    """PyTorch's message; the defaults add up as PyTorch's do (this process + others + free = the card)."""
     return (
         f"torch.OutOfMemoryError: {device} out of memory. Tried to allocate {tried}. GPU 0 has a total capacity of "
         f"{total} of which {free} is free. {others}Including non-PyTorch memory, this process has {process} memory "
@@ -128,7 +129,7 @@ def test_weights_that_do_not_fit_never_lower_the_budget() -> None:
     finding = _finding(text)
     assert finding.cause is Cause.DOES_NOT_FIT
     assert "--gpu-memory-utilization" not in _flags(finding)
-    assert _flags(finding)["--tensor-parallel-size"] == 2  # 22.55 + 0.11 GiB / 2 = 11.3 <= 0.75 x 23.65
+    assert _flags(finding)["--tensor-parallel-size"] == 2  # 22.59 + 0.11 GiB / 2 = 11.4 <= 0.75 x 23.65
 
 
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
@@ -136,7 +137,7 @@ def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_lea
     text = _traceback(
         V1,
         ["run_busy_loop", "execute_model"],
-        _oom(total="80.00 GiB", free="0.50 GiB", process="54.00 GiB", allocated="53.00 GiB",
+        _oom(total="80.00 GiB", free="0.50 GiB", process="54.50 GiB", allocated="53.00 GiB",
              others="Process 4242 has 25.00 GiB memory in use. "),
     )  # fmt: skip
     finding = _finding(text)
@@ -180,7 +181,7 @@ def test_the_ledger_says_where_each_amount_came_from_and_what_is_assumed() -> No
     text = (
         "INFO 01-01 00:00:00 llm_engine.py:1] Initializing an LLM engine (v0.6.3) with config: "
         "model='Qwen/Qwen2.5-72B-Instruct', dtype=torch.bfloat16, max_seq_len=32768, tensor_parallel_size=2, "
-        "quantization=None\n" + _traceback(V1, ["load_model"], _oom(total="79.15 GiB"))
+        "quantization=None\n" + _traceback(V1, ["load_model"], _oom(total="79.15 GiB", process="78.09 GiB"))
     )
     facts = parse_log(text)
     ev = evidence(live_evidence=DOWN, log_facts=facts)
@@ -198,11 +199,11 @@ def test_the_ledger_says_where_each_amount_came_from_and_what_is_assumed() -> No
 @pytest.mark.parametrize(
     ("name", "low_gib", "high_gib"),
     [
-        ("meta-llama/Llama-3.1-8B-Instruct", 14.9, 14.9),
-        ("Qwen/Qwen2.5-VL-7B-Instruct-AWQ", 3.3, 4.2),
-        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 78.2, 104.3),
-        ("Qwen/Qwen3-30B-A3B-FP8", 27.9, 30.7),
-        ("/data/models/qwen1.5-4b-chat", 7.5, 7.5),
+        ("meta-llama/Llama-3.1-8B-Instruct", 14.9, 16.4),  # 8e9 x 2 B; names round down: up to 8.8e9
+        ("Qwen/Qwen2.5-VL-7B-Instruct-AWQ", 3.3, 4.7),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 78.2, 104.3),  # 0.75-1 x 8 x 7e9 x 2 B: experts share attention
+        ("Qwen/Qwen3-30B-A3B-FP8", 27.9, 33.8),
+        ("/data/models/qwen1.5-4b-chat", 7.5, 8.2),
     ],
 )
 def test_the_weights_a_models_name_implies(name: str, low_gib: float, high_gib: float) -> None:
@@ -214,3 +215,102 @@ def test_the_weights_a_models_name_implies(name: str, low_gib: float, high_gib: 
 def test_a_name_without_a_size_estimates_nothing() -> None:
     assert estimate("microsoft/phi-4") is None
     assert estimate("deepseek-ai/DeepSeek-V3") is None
+
+
+def test_memory_held_outside_this_process_is_another_process_even_unlisted() -> None:
+    """Older PyTorch lists no other process: what the card holds besides this process and what is free is still
+    someone else's. 80 GiB, 0.5 free, this process 18.5: 61 GiB elsewhere, (80 - 61 - 4) / 80 -> 0.18."""
+    text = _traceback(V1, ["execute_model"], _oom(total="80.00 GiB", free="0.50 GiB", process="18.50 GiB"))
+    finding = _finding(text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == {"--gpu-memory-utilization": 0.18}
+    assert any(
+        "this process held, in the OOM message: the rest is other processes'" in line for line in finding.evidence
+    )
+
+
+def test_an_allocation_with_the_memory_free_is_no_shortage() -> None:
+    text = _traceback(V1, ["wake_up_weights", "execute_model"], _oom(tried="186.00 MiB", free="188.69 GiB",
+                      total="191.45 GiB", process="2.76 GiB"))  # fmt: skip
+    finding = _finding(text)
+    assert (finding.cause, finding.recommendations) == (Cause.OTHER, ())
+
+
+def test_one_allocation_larger_than_the_card_is_no_budgets_business() -> None:
+    text = _traceback(V1, ["profile_run", "vit_attention"], _oom("HIP", tried="192.00 GiB", total="15.98 GiB",
+                      free="11.56 GiB", process="4.42 GiB"))  # fmt: skip
+    finding = _finding(text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "--gpu-memory-utilization" not in _flags(finding)
+    assert "no gpu_memory_utilization makes room" in " ".join(finding.evidence)
+
+
+def test_weights_that_fill_the_card_are_the_reading_whatever_the_phase() -> None:
+    """14.25 GiB of weights on a 14.56 GiB card at 0.85: a capture OOM after them is not the budget's transient
+    (the budget is already below the weights)."""
+    start = (
+        "INFO 04-26 12:03:17 [utils.py:233] non-default args: {'model': 'Qwen/Qwen2.5-7B-Instruct', "
+        "'gpu_memory_utilization': 0.85}\n"
+        "INFO 04-26 12:04:51 [gpu_model_runner.py:4820] Model loading took 14.25 GiB memory and 53.5 seconds\n"
+    )
+    oom = _oom(tried="1.02 GiB", total="14.56 GiB", free="0.11 GiB", process="14.45 GiB")
+    finding = _finding(start + _traceback(V1, ["compile_or_warm_up_model", "capture_model"], oom))
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert "--gpu-memory-utilization" not in _flags(finding)
+
+
+def test_nearly_the_whole_card_with_no_phase_is_read_as_weights_with_the_other_reading_as_a_step() -> None:
+    line = _oom(tried="24.00 MiB", total="23.69 GiB", free="24.56 MiB", process="23.66 GiB", allocated="23.19 GiB")
+    finding = _finding(line + "\n")
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert "--gpu-memory-utilization" not in _flags(finding)
+    assert "lower --gpu-memory-utilization by" in finding.steps[-1]
+
+
+def test_expandable_segments_own_mapping_failure_is_an_oom_with_its_numbers() -> None:
+    # c10/cuda/CUDACachingAllocator.cpp with expandable_segments:True, when the driver cannot map more memory.
+    line = (
+        "[rank4]:[W827 22:16:08.199727429 CUDACachingAllocator.cpp:508] expandable_segments: memory mapping failed "
+        "with OOM on device 4 while trying to map 20971520 bytes (free: 17235968, total: 25295323136)."
+    )
+    oom = parse_log(line).oom
+    assert oom is not None
+    assert (oom.gpu, oom.tried_bytes, oom.free_bytes, oom.total_bytes) == (4, 20971520, 17235968, 25295323136)
+
+
+def test_an_npu_oom_in_torch_npus_format_recommends_its_own_allocator_setting() -> None:
+    line = (
+        "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.96 GiB total capacity; 55.91 GiB "
+        "already allocated; 55.91 GiB current active; 1.80 GiB free; 58.73 GiB reserved in total by PyTorch)"
+    )
+    oom = parse_log(line).oom
+    assert oom is not None
+    assert (oom.device, oom.free_bytes, oom.reserved_unallocated_bytes) == (
+        "NPU",
+        int(1.80 * GIB),
+        int(58.73 * GIB) - int(55.91 * GIB),
+    )
+    assert _flags(_finding(line)) == {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_a_small_shortfall_that_stranded_memory_holds_many_times_over_is_fragmentation() -> None:
+    """318 MiB asked, 315 MiB free: 3 MiB short, 231 MiB stranded (under 256 MiB, but 70 times the shortfall)."""
+    oom = _oom(tried="318.00 MiB", total="23.53 GiB", free="315.44 MiB", process="23.20 GiB", stranded="231.26 MiB")
+    finding = _finding(_traceback(V1, ["execute_model"], oom))
+    assert finding.cause is Cause.ALLOCATOR_FRAGMENTATION
+    slack = _oom(tried="318.00 MiB", total="23.53 GiB", free="315.44 MiB", process="23.20 GiB", stranded="40.00 MiB")
+    assert _finding(_traceback(V1, ["execute_model"], slack)).cause is Cause.CONFIGURATION_OVERSHOOT
+
+
+def test_a_stats_line_a_terminal_wrapped_is_still_read() -> None:
+    text = "\n".join(
+        [
+            "INFO 01-21 05:05:14 metrics.py:467] Avg prompt throughput: 0.0",
+            "tokens/s, Avg generation throughput: 1529.6 tokens/s,",
+            "Running: 155 reqs, Swapped: 0 reqs, Pending: 101 reqs, GPU KV cache",
+            "usage: 99.5%, CPU KV cache usage: 0.0%.",
+        ]
+    )
+    busiest = parse_log(text).busiest
+    assert busiest is not None
+    assert (busiest.running, busiest.waiting, busiest.kv_usage) == (155, 101, 0.995)

@@ -61,6 +61,8 @@ def _doctor(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[int, dict[s
 
 
 def _verdict(document: dict[str, Any]) -> tuple[str, list[tuple[str, object]]]:
+    if not document.get("findings"):
+        return "", []
     finding = document["findings"][0]
     return finding["cause"], [(r["flag"], r["value"]) for r in finding["recommendations"]]
 
