@@ -76,6 +76,12 @@ _STATS = loose(
     r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, (?:[^%]*?Preemptions: (\d+), )?"
     r"(?:[^%]*?)\b[A-Z]+(?: \+ host)? KV cache usage: ([\d.]+)%"
 )
+# vllm/v1/worker/cpu_worker.py (0.2x+): "Available memory on node 0 (149.11/692.65 GiB) on kv cache allocation is
+# less than requested memory for kv (206.54/207.8 GiB)."
+_CPU_NODE = loose(
+    r"Available memory on node \d+ \(" + _NUM + "/" + _NUM + r" GiB\) on kv cache allocation is less than requested "
+    r"memory for kv \(" + _NUM + "/" + _NUM + r" GiB\)"
+)
 _SAMPLER = loose(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
 _AVAILABLE_AT_START = loose(
     r"Available memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) is below required GPU memory "
@@ -146,6 +152,9 @@ def parse_records(log: list[Record]) -> LogFacts:
     if isinstance(refusal, Refusal) and refusal.kind is RefusalKind.SAMPLER_WARMUP:
         at = max(i for i, record in enumerate(log) if _SAMPLER.search(record.text))
         facts["refusal"] = replace(refusal, phase=oom_phase(log, at)[0])
+    ranks = [record.tp_rank for record in log if record.tp_rank is not None]
+    if ranks:
+        facts["ranks_seen"] = max(ranks) + 1
     result = LogFacts(lines_read=len(log), lines_recognised=recognised, oom=oom)
     return replace(result, **facts)  # type: ignore[arg-type]
 
@@ -303,6 +312,18 @@ def _free_at_start(match: re.Match[str], facts: Facts) -> None:
     )
 
 
+def _cpu_node(match: re.Match[str], facts: Facts) -> None:
+    available, total, requested, budget = (float(match.group(i)) for i in range(1, 5))
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.CPU_KV_OVER_AVAILABLE,
+        line=_refusal_line(match),
+        free_gib=available,
+        total_gib=total,
+        requested_gib=requested,
+        budget_gib=budget,
+    )
+
+
 def _sampler(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
         kind=RefusalKind.SAMPLER_WARMUP, line=_error_line(match), dummy_requests=int(match.group(1))
@@ -438,6 +459,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
     _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
     _simple(_SAMPLER, _sampler, needle="sampler"),
+    _simple(_CPU_NODE, _cpu_node, needle="node"),
     _simple(_STATS, _stats, needle="Running"),
     _simple(_PREEMPTED, _preempted, needle="preempted"),
     _simple(_FREE_INFO, _free_info, needle="utilization"),

@@ -58,6 +58,7 @@ _RECORD_START = re.compile(
     re.VERBOSE,
 )
 _PROCESS = re.compile(r"\([^()]*\bpid=\d+[^()]*\)|\[rank\d+\]")
+_TP_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|\bTP(\d+)\b", re.IGNORECASE)
 _RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|\bTP(\d+)\b|\bDP(\d+)\b", re.IGNORECASE)
 
 
@@ -78,6 +79,12 @@ class Record:
         of one traceback share it when several processes print at once."""
         match = _PROCESS.search(self.prefix)
         return match.group(0) if match is not None else ""
+
+    @property
+    def tp_rank(self) -> int | None:
+        """The rank among the GPUs that hold one copy of the model (not a data-parallel engine's index)."""
+        match = _TP_RANK.search(self.prefix)
+        return int(next(group for group in match.groups() if group is not None)) if match is not None else None
 
     @property
     def rank(self) -> int | None:

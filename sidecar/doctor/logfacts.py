@@ -42,6 +42,7 @@ class RefusalKind(StrEnum):
     NO_CACHE_MEMORY = "no_cache_memory"  # nothing at all is left for the KV cache
     INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"  # V1: free memory at start < utilization x total
     SAMPLER_WARMUP = "sampler_warmup"  # V1: CUDA OOM warming up the sampler with max_num_seqs dummy requests
+    CPU_KV_OVER_AVAILABLE = "cpu_kv_over_available"  # CPU backend: the KV cache asked for more than the node has
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +58,7 @@ class Refusal:
     total_gib: float | None = None
     utilization: float | None = None
     requested_gib: float | None = None
+    budget_gib: float | None = None  # CPU backend: the budget the KV cache was asked within
     dummy_requests: int | None = None  # sampler warm-up: how many dummy requests (max_num_seqs) it ran
     phase: OomPhase | None = None  # sampler warm-up: in the profile run (before the KV cache) or in the warm-up after
 
@@ -181,4 +183,5 @@ class LogFacts:
     model: str | None = None  # the model vLLM serves, as its arguments or its engine config line name it
     dtype: str | None = None  # the engine config's dtype (torch.bfloat16, float16, ...)
     pipeline_parallel_size: int | None = None
+    ranks_seen: int | None = None  # the highest rank a prefix names + 1: at least this many GPUs serve the model
     max_capture_size: int | None = None  # the largest of them as the config line states it

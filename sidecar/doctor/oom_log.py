@@ -25,7 +25,7 @@ _SIZE = r"([\d.]+ ?(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB))"
 _DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
 # Any member of the family, for finding the records; the patterns below read their numbers.
 _FAMILY = loose(
-    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?:CUDA|HIP|cuda|hip) [Ee]rror: out of memory"
+    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?i:(?:cuda|hip) error): out of memory"
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
     r"|memory mapping failed with OOM|Tried to allocate " + _SIZE

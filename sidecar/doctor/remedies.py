@@ -16,7 +16,7 @@ from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.ledger import MemoryLedger
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 
-MAX_TENSOR_PARALLEL = 8
+MAX_TENSOR_PARALLEL = 64  # past a node's 8 GPUs, tensor and pipeline parallel across nodes
 TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GPU gives vLLM after a remedy
 MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
@@ -35,21 +35,21 @@ def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: flo
     current = max(1, setup.tensor_parallel_size)
     if usable is not None and usable > 0:
         size = current * 2
-        while size < MAX_TENSOR_PARALLEL and weights_bytes * current / size > TARGET_WEIGHT_SHARE * usable:
+        while size <= MAX_TENSOR_PARALLEL and weights_bytes * current / size > TARGET_WEIGHT_SHARE * usable:
             size *= 2
-        size = min(size, MAX_TENSOR_PARALLEL)
-        remedies.append(
-            Recommendation(
-                flag="--tensor-parallel-size",
-                value=size,
-                why=(
-                    f"{what}: {gib(weights_bytes * current)} of weights / {size} GPUs = "
-                    f"{gib(weights_bytes * current / size)} each, at most {TARGET_WEIGHT_SHARE:.0%} of the "
-                    f"{gib(usable)} each card gives vLLM, so activations and the KV cache have room (a power of two "
-                    "that divides the model's attention heads)"
-                ),
+        if size <= MAX_TENSOR_PARALLEL:
+            remedies.append(
+                Recommendation(
+                    flag="--tensor-parallel-size",
+                    value=size,
+                    why=(
+                        f"{what}: {gib(weights_bytes * current)} of weights / {size} GPUs = "
+                        f"{gib(weights_bytes * current / size)} each, at most {TARGET_WEIGHT_SHARE:.0%} of the "
+                        f"{gib(usable)} each card gives vLLM, so activations and the KV cache have room (a power of "
+                        "two that divides the model's attention heads; past 8, across nodes)"
+                    ),
+                )
             )
-        )
     fp8 = _fp8(ledger, setup, weights_bytes, usable)
     if fp8 is not None:
         remedies.append(fp8)

@@ -93,6 +93,7 @@ def resolve(evidence: Evidence) -> Setup:
         shutdown_timeout=from_args("shutdown_timeout", 0 if at_least(version, (0, 18, 0)) else None),
         tensor_parallel_size=(args.tensor_parallel_size if args is not None else None)
         or (log.tensor_parallel_size if log is not None else None)
+        or _ranks(log)
         or 1,
         quantization=(args.quantization if args is not None else None) or (log.quantization if log else None),
         kv_cache_dtype=(args.kv_cache_dtype if args is not None else None) or (log.kv_cache_dtype if log else None),
@@ -102,6 +103,14 @@ def resolve(evidence: Evidence) -> Setup:
         else None,
         card=card,
     )
+
+
+def _ranks(log: LogFacts | None) -> int | None:
+    """GPUs per copy of the model when no argument says it: at least the ranks the log's prefixes name (`rank=5`,
+    `[rank5]`, `Worker_TP5`), rounded up to a power of two as tensor parallel sizes are."""
+    if log is None or log.ranks_seen is None or log.ranks_seen <= 1:
+        return None
+    return 1 << (log.ranks_seen - 1).bit_length()
 
 
 def batch_defaults(version: Version | None, card: GpuDevice | None) -> tuple[int | None, int | None]:

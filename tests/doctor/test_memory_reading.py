@@ -314,3 +314,43 @@ def test_a_stats_line_a_terminal_wrapped_is_still_read() -> None:
     busiest = parse_log(text).busiest
     assert busiest is not None
     assert (busiest.running, busiest.waiting, busiest.kv_usage) == (155, 101, 0.995)
+
+
+def test_the_cpu_backends_refusal_fits_the_kv_space_in_the_node() -> None:
+    # vllm/v1/worker/cpu_worker.py (0.32.0): the KV cache asked for more than the NUMA node had available.
+    line = (
+        "(Worker pid=1671) ERROR 06-09 16:29:44 [multiproc_executor.py:987] ValueError: Available memory on node 0 "
+        "(149.11/692.65 GiB) on kv cache allocation is less than requested memory for kv (206.54/207.8 GiB). Reduce "
+        "CPU memory used by other processes."
+    )
+    finding = _finding(line)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    # 149.11 x 0.95 = 141.7 -> 141 GiB; (149.11 + 1.26) / 692.65 - 0.01 = 0.207 -> 0.2
+    assert _flags(finding) == {"VLLM_CPU_KVCACHE_SPACE": 141, "--gpu-memory-utilization": 0.2}
+
+
+def test_the_ranks_a_log_names_are_the_gpus_weights_are_already_split_over() -> None:
+    """Rank 5 failing to load weights: at least 8 GPUs held the model, so 'more GPUs' starts from 16."""
+    prefix = "(VllmWorker rank=5 pid=3073) "
+    text = prefix + "INFO 01-01 00:00:00 [loader.py:1] loading\n" + _traceback(
+        prefix, ["load_model", "create_weights"], _oom(total="79.14 GiB", free="0.07 GiB", process="79.07 GiB",
+                                                       tried="896.00 MiB", allocated="78.43 GiB"))  # fmt: skip
+    finding = _finding(text)
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert _flags(finding)["--tensor-parallel-size"] == 16  # 79.9 GiB x 8 / 16 = 40 <= 0.75 x 79.14
+
+
+def test_no_tensor_parallel_size_when_none_up_to_64_gpus_fits() -> None:
+    text = _traceback(
+        "[rank63]: ",
+        ["load_model"],
+        _oom(total="15.00 GiB", free="0.10 GiB", process="14.90 GiB", tried="2.00 GiB", allocated="14.50 GiB"),
+    )
+    flags = _flags(_finding(text))
+    assert "--tensor-parallel-size" not in flags, "64 ranks already: more GPUs is no longer a flag to paste"
+
+
+def test_a_bare_cuda_error_in_any_case_is_an_out_of_memory_error() -> None:
+    assert parse_log("Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62").oom
+    assert parse_log("RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62").oom
+    assert parse_log("an error in the kernel's memory accounting").oom is None

@@ -1,0 +1,244 @@
+"""The readings of an out-of-memory error where vLLM's own budget is not what to change. Pure.
+
+Checked before the budget's readings (`log_memory`): sleep mode could not map its memory back; the card had
+the memory; another process holds what the budget counts on; one step asked for more than any budget leaves;
+the weights do not fit the card. Also here: the stranded-memory test both use, and the phase's words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sidecar.doctor import remedies
+from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
+from sidecar.doctor.formula import gib
+from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase
+from sidecar.doctor.overshoot import MIN_STRANDED_BYTES
+from sidecar.doctor.setup import Setup
+from sidecar.doctor.start_readings import sequences
+
+RAN_OUT = "vLLM ran out of memory"
+BEYOND_ANY_BUDGET = 0.97  # PyTorch holding this share of the card: no budget vLLM sets allows it after the KV cache
+MIN_SLACK_BYTES = 64 * 2**20  # stranded memory under this is the caching allocator's ordinary slack
+STRANDED_MARGIN = 4  # a small shortfall is fragmentation when the stranded memory holds it this many times
+NOT_SHORT_FREE_SHARE = 0.1  # free at the error at least this share of the card (and twice the ask): no shortage
+MAX_TRANSIENT_SHARE = 0.2  # a shortfall beyond this share of the card is no transient a budget makes room for
+_PHASE_TEXT = {
+    OomPhase.WEIGHT_LOADING: "loading the model's weights",
+    OomPhase.PROFILING: "profiling memory at start (before the KV cache)",
+    OomPhase.KV_ALLOCATION: "allocating the KV cache",
+    OomPhase.WARMUP: "warming up after the KV cache was allocated",
+    OomPhase.GRAPH_CAPTURE: "capturing CUDA graphs at start",
+    OomPhase.SERVING: "serving",
+    OomPhase.WAKE_UP: "waking up from sleep mode",
+    OomPhase.AFTER_KV_CACHE: "capturing CUDA graphs or serving (after the KV cache was allocated)",
+    OomPhase.UNKNOWN: "running",
+}
+
+
+def not_the_budget(
+    oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, *, log: LogFacts, lines: list[str]
+) -> Finding | None:
+    """The readings where vLLM's own budget is not what to tune, checked first: sleep mode's wake-up, memory that
+    was free, another process, one step larger than any margin, weights beyond the card."""
+    if phase is OomPhase.WAKE_UP:
+        return _wake_up(lines)
+    if _not_short(oom):
+        return _not_a_shortage(oom, phase, lines)
+    if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
+        return _another_process(oom, ledger, lines, stranded(oom))
+    if _larger_than_any_margin(oom, ledger):
+        return _one_step_too_large(oom, phase, setup, log, lines)
+    if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
+        return weights_do_not_fit(oom, ledger, setup, lines)
+    return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
+
+
+def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> bool:
+    """PyTorch itself holding nearly the whole card, in no known phase, beyond any budget the log states: the
+    weights before any budget applied, or a transient after a budget set that high. The log does not say which."""
+    total = oom.total_bytes
+    allocated = oom.allocated_bytes
+    if phase is not OomPhase.UNKNOWN or not total or allocated is None:
+        return False
+    budget_allows = ledger.utilization if not ledger.utilization_assumed else 0.0
+    return allocated >= BEYOND_ANY_BUDGET * total and budget_allows < BEYOND_ANY_BUDGET
+
+
+def _not_short(oom: CudaOom) -> bool:
+    """The card had the memory: free was at least twice the allocation and a tenth of the card."""
+    tried, free, total = oom.tried_bytes, oom.free_bytes, oom.total_bytes
+    if tried is None or free is None or not total:
+        return False
+    return free >= 2 * tried and free >= NOT_SHORT_FREE_SHARE * total
+
+
+def _not_a_shortage(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding:
+    return Finding(
+        cause=Cause.OTHER,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"vLLM's {oom.device} allocator failed while {phase_text(phase)} with the memory free: not a shortage "
+            "that a memory flag fixes"
+        ),
+        evidence=(
+            *lines,
+            f"{gib(oom.free_bytes or 0)} was free for a {gib(oom.tried_bytes or 0)} allocation: the allocation failed "
+            "for another reason than room",
+        ),
+        steps=(
+            "read the error just before this one (an 'invalid argument' from the allocator, sleep mode's cumem "
+            "allocator, a driver or runtime mismatch): no budget, parallelism or precision change applies",
+        ),
+    )
+
+
+def _larger_than_any_margin(oom: CudaOom, ledger: MemoryLedger) -> bool:
+    """One allocation that no budget could make room for: larger than the card, or short by more than a fifth of
+    it (a lower budget leaves a transient a few hundredths of the card, not that)."""
+    total = oom.total_bytes
+    shortfall = oom.shortfall_bytes
+    if not total or oom.tried_bytes is None or shortfall is None:
+        return False
+    return oom.tried_bytes >= (ledger.usable_bytes or total) or shortfall > MAX_TRANSIENT_SHARE * total
+
+
+def _one_step_too_large(oom: CudaOom, phase: OomPhase, setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
+    recommendations = [
+        r
+        for r in (
+            remedies.fewer_batched_tokens(setup, "one step's activations grow with max_num_batched_tokens"),
+            sequences(setup, log, "the profile run and the sampler run max_num_seqs dummy requests"),
+        )
+        if r is not None
+    ]
+    lines.append(
+        f"one allocation of {gib(oom.tried_bytes or 0)} against {gib(oom.total_bytes or 0)} on the card: no "
+        "gpu_memory_utilization makes room for that, the step itself is too large"
+    )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=f"{RAN_OUT} while {phase_text(phase)}: one step asked for more than any budget leaves",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=(
+            "shrink the step that asked: an attention without a memory-efficient kernel materialises the whole "
+            "score matrix (install flash-attention or pick another attention backend); a multimodal encoder's "
+            "profile runs the largest image or video (--limit-mm-per-prompt, a smaller max image size through "
+            "--mm-processor-kwargs); a long prefill (--max-num-batched-tokens, chunked prefill)",
+        ),
+    )
+
+
+def _probably_weights(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    """PyTorch holding nearly the whole card with no phase in the log: most often weights that do not fit, and
+    the remedies for that (more GPUs, offload) relieve a transient too; the other reading is a step, since its
+    remedy (a lower budget) would not help weights."""
+    total = oom.total_bytes or 0
+    lines.append(
+        f"PyTorch held {gib(oom.allocated_bytes or 0)} of the {gib(total)} card, beyond vLLM's default budget, with "
+        "nothing in the log saying when: most often weights that do not fit; a transient after the KV cache under a "
+        "budget set that high is the other reading"
+    )
+    finding = weights_do_not_fit(oom, ledger, setup, lines)
+    step = (
+        f"if vLLM had printed 'Model loading took ... GiB' before the error, the weights fitted and a transient "
+        f"after the KV cache did not: lower --gpu-memory-utilization by "
+        f"{((oom.shortfall_bytes or 0) / total if total else 0) + 0.01:.3f} below what you set instead"
+    )
+    return replace(finding, steps=(*finding.steps, step))
+
+
+def stranded(oom: CudaOom) -> bool:
+    """The stranded memory would have held what the allocation lacked, with room: at least 256 MiB, or, for a
+    small shortfall, four times it (and more than the allocator's usual 64 MiB of slack)."""
+    stranded = oom.reserved_unallocated_bytes
+    shortfall = oom.shortfall_bytes
+    if stranded is None or shortfall is None or stranded < shortfall:
+        return False
+    return stranded >= MIN_STRANDED_BYTES or stranded >= max(MIN_SLACK_BYTES, STRANDED_MARGIN * shortfall)
+
+
+def stranded_line(oom: CudaOom) -> str:
+    return (
+        f"{gib(oom.reserved_unallocated_bytes or 0)} reserved by PyTorch but unallocated, at least the "
+        f"{gib(oom.shortfall_bytes or 0)} the {gib(oom.tried_bytes or 0)} allocation lacked "
+        f"({gib(oom.free_bytes or 0)} free): the memory was there, split into pieces too small"
+    )
+
+
+def stranded_why(oom: CudaOom) -> str:
+    return (
+        f"{gib(oom.reserved_unallocated_bytes or 0)} stranded >= {gib(oom.shortfall_bytes or 0)} short: expandable "
+        "segments let PyTorch's allocator grow a segment in place instead of stranding split ones (PyTorch's own "
+        "OOM message suggests it)"
+    )
+
+
+def _wake_up(lines: list[str]) -> Finding:
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not map its memory back waking from sleep mode: something else took it meanwhile",
+        evidence=tuple(lines),
+        steps=(
+            "vLLM maps back the weights and the KV cache its --gpu-memory-utilization sized at start; a process "
+            "sharing the card (an RL trainer) still holds what they need",
+            "free the other process's memory before wake_up (torch.cuda.empty_cache, offload its optimizer), or "
+            "lower vLLM's --gpu-memory-utilization by what the other process keeps: the log states neither amount",
+        ),
+    )
+
+
+def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stranded: bool) -> Finding:
+    recommendations: list[Recommendation] = []
+    within = remedies.budget_within_free(ledger)
+    steps: tuple[str, ...] = ()
+    if within is not None:
+        recommendations.append(within)
+    elif ledger.ceiling is not None and ledger.ceiling < remedies.MIN_USEFUL_UTILIZATION:
+        lines.append(
+            f"what the other processes leave is {ledger.ceiling:.2f} of the card, too little to serve from: free the "
+            "GPU first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
+        )
+    else:
+        steps = ("the budget already fits beside the other processes: what vLLM itself held was over it",)
+    if stranded:
+        lines.append(stranded_line(oom))
+        recommendations.append(remedies.expandable_segments(stranded_why(oom), oom.device))
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=f"{RAN_OUT} while {phase_text(oom.phase)}: another process holds part of the card",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=steps,
+    )
+
+
+def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    held = oom.process_bytes if oom.process_bytes is not None else (oom.allocated_bytes or 0)
+    needed: float = held + (oom.tried_bytes or 0)
+    what = f"at least {gib(needed)} held or asked for when the load failed"
+    high = ledger.weights_high_bytes
+    if ledger.weights is not None and high is not None and high > needed:
+        # Remedies are sized from the high end of an estimate: more GPUs or offload than needed still start.
+        needed, what = high, ledger.weights.source
+    lines.append(
+        f"the weights need at least {gib(needed)} per GPU"
+        + (f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else "")
+        + ": gpu_memory_utilization does not cap weight loading, lowering it cannot help"
+    )
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary="the model's weights do not fit the GPU at this precision and parallelism",
+        evidence=tuple(lines),
+        recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, needed, what)),
+    )
+
+
+def phase_text(phase: OomPhase) -> str:
+    return _PHASE_TEXT[phase]
