@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE
 from sidecar.doctor.formula import GIB, RESERVE_RATIO, gib
 from sidecar.doctor.logfacts import CudaOom, LogFacts
 from sidecar.doctor.model_size import estimate, fp8_capable, weight_bits
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 from sidecar.model.gpu import ProcessOwner
 
-DEFAULT_BLOCK_SIZE = 16  # vLLM's block size on CUDA unless --block-size says otherwise
 FITS_SHARE = 0.75  # weights at most this share of what the card can give vLLM: they fit, with room for KV
 DOES_NOT_FIT_SHARE = 0.90  # weights above this share leave too little for activations and any KV cache
 MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise

@@ -14,6 +14,7 @@ from sidecar.doctor import formula
 from sidecar.doctor.finding import Recommendation
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 
 MAX_TENSOR_PARALLEL = 64  # past a node's 8 GPUs, tensor and pipeline parallel across nodes
@@ -22,9 +23,7 @@ MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
-EXPANDABLE = "expandable_segments:True"
 
 
 def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: float, what: str) -> list[Recommendation]:

@@ -20,6 +20,7 @@ T = TypeVar("T")
 GIB = 2**30
 LARGE_CARD_BYTES = 70 * GIB  # vLLM's own threshold for its larger batch defaults (EngineArgs.get_batch_defaults)
 DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization's default in every release
+V0_MAX_NUM_SEQS = 256  # V0's default (0.5-0.10), the same for every card
 V1_CARD_DEFAULTS = (0, 9, 0)  # defaults by card size for the OpenAI server (earlier V1 lines: by GPU name)
 
 LOG_ARGS = "the arguments vLLM logged at start"
@@ -118,7 +119,7 @@ def batch_defaults(version: Version | None, card: GpuDevice | None) -> tuple[int
     if version is None:
         return None, None
     if version < (0, 8, 0):
-        return 256, None  # V0: batched tokens default to max(max_model_len, 2048) without chunked prefill
+        return V0_MAX_NUM_SEQS, None  # V0: batched tokens default to max(max_model_len, 2048) without chunked prefill
     if not at_least(version, V1_CARD_DEFAULTS) or card is None:
         return None, None
     if card.memory_total_bytes >= LARGE_CARD_BYTES and "a100" not in (card.name or "").lower():

@@ -23,14 +23,13 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
 from sidecar.doctor.ledger import Amount, MemoryLedger
 from sidecar.doctor.logfacts import LogFacts, OomPhase, Refusal, RefusalKind
-from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, V0_MAX_NUM_SEQS, Setup
 from sidecar.doctor.versions import available
 
 MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
 LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
 MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
-V0_MAX_NUM_SEQS = 256  # V0's default (0.5-0.10), the same for every card
 
 
 def free_memory_refusal(refusal: Refusal) -> Finding:
