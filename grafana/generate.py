@@ -539,8 +539,8 @@ VLLM_ENGINE = Row(
         Panel(
             title="Engine stalled",
             what="Seconds since the engine last made progress while requests were running (0 when idle or "
-            f"progressing). /health stays 200 on a hung engine; past --hung-after ({HUNG_AFTER_S:g} s) the "
-            "sidecar restarts vLLM.",
+            f"progressing). /health stays 200 on a hung engine; past --hung-after ({HUNG_AFTER_S:g} s), once a "
+            "1-token probe got no answer with nothing moving, the sidecar restarts vLLM.",
             queries=(Query(sel(names.ENGINE_STALLED, ENGINE), LEGEND_ENGINE),),
             unit="s",
             width=8,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from sidecar.model.supervision import Supervision
+
 
 class OutcomeStatus(StrEnum):
     DONE = "done"  # the platform accepted and completed (or, for Kubernetes, accepted) the restart
@@ -30,6 +32,11 @@ class Actuator(Protocol):
     name: str  # "systemd", "kubernetes", "exec", "none"
 
     async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome: ...
+
+    async def supervision(self) -> Supervision:
+        """Who brings vLLM back while its process is gone, as this platform says; asked only then. Never raises:
+        a platform that does not answer is UNKNOWN (the policy then gives a supervisor its whole --down-after)."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
+from sidecar.model.supervision import Restarter, Supervision
 
 MAX_OUTPUT_BYTES = 64 * 1024
 
@@ -64,6 +65,12 @@ class ExecActuator:
 
     def _failed(self, started: float, detail: str) -> ActuatorOutcome:
         return ActuatorOutcome(status=OutcomeStatus.FAILED, detail=detail, duration_s=time.monotonic() - started)
+
+    async def supervision(self) -> Supervision:
+        """The sidecar is vLLM's supervisor here: nobody else starts it when it is gone."""
+        return Supervision(
+            restarter=Restarter.SIDECAR, detail=f"the sidecar starts it (--actuator exec: {self._shown()})"
+        )
 
     async def close(self) -> None:
         return None

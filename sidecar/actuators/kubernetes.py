@@ -39,6 +39,7 @@ from sidecar.actuators.kube_credentials import (
 from sidecar.actuators.kube_events import KubernetesEvents
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.actuators.kube_permission import EVENT_PERMISSIONS, Permission, RequestFailedError, check_response
+from sidecar.model.supervision import Restarter, Supervision
 
 __all__ = ["EVENT_PERMISSIONS", "PERMISSIONS", "KubernetesActuator", "KubernetesEvents", "Mode", "connect"]
 
@@ -98,6 +99,11 @@ class KubernetesActuator:
         self._clock = clock
         self._wall_clock = wall_clock
         self._eviction_api = _POLICY_V1
+
+    async def supervision(self) -> Supervision:
+        """The kubelet restarts a container that exits (restartPolicy Always, with its crash-loop backoff): left
+        to it for --down-after; the sidecar acts only when it has not brought vLLM back by then."""
+        return Supervision(restarter=Restarter.SUPERVISOR, detail="the kubelet restarts vLLM's container")
 
     async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
         """One restart in this adapter's mode; `reason` is for the caller's log, the API carries none."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
+from sidecar.model.supervision import Restarter, Supervision
 
 
 class NoActuator:
@@ -14,6 +15,9 @@ class NoActuator:
             detail="no restart adapter is configured (--actuator none): observe and pause only",
             duration_s=0.0,
         )
+
+    async def supervision(self) -> Supervision:
+        return Supervision(restarter=Restarter.UNKNOWN, detail="no restart adapter (--actuator none)")
 
     async def close(self) -> None:
         return None

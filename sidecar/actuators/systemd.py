@@ -23,6 +23,7 @@ from typing import Literal
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.actuators.dbus import BusLostError, BusUnavailableError, DbusCallError, DbusSession, Target
 from sidecar.actuators.unit_name import validate_unit_name
+from sidecar.model.supervision import Restarter, Supervision
 
 BusKind = Literal["system", "user"]
 SYSTEMD_BUS_NAME = "org.freedesktop.systemd1"
@@ -58,6 +59,8 @@ class UnitState:
     sub_state: str  # running, start-pre, exited, dead, auto-restart...
     main_pid: int | None  # None while the service has no main process (systemd says 0)
     n_restarts: int  # restarts systemd itself made (Restart=), not those asked for over D-Bus
+    result: str = ""  # the service's last result: success, exit-code, signal, timeout, start-limit-hit...
+    job_pending: bool = False  # a start, stop or restart job is queued for the unit
 
 
 @dataclass(slots=True)
@@ -126,6 +129,8 @@ class SystemdActuator:
                     sub_state = await session.get_property(unit, "SubState")
                     main_pid = await session.get_property(service, "MainPID")
                     n_restarts = await session.get_property(service, "NRestarts")
+                    result = await session.get_property(service, "Result")
+                    job = await session.get_property(unit, "Job")  # (id, path); id 0 when no job is queued
                 finally:
                     await session.close()
         except TimeoutError as error:
@@ -139,7 +144,19 @@ class SystemdActuator:
             sub_state=str(sub_state),
             main_pid=main_pid if isinstance(main_pid, int) and main_pid > 0 else None,
             n_restarts=n_restarts if isinstance(n_restarts, int) else 0,
+            result=str(result),
+            job_pending=isinstance(job, tuple) and bool(job) and job[0] != 0,
         )
+
+    async def supervision(self) -> Supervision:
+        """Whether systemd is bringing vLLM back: an auto-restart or a queued job says so; a unit stopped with no
+        job queued will stay stopped (vLLM exited 0 after its engine died, under Restart=on-failure; or the start
+        limit was hit), and then the sidecar is the one to start it."""
+        try:
+            state = await self.read_state()
+        except SystemdError as error:
+            return Supervision(restarter=Restarter.UNKNOWN, detail=str(error))
+        return unit_supervision(state)
 
     async def _restart(self, progress: _Progress) -> tuple[OutcomeStatus, str]:
         try:
@@ -199,6 +216,22 @@ class SystemdActuator:
 
     def _systemctl(self) -> str:
         return "systemctl --user" if self.bus == "user" else "systemctl"
+
+
+def unit_supervision(state: UnitState) -> Supervision:
+    """Who restarts the unit's vLLM, from its state. Pure."""
+    shown = f"unit {state.unit} {state.active_state} ({state.sub_state})"
+    result = f", result {state.result}" if state.result else ""
+    if state.job_pending:
+        return Supervision(restarter=Restarter.SUPERVISOR, detail=f"{shown}{result}, a job is queued")
+    if state.sub_state == "auto-restart" or state.active_state in ("activating", "deactivating", "reloading"):
+        return Supervision(restarter=Restarter.SUPERVISOR, detail=f"{shown}{result}")
+    if state.active_state in ("inactive", "failed"):
+        return Supervision(
+            restarter=Restarter.SIDECAR, detail=f"{shown}{result}, no job queued: systemd will not start it"
+        )
+    # active: a main process runs though nothing listens (loading, or stopping): systemd's to handle.
+    return Supervision(restarter=Restarter.SUPERVISOR, detail=f"{shown}{result}, main PID {state.main_pid}")
 
 
 async def _job_result(session: DbusSession, job: str) -> str:

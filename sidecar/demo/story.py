@@ -32,7 +32,6 @@ SHORTENED: tuple[Shortened, ...] = (
     Shortened(setting="forecast_min_uptime", value="40"),
     Shortened(setting="drain_timeout", value="20"),
     Shortened(setting="hung_after", value="30"),
-    Shortened(setting="probe_after", value="20"),
     Shortened(setting="probe_timeout", value="10"),
     Shortened(setting="startup_timeout", value="60"),
 )

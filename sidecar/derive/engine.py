@@ -65,6 +65,7 @@ def derive_engine(
         preemptions_in_window=window.preemptions_in_window,
         kv_cache_capacity_tokens=kv.capacity_tokens,
         kv_cache_free_blocks=kv.free_blocks,
+        generation_tokens_total=engine.generation_tokens_total,
     )
 
 

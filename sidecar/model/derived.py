@@ -33,6 +33,8 @@ class EngineDerived:
     preemptions_in_window: float | None = None  # preemptions counted over the window
     kv_cache_capacity_tokens: int | None = None  # kv_cache_size_tokens where vLLM reports it, else blocks x size
     kv_cache_free_blocks: float | None = None  # blocks a new request can get, as vLLM counts them
+    # vLLM's own count of tokens generated since it started: 0 on a fresh vLLM no request has reached yet.
+    generation_tokens_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

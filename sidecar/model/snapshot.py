@@ -8,6 +8,7 @@ from sidecar.model.allocator import AllocatorReading
 from sidecar.model.gpu import GpuReading
 from sidecar.model.health import HealthCheck
 from sidecar.model.source import SourceResult
+from sidecar.model.supervision import Supervision
 from sidecar.model.vllm import VllmReading
 
 
@@ -22,3 +23,5 @@ class Snapshot:
     # need the verdict above, which always agrees with it).
     vllm_health: HealthCheck | None = None
     allocator: SourceResult[AllocatorReading] | None = None  # None when no --probe-dir is configured
+    # Who restarts vLLM, asked of the restart adapter while nothing listens at vLLM's address; None otherwise.
+    vllm_supervision: Supervision | None = None

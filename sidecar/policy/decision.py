@@ -13,6 +13,7 @@ class PolicyState(StrEnum):
     STARTING = "starting"  # startup grace: vLLM not yet healthy and polled once since the sidecar started
     NORMAL = "normal"
     PRESSURE = "pressure"  # a pause or restart condition is partly met (see `rules`); nothing is done yet
+    DOWN = "down"  # vLLM gone (nothing listens) or its engine dead, outside a restart: waiting for its restarter
     PAUSED = "paused"  # admission paused (/readyz 503), automatically or by hand
     DRAINING = "draining"  # admission paused, waiting for running requests to reach 0 before a restart
     RESTARTING = "restarting"  # restart asked of the adapter; waiting for it, then for /health and a poll
@@ -30,6 +31,9 @@ class ActionKind(StrEnum):
     NOTIFY_BUDGET_EXHAUSTED = "notify_budget_exhausted"  # a restart was due but the hourly budget is spent
     NOTIFY_VLLM_RECOVERED = "notify_vllm_recovered"  # vLLM died or was gone, and is back without our restart
     PROBE_ENGINE = "probe_engine"  # send one 1-token completion; report its answer with `Policy.probe_event`
+    # The probe of a fresh vLLM that has generated no token: a 1-token completion whose prompt is sized like a
+    # real request's, so the sidecar's short probe is never a vLLM's first request; reported like a probe.
+    WARM_UP_ENGINE = "warm_up_engine"
 
 
 class RestartReason(StrEnum):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.model.supervision import Restarter
 from sidecar.policy import rules
 from sidecar.policy.admission import Admission
 from sidecar.policy.decision import (
@@ -29,6 +30,7 @@ from sidecar.policy.decision import (
     Decision,
     Guard,
     ManualAction,
+    PauseRule,
     PolicyState,
     ProcedureEvent,
     RestartReason,
@@ -133,11 +135,12 @@ class Policy:
         return "vLLM answers healthy again after the failed restart"
 
     def _probe_if_due(self, obs: Observation) -> list[Action]:
-        line = self._probe.due(obs.derived, obs.now_s)
-        if line is None:
+        due = self._probe.due(obs.derived, obs.now_s)
+        if due is None:
             return []
         self._probe.sent(obs.now_s)
-        return [Action(kind=ActionKind.PROBE_ENGINE, reason=line)]
+        kind = ActionKind.WARM_UP_ENGINE if due.warm_up else ActionKind.PROBE_ENGINE
+        return [Action(kind=kind, reason=due.line, cause=PauseRule.ENGINE_STALLED if due.stalled else None)]
 
     def procedure_event(
         self, event: ProcedureEvent, now_s: float, wall_s: float, ledger: RestartLedger, detail: str = ""
@@ -266,9 +269,10 @@ class Policy:
             text = f"vLLM /health failing for {seconds(failing)} >= {seconds(s.dead_after_s)} after it had been healthy"
             return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (engine dead)")
         down = None if self._down_since_s is None else obs.now_s - self._down_since_s
-        if down is not None and down >= s.down_after_s:
-            text = f"nothing listens at vLLM's address for {seconds(down)} >= {seconds(s.down_after_s)}"
-            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (its process is gone, not restarted)")
+        limit = self._down_limit_s(obs)
+        if down is not None and down >= limit:
+            text = f"nothing listens at vLLM's address for {seconds(down)} >= {seconds(limit)}"
+            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=f"{text} ({self._who(obs)})")
         if not fresh:
             return None
         wedge = self._probe.wedge(obs.derived, obs.now_s)
@@ -279,6 +283,36 @@ class Policy:
             text = f"{pauses} pressure events (automatic pauses) in {seconds(s.pressure_window_s)}"
             found = RestartCause(reason=RestartReason.PRESSURE_EVENTS, text=text)
         return found
+
+    def _down_limit_s(self, obs: Observation) -> float:
+        """How long a vLLM that is gone is left to whoever restarts it: briefly when nobody else will."""
+        unsupervised = obs.restarter is Restarter.SIDECAR
+        return self.settings.down_unsupervised_after_s if unsupervised else self.settings.down_after_s
+
+    def _who(self, obs: Observation) -> str:
+        said = f": {obs.restarter_detail}" if obs.restarter_detail else ""
+        if obs.restarter is Restarter.SIDECAR:
+            return f"its process is gone and nobody else will start it{said}"
+        if obs.restarter is Restarter.SUPERVISOR:
+            return f"its process is gone and its supervisor is bringing it back{said}"
+        return f"its process is gone, not restarted{said}"
+
+    def _is_down(self, now_s: float) -> bool:
+        """vLLM gone (nothing listens), or its /health failing as long as an engine death takes: not serving."""
+        failing = self._failing_for(now_s)
+        return self._down_since_s is not None or (failing is not None and failing >= self.settings.dead_after_s)
+
+    def _down_line(self, obs: Observation) -> str | None:
+        """While vLLM is gone or its /health fails, outside a restart: what the policy waits for, one line."""
+        now, s = obs.now_s, self.settings
+        if self._down_since_s is not None:
+            down, limit = now - self._down_since_s, self._down_limit_s(obs)
+            gone = f"nothing listens at vLLM's address for {seconds(down)} ({self._who(obs)})"
+            return f"down: {gone}; restart after {seconds(limit)}"
+        failing = self._failing_for(now)
+        if failing is not None:
+            return f"down: vLLM /health failing for {seconds(failing)}; restart after {seconds(s.dead_after_s)}"
+        return None
 
     def _block(self, candidate: RestartCause, now_s: float, view: GuardView) -> tuple[Guard, str] | None:
         """The first guard that refuses this automatic restart, with its line; None when all allow it."""
@@ -325,13 +359,16 @@ class Policy:
 
     def _quiet_reason(self, obs: Observation, fresh: bool, held: str, view: GuardView) -> str:
         prefix = f"failed: {self._procedure.latched}; " if self._procedure.latched else ""
-        if not fresh:
+        down = self._down_line(obs)
+        if self._blocked is not None:
+            line = f"would restart ({self._blocked[0].reason}): {self._blocked[0].text}; but {self._blocked[2]}"
+        elif down is not None and self._is_down(obs.now_s):
+            line = down
+        elif not fresh:
             age = "vLLM never polled" if obs.data_age_s is None else f"last poll {seconds(obs.data_age_s)} ago"
             line = f"holding, no fresh data ({age}, stale after {seconds(self.settings.stale_after_s)})"
             if self._admission.paused:
                 line += "; admission stays paused"
-        elif self._blocked is not None:
-            line = f"would restart ({self._blocked[0].reason}): {self._blocked[0].text}; but {self._blocked[2]}"
         elif self._admission.manual:
             line = "paused by hand; held until a manual resume"
         elif held:
@@ -354,7 +391,7 @@ class Policy:
             actions.insert(0, Action(kind=ActionKind.PAUSE_ADMISSION, reason=text, cause=cause))
         elif was_paused and not paused:
             actions.insert(0, Action(kind=ActionKind.RESUME_ADMISSION, reason=resumed or reason))
-        previous, self._state = self._state, self._current_state(view)
+        previous, self._state = self._state, self._current_state(view, moment.now_s)
         blocked = self._blocked
         restart_reason = self._procedure.reason if self._procedure.active or self._procedure.latched else None
         return Decision(
@@ -374,7 +411,7 @@ class Policy:
             wall_time_s=moment.wall_s,
         )
 
-    def _current_state(self, view: GuardView) -> PolicyState:  # noqa: PLR0911 - one return per state, by precedence
+    def _current_state(self, view: GuardView, now_s: float) -> PolicyState:  # noqa: PLR0911 - one return per state, by precedence
         stage = self._procedure.stage
         if stage is Stage.DRAINING:
             return PolicyState.DRAINING
@@ -384,6 +421,8 @@ class Policy:
             return PolicyState.FAILED
         if self._starting:
             return PolicyState.STARTING
+        if self._is_down(now_s):
+            return PolicyState.DOWN
         if self._admission.paused:
             return PolicyState.PAUSED
         if self._pressure or self._blocked:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from sidecar.model.derived import Derived
+from sidecar.model.supervision import Restarter
 
 
 class ObservationError(ValueError):
@@ -27,6 +28,10 @@ class Observation:
     # Nothing listens at vLLM's address (connection refused): its process is gone, so a supervisor (systemd
     # Restart=, the kubelet) is most likely restarting it. Not the same as an engine dead inside a live server.
     vllm_down: bool = False
+    # Who restarts a vLLM that is gone (`sidecar.model.supervision`, asked only while it is): with nobody else,
+    # the policy restarts it after down_unsupervised_after_s instead of leaving its supervisor down_after_s.
+    restarter: Restarter = Restarter.UNKNOWN
+    restarter_detail: str = ""  # one line: what the platform said, e.g. "unit vllm.service inactive, no job queued"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.now_s) and math.isfinite(self.wall_time_s)):

@@ -2,16 +2,24 @@
 
 Frozen counters do not tell a wedge from a quiet engine. vLLM's /health stays 200 while its EngineCore is
 wedged, and an engine wedged while idle freezes its metrics at 0 running and 0 waiting while the requests
-sent to it hang. So when an engine has made no progress for `probe_after_s` (idle or not; an idle server then
-costs one token a minute), and before any hung restart, the policy asks the shell to send one completion with
-`max_tokens=1` for the served model:
+sent to it hang. So the policy asks the shell to send one completion with `max_tokens=1` for the served model:
 
+- as soon as an engine with work has made no progress for `stall_pause_after_s`: the stall that pauses
+  admission is evidence enough to ask;
+- after `probe_after_s` without progress on an engine that reads idle (an idle server then costs one short
+  completion every `probe_after_s`).
+
+What the answer proves:
 - answered: the engine works (a long prefill, not a hang); a pending hung restart is called off;
-- no answer within `probe_timeout_s` (generous: a busy engine must not be restarted for being slow), and no
-  progress since it was sent: a wedge, and the hung restart goes ahead once the engine has been without
-  progress for `hung_after_s`;
+- no answer within `probe_timeout_s`, and no counter moved since it was sent: a wedge, and the hung restart
+  goes ahead once the engine has been without progress for `hung_after_s`. A probe stuck behind a busy
+  queue proves nothing: the queue's tokens move the counters;
 - anything else (an HTTP error, an API key it lacks, no model, refused): no evidence either way; the hung
-  rule falls back on the stall alone (work and no progress for `hung_after_s`), as with probes off.
+  rule falls back on the stall alone, over `hung_without_probe_after_s`, as with probes off.
+
+The probe is never the first request a fresh vLLM sees (vLLM 0.32's CPU build crashed on a first prompt of 3
+tokens or fewer): an engine that has generated no token yet gets a warm-up instead, a completion sized like a
+real request, whose answer counts as the probe's.
 
 While a probe has waited `stall_pause_after_s` for its answer, admission pauses: an engine that cannot answer
 one token in that time would take every request it is sent into its queue.
@@ -25,6 +33,9 @@ from enum import StrEnum
 from sidecar.model.derived import Derived
 from sidecar.policy.rules import engine_label, seconds
 from sidecar.policy.settings import PolicySettings
+
+_PROBING = "probing it with a 1-token completion"
+_WARMING_UP = "warming it up with a 1-token completion sized like a real request (no token generated yet)"
 
 
 class ProbeOutcome(StrEnum):
@@ -41,6 +52,13 @@ class ProbeResult:
     detail: str  # one line: what came back
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueProbe:
+    line: str  # why, one line
+    warm_up: bool = False  # a fresh vLLM's: sized like a real request, never the short probe
+    stalled: bool = False  # asked because a stall with work paused admission, not as the idle routine
+
+
 class EngineProbe:
     def __init__(self, settings: PolicySettings) -> None:
         self._settings = settings
@@ -51,26 +69,28 @@ class EngineProbe:
     def enabled(self) -> bool:
         return self._settings.probe_after_s > 0
 
-    def due(self, derived: Derived, now_s: float) -> str | None:
-        """The line for a probe to send now, or None. At most one in flight, at most one per probe_after_s."""
+    def due(self, derived: Derived, now_s: float) -> DueProbe | None:
+        """The probe to send now, or None. At most one in flight, at most one per `probe_after_s`."""
         s = self._settings
         if not self.enabled or self.outstanding_since_s is not None:
             return None
         if self.last is not None and now_s - self.last.sent_s < s.probe_after_s:
             return None
-        stall_limit = min(s.probe_after_s, s.hung_after_s)  # before any hung restart
+        if self.wedge(derived, now_s) is not None:
+            return None  # the last one proved a wedge that still holds: another would only queue behind it
+        stall_limit = min(s.stall_pause_after_s, s.hung_after_s)  # when the stall pauses, before any hung restart
         for e in derived.engines:
             if e.engine_stalled_seconds is not None and e.engine_stalled_seconds >= stall_limit:
-                return (
-                    f"{engine_label(e, derived)} made no progress for {seconds(e.engine_stalled_seconds)} with "
-                    "requests waiting or running: probing it with a 1-token completion"
-                )
+                # Requests are in already: the probe is not the first this vLLM sees.
+                stalled = f"{engine_label(e, derived)} made no progress for {seconds(e.engine_stalled_seconds)}"
+                return DueProbe(line=f"{stalled} with requests waiting or running: {_PROBING}", stalled=True)
+        # Idle, and no token generated since it started: a fresh vLLM, whose first request this would be.
+        warm_up = bool(derived.engines) and all(e.generation_tokens_total == 0 for e in derived.engines)
         for e in derived.engines:
             if e.seconds_since_progress is not None and e.seconds_since_progress >= s.probe_after_s:
-                return (
-                    f"{engine_label(e, derived)} made no progress for {seconds(e.seconds_since_progress)}: probing "
-                    "it with a 1-token completion (an engine wedged while idle reads idle)"
-                )
+                quiet = f"{engine_label(e, derived)} made no progress for {seconds(e.seconds_since_progress)}"
+                what = _WARMING_UP if warm_up else _PROBING
+                return DueProbe(line=f"{quiet}: {what} (an engine wedged while idle reads idle)", warm_up=warm_up)
         return None
 
     def sent(self, now_s: float) -> None:

@@ -307,15 +307,15 @@ def hung_cause(
 
     With the engine probe (`wedge`: its line when a 1-token completion got no answer and nothing moved since),
     an engine without progress for hung_after_s, idle-looking or not. Where no probe can tell (`stall_alone`:
-    probes off, or their answers say nothing), an engine with work and no progress for hung_after_s. Otherwise
-    a stall alone is not enough: the probe decides (see `probe`).
+    probes off, or their answers say nothing), an engine with work and no progress for
+    hung_without_probe_after_s. Otherwise a stall alone is not enough: the probe decides (see `probe`).
     """
     for e in derived.engines:
         quiet = e.seconds_since_progress
         if wedge is not None and quiet is not None and quiet >= settings.hung_after_s:
             text = f"{engine_label(e, derived)} made no progress for {quiet:.0f} s >= {settings.hung_after_s:.0f} s"
             return RestartCause(reason=RestartReason.ENGINE_HUNG, text=f"{text}, and {wedge} (hung)")
-        stalled = _stalled_for(e, derived, settings.hung_after_s) if stall_alone else None
+        stalled = _stalled_for(e, derived, settings.hung_without_probe_after_s) if stall_alone else None
         if stalled is not None:
             return RestartCause(reason=RestartReason.ENGINE_HUNG, text=stalled + " (hung)")
     return None

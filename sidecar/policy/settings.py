@@ -44,14 +44,24 @@ class PolicySettings:
     min_paused_s: float = 10.0  # an automatic pause lasts at least this long (dwell time)
     # Restarting vLLM (drain first).
     dead_after_s: float = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
-    # Nothing listening this long (vLLM's process gone and not brought back by its supervisor): restart it.
-    # Shorter would restart a vLLM its supervisor is already reloading; the default waits a whole load.
+    # Nothing listening this long while a supervisor may be bringing vLLM back (systemd's auto-restart, the
+    # kubelet, a process loading): restart it. Shorter would restart a vLLM its supervisor is reloading.
     down_after_s: float = 900.0
-    hung_after_s: float = 120.0  # no progress this long with requests waiting or running: engine hung
-    # The engine probe (see `probe`): one 1-token completion after this long without progress, idle or not
-    # (0: never; the hung rule then judges the stall alone, and an engine wedged while idle goes unseen) ...
-    probe_after_s: float = 60.0
-    probe_timeout_s: float = 60.0  # ... and how long it may take before it proves a wedge: generous
+    # Nothing listening this long and nobody else will start it (the exec adapter; a systemd unit stopped with
+    # no job queued, as after vLLM exits 0 under Restart=on-failure): the sidecar is the supervisor, restart it.
+    down_unsupervised_after_s: float = 10.0
+    # No progress this long, and a probe sent meanwhile got no answer with nothing moving: engine hung. The
+    # longest pause of a live engine that is never restarted; short enough that a hang serves again in 90 s.
+    hung_after_s: float = 50.0
+    # Where no probe can tell (probes off, or their answers say nothing): a stall with work this long is a hang.
+    hung_without_probe_after_s: float = 120.0
+    # The engine probe (see `probe`): one 1-token completion once a stall with work reaches
+    # stall_pause_after_s, and after this long without progress on an engine that reads idle (0: never; the
+    # hung rule then judges the stall alone, and an engine wedged while idle goes unseen) ...
+    probe_after_s: float = 20.0
+    # ... and how long it may wait: its silence proves a wedge only when nothing else moved meanwhile, so a
+    # queue the probe waits in (a busy engine) is never taken for one.
+    probe_timeout_s: float = 20.0
     oom_forecast_s: float = 900.0  # forecast time to OOM under this ...
     oom_forecast_ticks: int = 3  # ... on this many consecutive polls: restart before it crashes
     min_uptime_for_forecast_restart_s: float = 600.0  # a forecast from a young vLLM is not trusted yet
@@ -107,7 +117,9 @@ class PolicySettings:
         positive = (
             "dead_after_s",
             "down_after_s",
+            "down_unsupervised_after_s",
             "hung_after_s",
+            "hung_without_probe_after_s",
             "stall_pause_after_s",
             "oom_forecast_s",
             "pressure_window_s",

@@ -22,6 +22,7 @@ from sidecar.actuators.base import Actuator, ActuatorOutcome, OutcomeStatus
 from sidecar.exporter.endpoints import Readiness
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived
+from sidecar.model.supervision import Restarter
 from sidecar.model.view import View
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import (
@@ -62,10 +63,13 @@ _FAILURE_KINDS = (_RESTART_FAILURE,)
 _NO_PROBER = ProbeAnswer(outcome=ProbeOutcome.INCONCLUSIVE, detail="no probe sender is configured", duration_s=0.0)
 
 
+_PROBES = (ActionKind.PROBE_ENGINE, ActionKind.WARM_UP_ENGINE)
+
+
 class Prober(Protocol):
     """Sends the engine probe (sidecar.sources.probe) and says what came back; never raises."""
 
-    async def probe(self) -> ProbeAnswer: ...
+    async def probe(self, *, warm_up: bool = False) -> ProbeAnswer: ...
 
 
 class Acting:
@@ -112,6 +116,7 @@ class Acting:
         self._probe_task: asyncio.Task[None] | None = None
         self.probes: Counter[str] = Counter()
         self.last_probe: ProbeAnswer | None = None
+        self._probe_kind: tuple[ActionKind, object] | None = None  # what the last probe was sent for
         self._presence = Presence()
 
     # --- ticks ----------------------------------------------------------------------------------------
@@ -120,6 +125,7 @@ class Acting:
         self._presence.observe(snapshot)
         if snapshot.vllm.ok:
             self._last_good, self._last_good_s = view.derived, snapshot.monotonic_s
+        supervision = snapshot.vllm_supervision  # asked of the restart adapter only while vLLM is gone
         observation = Observation(
             now_s=snapshot.monotonic_s,
             wall_time_s=snapshot.wall_time_s,
@@ -128,6 +134,8 @@ class Acting:
             data_age_s=None if self._last_good_s is None else max(0.0, snapshot.monotonic_s - self._last_good_s),
             derived=self._last_good or _EMPTY,
             vllm_down=snapshot.vllm.unreachable,
+            restarter=supervision.restarter if supervision is not None else Restarter.UNKNOWN,
+            restarter_detail=supervision.detail if supervision is not None else "",
         )
         return self._apply(self.policy.decide(observation, self.ledger))
 
@@ -168,7 +176,7 @@ class Acting:
                 "policy_state", state=str(decision.state), previous=str(decision.previous_state), reason=decision.reason
             )
         self._log_blocked(previous, decision)
-        recorded = [action for action in decision.actions if action.kind is not ActionKind.PROBE_ENGINE]
+        recorded = [action for action in decision.actions if action.kind not in _PROBES]
         if recorded:  # a probe a minute on an idle server would push every decision that matters out of sight
             self.recent.append(
                 {
@@ -203,11 +211,18 @@ class Acting:
 
     def _perform(self, action: Action, decision: Decision) -> None:
         self.actions[str(action.kind)] += 1
-        if action.kind is ActionKind.PROBE_ENGINE:
-            # Routine on an idle server (one a minute): its answer is logged when it changes, not each send.
-            # Sent in dry-run too: it reads, it does not act on vLLM.
-            self._log.debug("probe_sent", reason=action.reason)
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe())
+        if action.kind in _PROBES:
+            # Sent in dry-run too: it reads, it does not act on vLLM. Logged at info when it says something new:
+            # the first probe of its kind (a stall's, a warm-up, the idle routine), and any answer unlike the
+            # last; a probe repeated for the same reason with the same answer (the idle routine of a working
+            # engine, every --probe-after) at debug, or it would drown every decision that matters.
+            sent_for = (action.kind, action.cause)
+            repeated = sent_for == self._probe_kind and self.last_probe is not None
+            self._probe_kind = sent_for
+            warm_up = action.kind is ActionKind.WARM_UP_ENGINE
+            log = self._log.debug if repeated else self._log.info
+            log("probe_sent", kind="warm_up" if warm_up else "probe", reason=action.reason)
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe(warm_up=warm_up, repeated=repeated))
             return
         verb = "would " if self.dry_run else ""
         self._log.warning("action", action=str(action.kind), dry_run=self.dry_run, reason=f"{verb}{action.reason}")
@@ -252,17 +267,20 @@ class Acting:
         self._store.clear_in_flight()  # the outcome is known (and in the ledger when accepted)
         self._apply(decision)
 
-    async def _probe(self) -> None:
-        answer = await self._prober.probe() if self._prober is not None else _NO_PROBER
+    async def _probe(self, *, warm_up: bool, repeated: bool) -> None:
+        answer = await self._prober.probe(warm_up=warm_up) if self._prober is not None else _NO_PROBER
         self.probes[str(answer.outcome)] += 1
         previous, self.last_probe = self.last_probe, answer
-        if (
-            previous is None
-            or previous.outcome is not answer.outcome
-            or (answer.outcome is ProbeOutcome.INCONCLUSIVE and previous.detail != answer.detail)
-        ):
-            log = self._log.info if answer.outcome is ProbeOutcome.ANSWERED else self._log.warning
-            log("probe_" + str(answer.outcome), detail=answer.detail, duration_s=round(answer.duration_s, 3))
+        same = (
+            repeated
+            and previous is not None
+            and previous.outcome is answer.outcome
+            and (answer.outcome is ProbeOutcome.ANSWERED or previous.detail == answer.detail)
+        )
+        loud = self._log.info if answer.outcome is ProbeOutcome.ANSWERED else self._log.warning
+        (self._log.debug if same else loud)(
+            "probe_" + str(answer.outcome), detail=answer.detail, duration_s=round(answer.duration_s, 3)
+        )
         self._apply(
             self.policy.probe_event(answer.outcome, self._clock(), self._wall_clock(), self.ledger, answer.detail)
         )

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -32,6 +32,7 @@ from sidecar.exporter.tls import ReloadingServerTls, TlsError
 from sidecar.model.acting import ActingView
 from sidecar.model.health import HEALTH_STANDS
 from sidecar.model.snapshot import Snapshot
+from sidecar.model.supervision import Restarter, Supervision
 from sidecar.model.view import View
 from sidecar.notify.dispatcher import Notifier
 from sidecar.policy.machine import Policy
@@ -51,6 +52,7 @@ from sidecar.sources.gpu import GpuSource
 from sidecar.sources.probe import CompletionProbe
 from sidecar.sources.sim_gpu import SimGpuSource
 from sidecar.sources.vllm_http import VllmHttpSource
+from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 
 SHUTDOWN_GRACE_S = 2.0
 
@@ -115,8 +117,17 @@ class Poller:
         wall_clock: Callable[[], float] = time.time,
         logger: FilteringBoundLogger | None = None,
         on_view: Callable[[View], object] | None = None,
+        supervision: Callable[[], Awaitable[Supervision]] | None = None,
+        supervision_timeout_s: float = 2.0,
+        start_watch: VllmStartWatch | None = None,
+        boot_clock: Callable[[], float] = boot_clock_s,
     ) -> None:
         self._on_view = on_view
+        self._supervision = supervision
+        self._supervision_timeout_s = supervision_timeout_s
+        self._start_watch = start_watch
+        self._boot_clock = boot_clock
+        self._gone_since_boot_s: float | None = None  # the first poll of this spell with nothing listening
         self._vllm = vllm
         self._gpu = gpu
         self._allocator = allocator
@@ -145,6 +156,11 @@ class Poller:
                 self._gpu.read() if self._gpu is not None else _nothing(),
                 self._allocator.read() if self._allocator is not None else _nothing(),
             )
+        if not reading.unreachable:
+            self._gone_since_boot_s = None
+        elif self._gone_since_boot_s is None:
+            self._gone_since_boot_s = self._boot_clock()
+        supervision = await self._who_restarts() if reading.unreachable else None
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),
@@ -153,6 +169,7 @@ class Poller:
             vllm_health=health,
             gpu=gpu,
             allocator=allocator,
+            vllm_supervision=supervision,
         )
         self._window.push(snapshot)
         derived = self._deriver.derive(self._window)
@@ -163,6 +180,43 @@ class Poller:
         if self._on_view is not None:
             self._on_view(view)  # the policy decides on the view just published
         return view
+
+    async def _who_restarts(self) -> Supervision | None:
+        """Asked of the restart adapter while nothing listens at vLLM's address; bounded, never raises."""
+        if self._supervision is None:
+            return None
+        try:
+            async with asyncio.timeout(self._supervision_timeout_s):
+                said = await self._supervision()
+        except TimeoutError:
+            detail = f"the restart adapter did not say within {self._supervision_timeout_s:g} s"
+            return Supervision(restarter=Restarter.UNKNOWN, detail=detail)
+        except Exception as error:  # noqa: BLE001 - a platform's answer must never end the tick
+            detail = f"the restart adapter failed to say: {type(error).__name__}: {error}"
+            return Supervision(restarter=Restarter.UNKNOWN, detail=detail)
+        return self._unless_started_elsewhere(said)
+
+    def _unless_started_elsewhere(self, said: Supervision) -> Supervision:
+        """Nobody else will start vLLM, the adapter says; unless a vLLM server for its port started since it
+        went (by hand, or a script of the operator's): that one is loading, and is left to load."""
+        if said.restarter is not Restarter.SIDECAR or self._start_watch is None or self._gone_since_boot_s is None:
+            return said
+        # A poll's slack: a hand restart kills the old vLLM and starts the new one within the same second.
+        started = self._start_watch.started_since(self._gone_since_boot_s - POLL_SLACK_S)
+        if not started:
+            return said
+        newest = max(started, key=lambda server: server.started_boot_s)
+        ago = self._boot_clock() - newest.started_boot_s
+        detail = f"a vLLM server for its port started {ago:.0f} s ago, not by the sidecar (pid {newest.pid}: "
+        detail += f"{newest.command})"
+        return Supervision(restarter=Restarter.SUPERVISOR, detail=detail)
+
+
+POLL_SLACK_S = 2.0
+
+
+def _default_port(url: str) -> int:
+    return 443 if urlsplit(url).scheme == "https" else 80
 
 
 def build_tls(settings: Settings, logger: FilteringBoundLogger) -> ReloadingServerTls | None:
@@ -224,6 +278,9 @@ class Daemon:
             derive=derive_settings(settings),
             logger=self._log,
             on_view=self.acting.observe,
+            supervision=parts.actuator.supervision,
+            supervision_timeout_s=settings.poll_timeout_s,
+            start_watch=VllmStartWatch(urlsplit(settings.vllm_url).port or _default_port(settings.vllm_url)),
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(

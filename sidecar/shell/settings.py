@@ -203,15 +203,36 @@ class Settings(FileBackedSettings):
     down_after: float = _policy(
         "down_after_s",
         gt=0,
-        description="seconds nothing may listen at vLLM's address (process gone, not brought back) before a restart",
+        description=(
+            "seconds nothing may listen at vLLM's address while a supervisor may be bringing it back (systemd's "
+            "auto-restart, the kubelet) before a restart"
+        ),
         allowed="seconds > 0; longer than vLLM takes to load if a supervisor restarts it",
+    )
+    down_unsupervised_after: float = _policy(
+        "down_unsupervised_after_s",
+        gt=0,
+        description=(
+            "seconds nothing may listen at vLLM's address when nobody else will start it (--actuator exec; a "
+            "systemd unit stopped with no job queued) before the sidecar restarts it"
+        ),
+        allowed="seconds > 0",
     )
     hung_after: float = _policy(
         "hung_after_s",
         gt=0,
         description=(
-            "seconds without engine progress before a restart: with requests waiting or running, or, with the "
-            "probe, once a 1-token completion got no answer"
+            "seconds without engine progress before a restart, once a probe sent meanwhile got no answer with "
+            "nothing moving: the longest pause of a live engine that is never restarted"
+        ),
+        allowed="seconds > 0",
+    )
+    hung_without_probe_after: float = _policy(
+        "hung_without_probe_after_s",
+        gt=0,
+        description=(
+            "seconds without engine progress, with requests waiting or running, before a restart where no probe "
+            "can tell (--probe-after 0, or the probe's requests fail)"
         ),
         allowed="seconds > 0",
     )
@@ -225,15 +246,19 @@ class Settings(FileBackedSettings):
         "probe_after_s",
         ge=0,
         description=(
-            "seconds without engine progress (idle or not) before one 1-token completion probes the engine for "
-            "a wedge; 0: never (an engine wedged while idle then goes unseen)"
+            "seconds without engine progress on an engine that reads idle before one 1-token completion probes "
+            "it for a wedge (a stall with requests is probed at --stall-pause-after); 0: never (an engine wedged "
+            "while idle then goes unseen)"
         ),
         allowed="seconds >= 0",
     )
     probe_timeout: float = _policy(
         "probe_timeout_s",
         gt=0,
-        description="seconds the probe may take before its silence proves a wedge (generous: slow is not hung)",
+        description=(
+            "seconds the probe may wait; no answer in this time proves a wedge only if no counter moved meanwhile "
+            "(a probe queued behind a busy engine proves nothing)"
+        ),
         allowed="seconds > 0",
     )
     vllm_api_key_file: Path | None = Field(

@@ -24,7 +24,19 @@ from sidecar.sources.fetch import connection_error_reason
 
 MAX_ANSWER_BYTES = 64 * 1024  # a 1-token completion or a model list is a few hundred bytes
 MODELS_TIMEOUT_S = 10.0  # /v1/models is answered by the API server alone, engine wedged or not
-PROMPT = "ping"
+# A prompt of a normal length, never a token or two: vLLM 0.32's CPU build killed its engine core on a first
+# prompt of 3 tokens or fewer (issue 28). Twelve words are at least 12 tokens with any tokenizer.
+PROMPT = "The engine probe of vllm-sidecar asks for one token to check that this server still answers."
+# A fresh vLLM's first request, when the sidecar's is the first (the warm-up): sized like a real request.
+WARM_UP_PROMPT = " ".join(
+    (
+        "You are a helpful assistant. Summarise the following note in one sentence.",
+        "The sidecar that runs next to this inference server reads its metrics every few seconds, derives what",
+        "the server does not export, pauses admission before the accelerator runs out of memory, and restarts",
+        "the server when its engine stops making progress. This request warms the server up before the",
+        "sidecar's short probes begin, so that its first request is of an ordinary size.",
+    )
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,20 +69,23 @@ class CompletionProbe:
         self._clock = clock
         self._model: str | None = None
 
-    async def probe(self) -> ProbeAnswer:
+    async def probe(self, *, warm_up: bool = False) -> ProbeAnswer:
+        """One completion of one token; with `warm_up`, its prompt sized like a real request's."""
         started = self._clock()
         try:
             model = self._model or await self._served_model()
             self._model = model
             async with asyncio.timeout(self._timeout_s):
-                await self._complete(model)
+                prompt_tokens = await self._complete(model, WARM_UP_PROMPT if warm_up else PROMPT)
         except TimeoutError:
             return self._answer(ProbeOutcome.NO_ANSWER, f"no answer within {self._timeout_s:g} s", started)
         except _Inconclusive as error:
             self._model = None  # whatever went wrong, ask which model is served next time
             return self._answer(ProbeOutcome.INCONCLUSIVE, str(error), started)
         took = self._clock() - started
-        return self._answer(ProbeOutcome.ANSWERED, f"1 token of {model!r} in {took:.2f} s", started)
+        prompt = "" if prompt_tokens is None else f", prompt {prompt_tokens} tokens"
+        what = "warm-up: 1 token" if warm_up else "1 token"
+        return self._answer(ProbeOutcome.ANSWERED, f"{what} of {model!r} in {took:.2f} s{prompt}", started)
 
     def _answer(self, outcome: ProbeOutcome, detail: str, started_s: float) -> ProbeAnswer:
         return ProbeAnswer(outcome=outcome, detail=detail, duration_s=self._clock() - started_s)
@@ -93,10 +108,18 @@ class CompletionProbe:
             raise _Inconclusive(f"{url} lists no model")
         return model
 
-    async def _complete(self, model: str) -> None:
+    async def _complete(self, model: str, prompt: str) -> int | None:
+        """The prompt's length in tokens, as vLLM counted it (None when its answer does not say)."""
         # temperature 0 and one token: the least work an engine can be asked for; no stream, one answer.
-        body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "temperature": 0.0, "stream": False}
-        await self._request("POST", self._base_url + "/v1/completions", body)
+        body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "stream": False}
+        answer = await self._request("POST", self._base_url + "/v1/completions", body)
+        try:
+            document = json.loads(answer)
+        except (ValueError, RecursionError):
+            return None  # answered 200: the engine works, whatever the body
+        usage = document.get("usage") if isinstance(document, dict) else None
+        tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
 
     async def _request(self, method: str, url: str, body: dict[str, object] | None) -> bytes:
         """The answer's body when it is 200; `_Inconclusive` for anything else but time running out."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.systemd import SystemdActuator
+from sidecar.model.supervision import Restarter
 from tests.loopback import closed_port
 
 from .units import process_exists, service, sim_healthy, sim_unit, wait_until
@@ -99,3 +100,52 @@ async def test_reading_a_unit_that_does_not_exist(user_systemd: UserSystemd) -> 
         None,
         0,
     )
+
+
+async def test_who_restarts_a_gone_vllm_is_read_from_the_units_state(user_systemd: UserSystemd) -> None:
+    """Issue 28: vLLM exits 0 after its engine died; under Restart=on-failure systemd will not start it again,
+    so the sidecar must. An auto-restart pending, or a start under way, is systemd's to finish."""
+    user_systemd.write_unit(
+        "exits0.service", service("Type=exec", "Restart=on-failure", "ExecStart=/bin/true", description="x")
+    )
+    user_systemd.write_unit(
+        "crashes.service",
+        service("Type=exec", "Restart=always", "RestartSec=60", "ExecStart=/bin/false", description="x"),
+    )
+    user_systemd.write_unit(
+        "loading.service",
+        service("Type=exec", "ExecStartPre=/bin/sleep 30", "ExecStart=/bin/sleep 1000", description="x"),
+    )
+    exits0, crashes, loading = (actuator(user_systemd, f"{name}.service") for name in ("exits0", "crashes", "loading"))
+    for unit in (exits0, crashes):
+        await unit.restart(reason="set-up", dry_run=False)
+    user_systemd.call("StartUnit", "ss", "loading.service", "replace")
+
+    async def settled(unit: SystemdActuator, sub_state: str) -> bool:
+        return (await unit.read_state()).sub_state == sub_state
+
+    await wait_until(lambda: settled(exits0, "dead"), timeout_s=10, what="exits0 to have exited")
+    await wait_until(lambda: settled(crashes, "auto-restart"), timeout_s=10, what="crashes to wait to restart")
+
+    nobody = await exits0.supervision()
+    assert nobody.restarter is Restarter.SIDECAR
+    assert nobody.detail == (
+        "unit exits0.service inactive (dead), result success, no job queued: systemd will not start it"
+    )
+    pending = await crashes.supervision()
+    assert (pending.restarter, pending.detail) == (
+        Restarter.SUPERVISOR,
+        "unit crashes.service activating (auto-restart), result exit-code",
+    )
+    starting = await loading.supervision()
+    assert starting.restarter is Restarter.SUPERVISOR, starting.detail
+    assert starting.detail.startswith("unit loading.service activating (start-pre)")
+    for name in ("crashes.service", "loading.service"):
+        user_systemd.call("StopUnit", "ss", name, "replace")
+
+
+async def test_who_restarts_is_unknown_when_systemd_cannot_be_asked() -> None:
+    unreachable = SystemdActuator("vllm.service", bus="user", bus_address="unix:path=/nonexistent/bus")
+    said = await unreachable.supervision()
+    assert said.restarter is Restarter.UNKNOWN
+    assert said.detail.startswith("cannot reach the user bus (unix:path=/nonexistent/bus)"), said.detail

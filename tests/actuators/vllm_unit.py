@@ -60,12 +60,14 @@ def installed_vllm() -> tuple[str, str]:
     return python, model
 
 
-def vllm_unit(python: str, model: str, port: int, workdir: Path, log: Path) -> str:
+def vllm_unit(python: str, model: str, port: int, workdir: Path, log: Path, *extra: str) -> str:
     """vLLM's OpenAI server as a plain service. KillMode=control-group: a stop reaches the EngineCore child too,
-    with SIGCONT after SIGTERM, so a stopped (SIGSTOP) engine can die; SIGKILL after STOP_TIMEOUT_S."""
+    with SIGCONT after SIGTERM, so a stopped (SIGSTOP) engine can die; SIGKILL after STOP_TIMEOUT_S. `extra`:
+    more [Service] lines (Restart=...)."""
     command = server_command(python, model, port)
     return service(
         "Type=exec",
+        *extra,
         "ExecStart=" + " ".join(exec_arg(arg) for arg in command),
         *(env_assignment(name, value) for name, value in SERVER_ENV.items()),
         "UnsetEnvironment=" + " ".join(SERVER_ENV_REMOVED),

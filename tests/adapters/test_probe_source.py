@@ -8,7 +8,7 @@ import json
 import httpx
 
 from sidecar.policy.probe import ProbeOutcome
-from sidecar.sources.probe import CompletionProbe
+from sidecar.sources.probe import PROMPT, WARM_UP_PROMPT, CompletionProbe
 from tests.loopback import LoopbackServer, closed_port, respond, slow
 
 MODELS = respond(
@@ -90,9 +90,33 @@ async def test_it_sends_one_token_for_the_served_model_with_the_api_key() -> Non
     assert completion.method == "POST"
     assert json.loads(completion.content) == {
         "model": "llama",
-        "prompt": "ping",
+        "prompt": PROMPT,
         "max_tokens": 1,
         "temperature": 0.0,
         "stream": False,
     }
     assert completion.headers["user-agent"].startswith("vllm-sidecar/")
+
+
+async def test_the_probe_is_never_a_prompt_of_a_token_or_two_and_the_warm_up_is_sized_like_a_request() -> None:
+    # vLLM 0.32's CPU build killed its engine core on a first prompt of 3 tokens or fewer (issue 28).
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "llama"}]})
+        prompt = json.loads(request.content)["prompt"]
+        sent.append(prompt)
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"prompt_tokens": len(prompt.split())}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        sender = probe(client, "http://vllm:8000")
+        warm_up = await sender.probe(warm_up=True)
+        short = await sender.probe()
+    assert sent == [WARM_UP_PROMPT, PROMPT]
+    assert len(PROMPT.split()) >= 12
+    assert len(WARM_UP_PROMPT.split()) >= 64
+    # What vLLM counted is in the line, so a log shows the prompt's real length.
+    assert warm_up.detail.startswith("warm-up: 1 token of 'llama' in ")
+    assert warm_up.detail.endswith(f", prompt {len(WARM_UP_PROMPT.split())} tokens")
+    assert short.detail.endswith(f", prompt {len(PROMPT.split())} tokens")

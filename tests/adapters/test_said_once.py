@@ -128,7 +128,7 @@ class FakeProber:
     outcome: ProbeOutcome
     sent: int = 0
 
-    async def probe(self) -> ProbeAnswer:
+    async def probe(self, *, warm_up: bool = False) -> ProbeAnswer:
         self.sent += 1
         detail = "no answer within 60 s" if self.outcome is ProbeOutcome.NO_ANSWER else f"answer {self.sent}"
         return ProbeAnswer(outcome=self.outcome, detail=detail, duration_s=0.5)

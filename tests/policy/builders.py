@@ -36,6 +36,7 @@ def engine(
     waiting_deferred: float | None = None,
     healthy: bool | None = None,
     unhealthy_s: float | None = None,
+    generated_tokens: float | None = None,
 ) -> EngineDerived:
     return EngineDerived(
         model_name=model,
@@ -58,6 +59,7 @@ def engine(
         requests_waiting_deferred=waiting_deferred,
         engine_healthy=healthy,
         engine_unhealthy_seconds=unhealthy_s,
+        generation_tokens_total=generated_tokens,
     )
 
 

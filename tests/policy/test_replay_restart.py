@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from sidecar.model.supervision import Restarter
 from sidecar.policy import (
     ManualAction,
     Observation,
@@ -221,7 +222,7 @@ def test_wall_clock_jumps_after_first_sight_change_nothing() -> None:
         ]
 
 
-def _gone(t: float, since_poll_s: float) -> Observation:
+def _gone(t: float, since_poll_s: float, *, restarter: Restarter = Restarter.UNKNOWN, detail: str = "") -> Observation:
     """Nothing listens at vLLM's address: its process is gone (a supervisor is most likely restarting it)."""
     tick = down(t, since_poll_s=since_poll_s)
     return Observation(
@@ -232,6 +233,8 @@ def _gone(t: float, since_poll_s: float) -> Observation:
         data_age_s=tick.data_age_s,
         derived=tick.derived,
         vllm_down=True,
+        restarter=restarter,
+        restarter_detail=detail,
     )
 
 
@@ -257,7 +260,7 @@ def test_a_dead_engine_back_by_itself_while_the_restart_is_refused_is_reported()
     assert replay.run(series) == [
         (0.0, "normal", ()),
         (12.0, "pressure", ()),
-        (42.0, "pressure", ("notify_budget_exhausted",)),
+        (42.0, "down", ("notify_budget_exhausted",)),  # dead past dead_after_s: down, the guard says why
         (62.0, "normal", ("notify_vllm_recovered",)),
     ]
     assert replay.at(62).actions[0].reason.startswith("vLLM is healthy again: its /health failed for 50 s")
@@ -268,3 +271,46 @@ def test_a_health_blip_shorter_than_dead_after_is_no_recovery_to_report() -> Non
     series += [down(t, since_poll_s=t - 10) for t in ticks(12, 30)]  # 20 s < dead_after_s (30 s)
     series += [obs(t) for t in ticks(32, 40)]
     assert [row for row in Replay().run(series) if row[2]] == []
+
+
+def test_a_vllm_gone_that_nobody_else_restarts_is_restarted_after_10_s_and_reads_down_meanwhile() -> None:
+    # The exec adapter, or a systemd unit stopped with no job queued (vLLM exited 0 after its engine died,
+    # under Restart=on-failure): the sidecar is the only one who will start it.
+    said = "unit vllm.service inactive (dead), no job queued"
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [_gone(t, since_poll_s=t - 10, restarter=Restarter.SIDECAR, detail=said) for t in ticks(12, 24)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (12.0, "down", ()),
+        (22.0, "restarting", ("pause_admission", "drain", "restart")),  # down 10 s: no drain, restart
+    ]
+    assert replay.at(14).reason == (
+        "down: nothing listens at vLLM's address for 2 s (its process is gone and nobody else will start it: "
+        f"{said}); restart after 10 s"
+    )
+    assert (
+        replay.at(22)
+        .actions[-1]
+        .reason.endswith(
+            f"nothing listens at vLLM's address for 10 s >= 10 s (its process is gone and nobody else will start "
+            f"it: {said})"
+        )
+    )
+
+
+def test_a_vllm_its_supervisor_is_restarting_is_left_to_it_and_reads_down() -> None:
+    said = "unit vllm.service activating (auto-restart)"
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [_gone(t, since_poll_s=t - 10, restarter=Restarter.SUPERVISOR, detail=said) for t in ticks(12, 300)]
+    series += [obs(t) for t in ticks(302, 304)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (12.0, "down", ()),
+        (302.0, "normal", ("notify_vllm_recovered",)),
+    ]
+    assert replay.at(300).reason == (
+        "down: nothing listens at vLLM's address for 288 s (its process is gone and its supervisor is "
+        f"bringing it back: {said}); restart after 900 s"
+    )

@@ -14,7 +14,10 @@ def test_defaults_are_the_issues() -> None:
     assert (s.pause_kv_usage_ratio, s.resume_kv_usage_ratio) == (0.90, 0.80)
     assert (s.waiting_ratio, s.waiting_ticks, s.preemptions_per_s, s.min_gpu_free_ratio) == (2.0, 3, 1.0, 0.05)
     assert s.min_paused_s == 10
-    assert (s.dead_after_s, s.hung_after_s, s.oom_forecast_s, s.oom_forecast_ticks) == (30, 120, 900, 3)
+    assert (s.dead_after_s, s.hung_after_s, s.oom_forecast_s, s.oom_forecast_ticks) == (30, 50, 900, 3)
+    # Issue 28: a hang or a vLLM nobody else restarts serving again within 90 s on real vLLM on CPU.
+    assert (s.down_after_s, s.down_unsupervised_after_s, s.hung_without_probe_after_s) == (900, 10, 120)
+    assert (s.stall_pause_after_s, s.probe_after_s, s.probe_timeout_s) == (10, 20, 20)
     assert s.min_uptime_for_forecast_restart_s == 600
     assert (s.pressure_events_restart, s.pressure_events, s.pressure_window_s) == (False, 3, 300)
     assert (s.max_restarts_per_hour, s.restart_budget_window_s) == (3, 3600)

@@ -1,0 +1,127 @@
+"""Who restarts a vLLM that is gone (issue 28), in the shell: the adapter's word, and the one sign that overrules
+"nobody else will": a vLLM server for the same port started since vLLM went (an operator restarting it by
+hand). Real processes read from the real /proc; a real closed port for "nothing listens"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from sidecar.derive.settings import DeriveSettings
+from sidecar.model.supervision import Restarter, Supervision
+from sidecar.shell.daemon import Poller
+from sidecar.sources.fetch import HttpxFetcher
+from sidecar.sources.vllm_http import VllmHttpSource
+from sidecar.sources.vllm_start import StartedServer, VllmStartWatch, boot_clock_s, serves_port
+from tests.loopback import closed_port
+
+SLEEPER = "import time; time.sleep(60)"
+EXEC_SAYS = "the sidecar starts it (--actuator exec: restart.sh)"
+
+
+@pytest.mark.parametrize(
+    ("command", "port", "serves"),
+    [
+        ("vllm serve meta-llama/Llama-3.1-8B --port 8001", 8001, True),
+        ("/opt/venv/bin/vllm serve /models/x", 8000, True),  # vLLM's default port
+        ("/opt/venv/bin/vllm serve /models/x", 8001, False),
+        ("python -m vllm.entrypoints.openai.api_server --model m --port=9000", 9000, True),
+        ("python -m vllm.entrypoints.openai.api_server --model m --port 9000", 9001, False),
+        ("python -m sidecar run --vllm-url http://127.0.0.1:8000", 8000, False),  # the sidecar is no server
+        ("vllm-sidecar run --vllm-url http://127.0.0.1:8000", 8000, False),
+        ("VLLM::EngineCore", 8000, False),  # an engine core left over: not someone starting a server
+        ("vllm bench serve --port 8000", 8000, False),
+    ],
+)
+def test_what_counts_as_a_vllm_server_for_the_port(command: str, port: int, *, serves: bool) -> None:
+    assert serves_port(command, port) is serves
+
+
+def _start(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", SLEEPER, *args])
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def _seen(watch: VllmStartWatch, since: float, count: int) -> list[StartedServer]:
+    """What the watch sees once `count` servers show (a process's command line shows just after its exec)."""
+    deadline = time.monotonic() + 5.0
+    while len(found := watch.started_since(since)) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_a_server_for_the_port_started_since_is_seen_and_nothing_else_is(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    port = closed_port()
+    processes.append(_start("vllm", "serve", "--port", str(port)))  # before vLLM went
+    time.sleep(0.2)  # /proc counts start times in whole clock ticks (10 ms): well apart from `since`
+    since = boot_clock_s()
+    time.sleep(0.05)
+    watch = VllmStartWatch(port)
+    processes.append(_start("vllm", "serve", "--port", str(port + 1)))  # another port
+    processes.append(_start("python", "-m", "sidecar", "run", "--vllm-url", f"http://127.0.0.1:{port}"))
+    assert len(_seen(VllmStartWatch(port + 1), since, 1)) == 1  # the others have their command lines by now
+    assert watch.started_since(since) == []
+    after = _start("vllm", "serve", "--port", str(port))
+    processes.append(after)
+    (found,) = _seen(watch, since, 1)
+    assert found.pid == after.pid
+    assert found.command.endswith(f"vllm serve --port {port}")
+    assert VllmStartWatch(port, own_pid=after.pid).started_since(since) == []  # never the sidecar itself
+
+
+class Says:
+    def __init__(self, restarter: Restarter) -> None:
+        self.restarter = restarter
+
+    async def __call__(self) -> Supervision:
+        return Supervision(restarter=self.restarter, detail=EXEC_SAYS)
+
+
+def _poller(client: httpx.AsyncClient, port: int, said: Restarter, watch: VllmStartWatch | None) -> Poller:
+    return Poller(
+        vllm=VllmHttpSource(
+            fetcher=HttpxFetcher(client), base_url=f"http://127.0.0.1:{port}", timeout_s=1.0, max_body_bytes=2**20
+        ),
+        gpu=None,
+        derive=DeriveSettings(),
+        supervision=Says(said),
+        start_watch=watch,
+    )
+
+
+async def test_the_adapter_is_asked_while_nothing_listens_and_a_hand_start_overrules_nobody_else(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    port = closed_port()
+    async with httpx.AsyncClient() as client:
+        poller = _poller(client, port, Restarter.SIDECAR, VllmStartWatch(port))
+        first = await poller.tick()  # vLLM gone: nobody else will start it, says the adapter
+        assert first.snapshot.vllm_supervision == Supervision(restarter=Restarter.SIDECAR, detail=EXEC_SAYS)
+        hand = _start("vllm", "serve", "--port", str(port))  # an operator starts it by hand
+        processes.append(hand)
+        _seen(VllmStartWatch(port), 0.0, 1)
+        later = (await poller.tick()).snapshot.vllm_supervision
+        assert later is not None
+        assert later.restarter is Restarter.SUPERVISOR
+        assert later.detail.startswith("a vLLM server for its port started ")
+        assert f"not by the sidecar (pid {hand.pid}: " in later.detail
+        # Another adapter's word is never changed; without a watch the adapter's word stands.
+        unknown = await _poller(client, port, Restarter.UNKNOWN, VllmStartWatch(port)).tick()
+        assert unknown.snapshot.vllm_supervision == Supervision(restarter=Restarter.UNKNOWN, detail=EXEC_SAYS)
+        alone = await _poller(client, port, Restarter.SIDECAR, None).tick()
+        assert alone.snapshot.vllm_supervision == Supervision(restarter=Restarter.SIDECAR, detail=EXEC_SAYS)
