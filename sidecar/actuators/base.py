@@ -31,7 +31,11 @@ class ActuatorOutcome:
 class Actuator(Protocol):
     name: str  # "systemd", "kubernetes", "exec", "none"
 
-    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome: ...
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
+        """One restart. `hard`: the engine is dead or hung, nothing of it will finish: an adapter that can end
+        every process of vLLM at once (SIGKILL) before starting it does so, rather than wait for a stop that a
+        stopped engine cannot answer; the others restart as usual."""
+        ...
 
     async def supervision(self) -> Supervision:
         """Who brings vLLM back while its process is gone, as this platform says; asked only then. Never raises:

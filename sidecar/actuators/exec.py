@@ -32,7 +32,7 @@ class ExecActuator:
     def _shown(self) -> str:
         return shlex.join(self.argv)
 
-    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         started = time.monotonic()
         if dry_run:
             return ActuatorOutcome(status=OutcomeStatus.DRY_RUN, detail=f"would run {self._shown()}", duration_s=0.0)

@@ -105,7 +105,7 @@ class KubernetesActuator:
         to it for --down-after; the sidecar acts only when it has not brought vLLM back by then."""
         return Supervision(restarter=Restarter.SUPERVISOR, detail="the kubelet restarts vLLM's container")
 
-    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         """One restart in this adapter's mode; `reason` is for the caller's log, the API carries none."""
         started = self._clock()
         if dry_run:

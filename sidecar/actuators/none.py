@@ -9,7 +9,7 @@ from sidecar.model.supervision import Restarter, Supervision
 class NoActuator:
     name = "none"
 
-    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         return ActuatorOutcome(
             status=OutcomeStatus.FAILED,
             detail="no restart adapter is configured (--actuator none): observe and pause only",

@@ -1,13 +1,19 @@
 """Restart vLLM's systemd service over D-Bus, and read the service's state. I/O (D-Bus, through jeepney).
 
 A restart is `org.freedesktop.systemd1.Manager.RestartUnit(unit, "replace")`, what `systemctl restart` sends,
-followed by waiting for the `JobRemoved` signal of the job it queued: only that signal says whether the restart
-worked (`done`) or not (`failed`, `timeout`, `dependency`, `canceled`, `skipped`...). The match for the signal is
-in place before the call, so a job that ends before the call's answer arrives is not missed. Each call opens its
-own connection (restarts are rare; nothing is held between them), everything is bounded by `job_timeout_s`, and
-every failure comes back as a FAILED outcome with one line saying why, never as an exception. A job still
-running at the bound is left to systemd (its own `TimeoutStartSec` ends it); cancelling it could leave vLLM
-stopped.
+preceded for a hard restart (a dead or hung engine) by `KillUnit(unit, "all", SIGKILL)`: a SIGSTOPped or
+wedged engine cannot answer the stop's SIGTERM, and would hold the restart for the unit's whole
+`TimeoutStopSec` (45 s in deploy/systemd/vllm.service.example); killing every process of the unit also leaves
+none of the old vLLM beside the new one (an EngineCore can outlive its API server). A KillUnit that polkit
+refuses (a rule without the "kill" verb) is said in the outcome and the restart goes on as a plain one.
+
+The restart is followed by waiting for the `JobRemoved` signal of the job it queued: only that signal says
+whether the restart worked (`done`) or not (`failed`, `timeout`, `dependency`, `canceled`, `skipped`...). The
+match for the signal is in place before the call, so a job that ends before the call's answer arrives is not
+missed. Each call opens its own connection (restarts are rare; nothing is held between them), everything is
+bounded by `job_timeout_s`, and every failure comes back as a FAILED outcome with one line saying why, never as
+an exception. A job still running at the bound is left to systemd (its own `TimeoutStartSec` ends it);
+cancelling it could leave vLLM stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,16 +103,17 @@ class SystemdActuator:
         self._address = bus_address or ("SYSTEM" if bus == "system" else "SESSION")
         self._clock = clock
 
-    async def restart(self, *, reason: str, dry_run: bool) -> ActuatorOutcome:
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         """Restart the unit and wait for systemd's verdict. `reason` is the caller's to log: D-Bus takes none."""
         started = self._clock()
         if dry_run:
-            detail = f"would call RestartUnit({self.unit}, {JOB_MODE}) on the {self.bus} bus"
+            kill = f"KillUnit({self.unit}, all, SIGKILL), then " if hard else ""
+            detail = f"would call {kill}RestartUnit({self.unit}, {JOB_MODE}) on the {self.bus} bus"
             return ActuatorOutcome(status=OutcomeStatus.DRY_RUN, detail=detail, duration_s=self._clock() - started)
         progress = _Progress()
         try:
             async with asyncio.timeout(self.job_timeout_s):
-                status, detail = await self._restart(progress)
+                status, detail = await self._restart(progress, hard=hard)
         except TimeoutError:
             status, detail = OutcomeStatus.FAILED, self._timeout_detail(progress)
         except Exception as error:  # noqa: BLE001 - an actuator never raises into the loop: the outcome says it
@@ -158,12 +166,16 @@ class SystemdActuator:
             return Supervision(restarter=Restarter.UNKNOWN, detail=str(error))
         return unit_supervision(state)
 
-    async def _restart(self, progress: _Progress) -> tuple[OutcomeStatus, str]:
+    async def _restart(self, progress: _Progress, *, hard: bool) -> tuple[OutcomeStatus, str]:
         try:
             session = await DbusSession.open(self._address)
         except BusUnavailableError as error:
             return OutcomeStatus.FAILED, self._error_detail(error)
+        killed = ""
         try:
+            if hard:
+                progress.step = "killing the unit's processes"
+                killed = await self._kill_all(session)
             progress.step = "subscribing to JobRemoved"
             await session.add_match(JOB_REMOVED_MATCH)
             # systemd sends JobRemoved to the client that queued the job even unsubscribed; Subscribe is for safety
@@ -178,11 +190,21 @@ class SystemdActuator:
         finally:
             await session.close()
         if result == JOB_DONE:
-            return OutcomeStatus.DONE, f"restarted {self.unit} on the {self.bus} bus ({progress.job})"
+            return OutcomeStatus.DONE, f"{killed}restarted {self.unit} on the {self.bus} bus ({progress.job})"
         return OutcomeStatus.FAILED, (
             f"restart of {self.unit} ended with job result: {result} ({progress.job}); see `{self._systemctl()} "
             f"status {self.unit}`"
         )
+
+    async def _kill_all(self, session: DbusSession) -> str:
+        """SIGKILL every process of the unit; the outcome's opening words. A refusal is said, not fatal."""
+        try:
+            await session.call(MANAGER, "KillUnit", "ssi", self.unit, "all", int(signal.SIGKILL))
+        except DbusCallError as error:
+            if error.name in _ACCESS_ERRORS:
+                return f'KillUnit refused ({error.name}: add the "kill" verb to the polkit rule), so '
+            return ""  # no process left to kill (the unit is stopped): nothing to say
+        return "killed (SIGKILL) and "
 
     def _error_detail(self, error: Exception) -> str:  # noqa: PLR0911 - one return per kind of failure
         bus = f"the {self.bus} bus"

@@ -247,7 +247,9 @@ class Acting:
             self._restart_task = asyncio.get_running_loop().create_task(self._restart(reason, action.reason))
 
     async def _restart(self, reason: RestartReason, why: str) -> None:
-        outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run)
+        # A dead or hung engine has nothing to finish, and a stopped one cannot answer a stop: kill, then start.
+        hard = reason in (RestartReason.ENGINE_DEAD, RestartReason.ENGINE_HUNG)
+        outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run, hard=hard)
         self._log.warning(
             "restart_outcome",
             adapter=self.actuator.name,

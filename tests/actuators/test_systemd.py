@@ -149,3 +149,36 @@ async def test_who_restarts_is_unknown_when_systemd_cannot_be_asked() -> None:
     said = await unreachable.supervision()
     assert said.restarter is Restarter.UNKNOWN
     assert said.detail.startswith("cannot reach the user bus (unix:path=/nonexistent/bus)"), said.detail
+
+
+async def test_a_hard_restart_kills_what_ignores_the_stop_instead_of_waiting_for_it(user_systemd: UserSystemd) -> None:
+    """A dead or hung engine (issue 28): a process that cannot answer SIGTERM (here: ignores it; a SIGSTOPped
+    engine the same) would hold a plain restart for TimeoutStopSec. The hard restart SIGKILLs the unit first."""
+    user_systemd.write_unit(
+        "deaf.service",
+        service(
+            "Type=exec",
+            "TimeoutStopSec=60",
+            "ExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 1; done'",
+            description="x",
+        ),
+    )
+    deaf = actuator(user_systemd, "deaf.service", job_timeout_s=90.0)
+    assert (await deaf.restart(reason="set-up", dry_run=False)).status is OutcomeStatus.DONE
+    before = await deaf.read_state()
+    assert before.main_pid is not None
+    would = await deaf.restart(reason="engine_hung", dry_run=True, hard=True)
+    assert would.detail == (
+        "would call KillUnit(deaf.service, all, SIGKILL), then RestartUnit(deaf.service, replace) on the user bus"
+    )
+
+    outcome = await deaf.restart(reason="engine_hung", dry_run=False, hard=True)
+
+    assert outcome.status is OutcomeStatus.DONE, outcome.detail
+    assert outcome.detail.startswith("killed (SIGKILL) and restarted deaf.service on the user bus"), outcome.detail
+    assert outcome.duration_s < 30.0  # not the 60 s TimeoutStopSec a plain restart waits here
+    after = await deaf.read_state()
+    assert after.main_pid not in (None, before.main_pid)
+    assert not process_exists(before.main_pid)
+    user_systemd.call("KillUnit", "ssi", "deaf.service", "all", 9)  # a plain stop would wait TimeoutStopSec
+    user_systemd.call("StopUnit", "ss", "deaf.service", "replace")

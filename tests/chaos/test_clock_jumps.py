@@ -89,6 +89,8 @@ def test_wall_clock_jumps_neither_stall_polling_nor_reset_or_block_the_restart_b
                 *("--vllm-url", vllm.url, "--gpu-source", "none", "--interval", "0.5", "--state-dir", str(state)),
                 *("--actuator", "exec", "--exec-command", shlex.join([sys.executable, "-c", record, str(witness)])),
                 *("--max-restarts-per-hour", "2", "--hung-after", "1", "--drain-timeout", "1"),
+                # The stand-in serves no /v1: the probe proves nothing, the stall alone decides.
+                *("--hung-without-probe-after", "1"),
                 *("--startup-timeout", "30"),
             ],
             tmp_path / f"{name}.log",

@@ -67,6 +67,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
             # As eager to restart as the settings allow: a fault read as a dead or hung engine would show.
             *("--dead-after", "1", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
+            *("--hung-without-probe-after", "1"),  # a false stall would restart at once: none may
         ],
         folder / "sidecar.log",
     )

@@ -58,6 +58,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             *("--state-dir", str(folder / "state")),
             *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
             *("--dead-after", "1", "--hung-after", "1", "--oom-forecast", "3600"),
+            *("--hung-without-probe-after", "1"),  # a false stall would restart at once: none may
         ],
         folder / "sidecar.log",
     )

@@ -45,6 +45,7 @@ def test_a_restart_underneath_under_load_is_a_counter_reset_not_a_stall(tmp_path
             *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
             # Eager: a false stall (hung) or the short outage read as a dead engine would restart at once.
             *("--hung-after", "2", "--dead-after", "2"),
+            *("--hung-without-probe-after", "2"),  # a false stall would restart at once: none may
         ],
         tmp_path / "sidecar.log",
     )

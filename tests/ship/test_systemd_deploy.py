@@ -242,7 +242,7 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
     assert cause["summary"] == "vLLM's log shows no crash (no CUDA out-of-memory error, refused start or dead engine)"
 
 
-def test_the_polkit_rule_allows_restarting_vllm_and_nothing_else(deployment: Deployment) -> None:
+def test_the_polkit_rule_allows_restarting_and_killing_vllm_and_nothing_else(deployment: Deployment) -> None:
     container = deployment.container
     container.run("systemctl", "start", BYSTANDER_UNIT)
     vllm_pid = container.main_pid(VLLM_UNIT)
@@ -255,7 +255,9 @@ def test_the_polkit_rule_allows_restarting_vllm_and_nothing_else(deployment: Dep
         "StopUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "StopUnit", "ss", VLLM_UNIT, "replace"),
         "StartUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "StartUnit", "ss", VLLM_UNIT, "replace"),
         "TryRestartUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "TryRestartUnit", "ss", VLLM_UNIT, "replace"),
-        "KillUnit vllm.service": deployment.busctl_as(SIDECAR_USER, "KillUnit", "ssi", VLLM_UNIT, "all", "15"),
+        "KillUnit bystander.service": deployment.busctl_as(
+            SIDECAR_USER, "KillUnit", "ssi", BYSTANDER_UNIT, "all", "15"
+        ),
         "Reload (the manager)": deployment.busctl_as(SIDECAR_USER, "Reload", ""),
     }
     assert {call: outcome for call, outcome in denied.items() if outcome[1] != "Call failed: Access denied"} == {}
@@ -265,6 +267,10 @@ def test_the_polkit_rule_allows_restarting_vllm_and_nothing_else(deployment: Dep
     status, output = deployment.busctl_as("nobody", "RestartUnit", "ss", VLLM_UNIT, "replace")
     assert status != 0
     assert "Interactive authentication required" in output or "Access denied" in output, output
+    assert container.main_pid(VLLM_UNIT) == vllm_pid
+    # vllm.service's processes may be signalled (a hard restart's SIGKILL): SIGCONT here, which changes nothing
+    status, output = deployment.busctl_as(SIDECAR_USER, "KillUnit", "ssi", VLLM_UNIT, "main", str(int(signal.SIGCONT)))
+    assert status == 0, output
     assert container.main_pid(VLLM_UNIT) == vllm_pid
     # the control: the same command, the one thing allowed, works (a broken busctl or polkit would fail it)
     status, output = deployment.busctl_as(SIDECAR_USER, "RestartUnit", "ss", VLLM_UNIT, "replace")
@@ -442,7 +448,8 @@ def test_the_three_places_that_name_the_vllm_unit_agree() -> None:
     assert config["systemd-unit"] == VLLM_UNIT
     assert f'var UNIT = "{VLLM_UNIT}";' in rule
     assert f'var USER = "{SIDECAR_USER}";' in rule
-    assert re.search(r'var VERBS = \["restart"\];', rule)  # RestartUnit's verb; the sidecar calls nothing else
+    # RestartUnit's verb, and KillUnit's (the SIGKILL before a dead or hung engine's restart): nothing else
+    assert re.search(r'var VERBS = \["restart", "kill"\];', rule)
     assert f"Wants={VLLM_UNIT}" in unit.splitlines()
     assert f"After={VLLM_UNIT}" in unit.splitlines()
     assert f"User={SIDECAR_USER}" in unit.splitlines()
