@@ -9,6 +9,8 @@ Suites (all by default, in this order):
   fleet     the same behind a router that honours readiness, two replicas, one failing (the goodput targets)
   probe     one sample of the allocator probe plugin (and its file write) against torch.cuda.memory_stats()
   probe-vllm  real vLLM on CPU with and without the plugin: throughput under the same load
+  recovery  real vLLM on CPU, the sidecar on defaults (exec): time to serving after a kill and a hang, and
+            restarts over a loaded-but-alive run (queue, long prefills, SIGSTOP pauses of 10-40 s)
 
 Each suite prints as it goes; the results, with the machine, go to bench/RESULTS.md (see --results).
 """
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reaction-intervals", default="1", help="comma-separated poll intervals, seconds")
     parser.add_argument("--scenarios", default="burst,leak,tenant,hang", help="efficacy: which, comma-separated")
     parser.add_argument("--efficacy-scale", type=float, default=1.0, help="efficacy: multiply each run's length")
+    parser.add_argument("--recovery-trials", type=int, default=3, help="recovery: kills and hangs, each")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="markdown file to write")
     parser.add_argument("--no-results", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         reaction_intervals=tuple(float(part) for part in args.reaction_intervals.split(",")),
         scenarios=tuple(part for part in args.scenarios.split(",") if part),
         efficacy_scale=args.efficacy_scale,
+        recovery_trials=args.recovery_trials,
     )
     machine = describe_machine()
     results = Results(machine=machine)

@@ -14,3 +14,4 @@ class Options:
     reaction_intervals: tuple[float, ...]
     scenarios: tuple[str, ...]
     efficacy_scale: float
+    recovery_trials: int = 3
