@@ -145,9 +145,12 @@ def test_dry_run_decides_and_reports_but_never_pauses(vllm: LoopbackServer, tmp_
 def test_admin_api_needs_the_token_and_logs_the_caller(vllm: LoopbackServer, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    sidecar = _start(vllm, tmp_path, "--admin-token-file", str(token_file))
+    # The capture is frozen (see above): its stall reads `pressure` from the first polls and would pause
+    # admission at 10 s. Waiting for `normal` raced it (failed once in CI under load, passed alone): the stall
+    # pause is moved out of the way, and any state past the startup grace will do.
+    sidecar = _start(vllm, tmp_path, "--admin-token-file", str(token_file), "--stall-pause-after", "3600")
     try:
-        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] in ("normal", "pressure"))
         pause = sidecar.url + "/admin/pause"
         assert httpx.post(pause, timeout=5).status_code == 401
         assert httpx.post(pause, headers={"Authorization": "Bearer not-the-token-000000"}, timeout=5).status_code == 403
