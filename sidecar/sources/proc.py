@@ -26,7 +26,8 @@ class ProcessIdentity:
     owner: ProcessOwner
 
 
-def _read_text(path: Path) -> str | None:
+def read_proc_text(path: Path) -> str | None:
+    """A /proc file's first MAX_PROC_FILE_BYTES as text; None when it cannot be read."""
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_PROC_FILE_BYTES)
@@ -42,8 +43,8 @@ def identify_process(pid: int, *, proc_root: Path, pattern: re.Pattern[str]) -> 
     which is the honest answer rather than guessing.
     """
     base = proc_root / str(pid)
-    comm = _read_text(base / "comm")
-    cmdline = _read_text(base / "cmdline")
+    comm = read_proc_text(base / "comm")
+    cmdline = read_proc_text(base / "cmdline")
     if comm is None and cmdline is None:
         return ProcessIdentity(name=None, owner=ProcessOwner.UNKNOWN)
     argv = [arg for arg in (cmdline or "").split("\0") if arg]

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.sources.proc import read_proc_text
+
 VLLM_DEFAULT_PORT = 8000
 _SERVER = re.compile(r"(?:^|[/\s])vllm\s+serve(?:\s|$)|vllm\.entrypoints\.openai\.api_server")
 _PORT = re.compile(r"(?:^|\s)--port(?:=|\s+)(\d+)(?:\s|$)")
@@ -59,13 +61,11 @@ class VllmStartWatch:
         for entry in entries:
             if int(entry.name) == self._own_pid:
                 continue
-            try:
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                if not serves_port(command, self._port):
-                    continue
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue  # gone meanwhile, or not ours to read
+            # Gone meanwhile, or not ours to read: None, and no sign.
+            command = (read_proc_text(entry / "cmdline") or "").replace("\0", " ").strip()
+            if not serves_port(command, self._port):
+                continue
+            fields = (read_proc_text(entry / "stat") or "").rpartition(")")[2].split()
             if len(fields) < 20 or fields[0] in ("Z", "X"):
                 continue
             started = int(fields[19]) / self._ticks_per_s
