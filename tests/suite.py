@@ -1,25 +1,26 @@
-"""The whole test suite as two pytest runs at once: `python -m tests.suite [pytest arguments]` (`make test`).
+"""The test suite in two stages: `python -m tests.suite fast`, then `python -m tests.suite` (`make fast`, `make test`).
 
-Measured on the 2-core CI box, one serial run keeps about one core busy on average: most tests wait on real
-processes (vLLM starting, a simulator in real time, systemd, Prometheus). Two runs side by side use the other.
+**The fast stage** (`FAST_PATHS`: the pure code's unit and property tests) needs nothing but the dev environment
+and runs first, in CI before any Debian package, vLLM or rootfs is installed: a broken change fails in minutes.
+
+**The slow stage** is every other folder, as two pytest runs at once. Measured on the 2-core CI box, one serial
+run keeps about one core busy: most tests wait on real processes (vLLM starting, a simulator in real time,
+systemd, Prometheus). Two runs side by side use the other.
 
 - **Timing runs at normal priority**: the tests that time the sidecar's own reactions (daemon, policy on real
   processes, actuators, chaos, the simulator's scenarios) get the CPU they ask for, as in a serial run.
 - **The rest runs at nice 10**: computations, real vLLM, the doctor, the image, Prometheus, TLS. It takes the
-  CPU the timing run leaves idle, and about a tenth when both want every core. Its waits are for starts and
-  answers, with bounds sized for a busy box.
+  CPU the timing run leaves idle, and about a tenth when both want every core.
 
-Two runs on two cores still contend (a niced process gets a tenth of a core, not nothing; systemd, journald and
-the kernel serve both), and a bound sized for a busy box can still run out: five of the first six CI runs of
-this layout failed one test each, a different one each time. So the tests that fail in either run are run
-once more after both runs, alone and at normal priority, and fail the suite only if they fail again; the
-summary names every such test, so one that keeps needing it is seen. CPython's own test runner does the same
-(regrtest re-runs the tests that failed). More than `MAX_RERUNS` failures are not rerun: that is a broken
-change, not contention; nor is a run that did not finish (interrupted, internal error, nothing collected).
+**A test that needs a rerun to pass is a red test.** What fails in either run is run once more, alone at normal
+priority, to tell flaky from broken, and the summary says which. The suite passes only if nothing failed, or
+every failure passed alone *and* is listed in `QUARANTINE` (tests/quarantine.toml) with its cause; a listed
+test that fails alone too is broken and fails the suite. The quarantine is printed at the end of every run,
+so nothing hides there unseen. More than `MAX_RERUNS` failures are not rerun (a broken change), nor is a run
+that did not finish (interrupted, internal error, nothing collected).
 
-Arguments are pytest's options, passed to every run; for part of the suite run pytest itself (`pytest
+Other arguments are pytest's options, passed to every run; for part of the suite run pytest itself (`pytest
 tests/unit`). Each run has its own temporary folder and its own pytest cache (where pytest lists its failures).
-The niced run's output is printed when it ends; the exit status is non-zero when the suite failed.
 """
 
 from __future__ import annotations
@@ -29,12 +30,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+QUARANTINE = TESTS / "quarantine.toml"
 NICE = 10
 MAX_RERUNS = 5
-# Relative to the repository root; every other folder of tests/ runs at normal priority.
+# Relative to the repository root. The fast stage: pure code, no real component, no wall-clock wait.
+FAST_PATHS = ("tests/unit", "tests/policy", "tests/property")
+# The slow stage's run at nice 10; every other folder of tests/ (less FAST_PATHS) runs at normal priority.
 NICE_PATHS = (
     "tests/alerts",
     "tests/bench",
@@ -43,14 +49,41 @@ NICE_PATHS = (
     "tests/gpu",
     "tests/loadtest",
     "tests/notify",
-    "tests/policy",
     "tests/probe",
-    "tests/property",
     "tests/security",
     "tests/ship",
     "tests/sim",
-    "tests/unit",
 )
+
+
+class QuarantineError(ValueError):
+    """tests/quarantine.toml cannot be read; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    test: str  # a pytest node id, as the summary prints it
+    cause: str  # why it fails now and then: what races what
+    since: str  # the date it was listed
+
+
+def read_quarantine(text: str) -> tuple[Quarantined, ...]:
+    """The listed tests; every entry needs its `test`, its `cause` and the date `since`."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise QuarantineError(f"{QUARANTINE.name}: {error}") from None
+    entries = document.get("test", [])
+    if not isinstance(entries, list):
+        raise QuarantineError(f"{QUARANTINE.name}: `test` must be an array of tables ([[test]])")
+    listed: list[Quarantined] = []
+    for index, entry in enumerate(entries):
+        fields = {name: entry.get(name) if isinstance(entry, dict) else None for name in ("test", "cause", "since")}
+        empty = [name for name, value in fields.items() if not isinstance(value, str) or not value.strip()]
+        if empty:
+            raise QuarantineError(f"{QUARANTINE.name}: test #{index + 1} has no {', '.join(empty)}")
+        listed.append(Quarantined(test=str(fields["test"]), cause=str(fields["cause"]), since=str(fields["since"])))
+    return tuple(listed)
 
 
 def _pytest(paths: list[str], basetemp: Path, extra: list[str]) -> list[str]:
@@ -71,22 +104,41 @@ def to_rerun(codes: tuple[int, int], failed: list[str]) -> list[str]:
     return failed if set(codes) <= {0, 1} and 0 < len(failed) <= MAX_RERUNS else []
 
 
-def passed(codes: tuple[int, int], rerun_code: int | None) -> bool:
-    """The suite passed: both runs did, or they finished and what failed passed alone."""
-    return codes == (0, 0) or (set(codes) <= {0, 1} and rerun_code == 0)
+def verdict(
+    codes: tuple[int, int], failed: list[str], rerun_code: int | None, quarantine: tuple[Quarantined, ...]
+) -> tuple[bool, list[str]]:
+    """Whether the suite passed, and one line per failure saying what it was.
+
+    Passed: both runs did; or they finished, what failed passed alone, and every such test is quarantined."""
+    if codes == (0, 0):
+        return True, []
+    if not set(codes) <= {0, 1} or rerun_code is None:
+        return False, [f"FAILED {test}" for test in failed]
+    listed = {entry.test for entry in quarantine}
+    if rerun_code != 0:
+        return False, [f"FAILED {test} (failed again alone: broken, not flaky)" for test in failed]
+    unlisted = "fix it, or list it with its cause in tests/quarantine.toml"
+    lines = [f"FLAKY {test} (passed only alone: {'quarantined' if test in listed else unlisted})" for test in failed]
+    return all(test in listed for test in failed), lines
 
 
-def main(argv: list[str]) -> int:
+def _print_quarantine(quarantine: tuple[Quarantined, ...]) -> None:
+    print(f"\nquarantine ({QUARANTINE.relative_to(TESTS.parent)}): {len(quarantine)} test(s)")
+    for entry in quarantine:
+        print(f"  {entry.test} (since {entry.since}): {entry.cause}")
+
+
+def fast(argv: list[str]) -> int:
+    """The fast stage: one pytest run over `FAST_PATHS`."""
+    with tempfile.TemporaryDirectory(prefix="vllm-sidecar-fast-") as scratch:
+        run = _pytest(list(FAST_PATHS), Path(scratch) / "fast", ["-p", "no:cacheprovider", *argv])
+        return subprocess.run(run, cwd=TESTS.parent, check=False).returncode
+
+
+def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
+    """The slow stage: the timing run and the niced run at once, then what failed alone."""
     root = TESTS.parent
-    missing = [path for path in NICE_PATHS if not (root / path).is_dir()]
-    if missing:
-        print(f"tests/suite.py names folders that do not exist: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    paths = [arg for arg in argv if not arg.startswith("-") and (root / arg.split("::")[0]).exists()]
-    if paths:
-        print(f"tests.suite runs the whole suite; for {paths[0]} alone run pytest {paths[0]}", file=sys.stderr)
-        return 2
-    ignores = [f"--ignore={path}" for path in NICE_PATHS]
+    ignores = [f"--ignore={path}" for path in (*NICE_PATHS, *FAST_PATHS)]
     with tempfile.TemporaryDirectory(prefix="vllm-sidecar-suite-") as scratch:
         folder = Path(scratch)
         caches = (folder / "timing-cache", folder / "nice-cache")
@@ -119,22 +171,42 @@ def main(argv: list[str]) -> int:
         again = to_rerun(codes, failed)
         rerun_code: int | None = None
         if again:
-            print(f"\n===== {len(again)} failed; once more, alone, at normal priority =====")
-            for test in again:
-                print(f"  {test}")
+            print(f"\n===== {len(again)} failed; once more, alone, at normal priority (flaky or broken?) =====")
             sys.stdout.flush()
             rerun = subprocess.run(
                 _pytest(again, folder / "rerun", ["-p", "no:cacheprovider", *argv]), cwd=root, check=False
             )
             rerun_code = rerun.returncode
+        ok, lines = verdict(codes, failed, rerun_code, quarantine)
         ended = time.monotonic() - started
         print(
-            f"\nsuite: {ended:.0f} s in all; normal priority exit {codes[0]}, nice {NICE} exit {codes[1]}"
-            + ("" if rerun_code is None else f"; the {len(again)} failed alone: exit {rerun_code}")
-            + ("" if rerun_code is not None or codes == (0, 0) else f" ({len(failed)} failed: not rerun)"),
-            flush=True,
+            f"\nsuite: {ended:.0f} s in all; normal priority exit {codes[0]}, nice {NICE} exit {codes[1]}", flush=True
         )
-    return 0 if passed(codes, rerun_code) else 1
+        for line in lines:
+            print(f"  {line}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    root = TESTS.parent
+    missing = [path for path in (*NICE_PATHS, *FAST_PATHS) if not (root / path).is_dir()]
+    if missing:
+        print(f"tests/suite.py names folders that do not exist: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    stage_fast = argv[:1] == ["fast"]
+    argv = argv[1:] if stage_fast else argv
+    paths = [arg for arg in argv if not arg.startswith("-") and (root / arg.split("::")[0]).exists()]
+    if paths:
+        print(f"tests.suite runs a whole stage; for {paths[0]} alone run pytest {paths[0]}", file=sys.stderr)
+        return 2
+    try:
+        quarantine = read_quarantine(QUARANTINE.read_text())
+    except (OSError, QuarantineError) as error:
+        print(f"tests.suite: {error}", file=sys.stderr)
+        return 2
+    code = fast(argv) if stage_fast else slow(argv, quarantine)
+    _print_quarantine(quarantine)
+    return code
 
 
 if __name__ == "__main__":

@@ -278,6 +278,36 @@ class Workspace:
             plural = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings"}[kind]
             prefix = "/api/v1" if kind == "ServiceAccount" else "/apis/rbac.authorization.k8s.io/v1"
             self.post(f"{prefix}/namespaces/{{ns}}/{plural}", document)
+            if kind == "Role":
+                granted = next(
+                    (rule["verbs"][0], rule["resources"][0], rule["apiGroups"][0])
+                    for rule in document["rules"]
+                    if rule["verbs"] and "/" not in rule["resources"][0]
+                )
+        account = f"system:serviceaccount:{self.namespace}:{SERVICE_ACCOUNT}"
+        for subject in (account,) if user is None else (account, user):
+            self.wait_until_allowed(subject, granted[0], granted[1], group=granted[2])
+
+    def wait_until_allowed(
+        self, user: str, verb: str, resource: str, *, group: str = "", name: str | None = None
+    ) -> None:
+        """Until the API server's authorizer lets `user` do it: RBAC reads Roles and bindings from an informer
+        cache, so a binding just created takes effect some milliseconds later (a test that acts at once races
+        it). Asks the same authorizer through a SubjectAccessReview; at most 10 s."""
+        attributes: dict[str, str] = {"namespace": self.namespace, "verb": verb, "resource": resource, "group": group}
+        if name is not None:
+            attributes["name"] = name
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attributes},
+        }
+        deadline = time.monotonic() + 10.0
+        while not self._ok(self.admin.post("/apis/authorization.k8s.io/v1/subjectaccessreviews", json=review))[
+            "status"
+        ].get("allowed", False):
+            assert time.monotonic() < deadline, f"{user} still may not {verb} {resource} after 10 s"
+            time.sleep(0.02)
 
     def sidecar_token(self) -> str:
         """A bound token of the vllm-sidecar ServiceAccount, as the kubelet projects into the pod."""

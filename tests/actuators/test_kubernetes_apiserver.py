@@ -653,6 +653,7 @@ async def test_a_user_that_impersonates_the_service_account_acts_with_its_role(
         space.post(
             f"{rbac}/rolebindings", {"metadata": {"name": "impersonate"}, "subjects": [subject], "roleRef": role_ref}
         )
+        space.wait_until_allowed(IMPERSONATOR, "impersonate", "serviceaccounts", name="vllm-sidecar")
         outcome = await adapter.restart(reason="x", dry_run=False)
         assert outcome.status is OutcomeStatus.DONE, outcome.detail
     finally:

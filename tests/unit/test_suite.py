@@ -1,4 +1,5 @@
-"""The suite's verdict (tests/suite.py): what is rerun alone, and when two runs and a rerun make a pass."""
+"""The suite's verdict (tests/suite.py): what is rerun alone, and when a failure that passes alone still fails
+the suite (always, unless it is quarantined with its cause)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite import MAX_RERUNS, failed_tests, passed, to_rerun
+from tests.suite import MAX_RERUNS, Quarantined, QuarantineError, failed_tests, read_quarantine, to_rerun, verdict
 
 ONE = ["tests/unit/test_a.py::test_b"]
 MANY = [f"tests/unit/test_a.py::test_{n}" for n in range(MAX_RERUNS + 1)]
@@ -34,24 +35,58 @@ def test_only_a_few_failures_of_runs_that_finished_are_rerun(
     assert to_rerun(codes, failed) == rerun
 
 
+LISTED = (Quarantined(test=ONE[0], cause="races the journal's flush", since="2026-11-29"),)
+
+
 @pytest.mark.parametrize(
-    ("codes", "rerun", "verdict"),
+    ("codes", "rerun", "quarantine", "passes"),
     [
-        ((0, 0), None, True),
-        ((0, 1), 0, True),  # failed in a run, passed alone
-        ((1, 0), 0, True),
-        ((1, 1), 0, True),
-        ((0, 1), 1, False),  # failed twice
-        ((1, 0), None, False),  # failed and not rerun
-        ((0, 2), None, False),
-        ((0, 2), 0, False),  # an interrupted run does not pass on a rerun
-        ((5, 0), 0, False),
+        ((0, 0), None, (), True),
+        ((0, 1), 0, (), False),  # failed in a run, passed alone: flaky, and flaky is red
+        ((1, 0), 0, (), False),
+        ((0, 1), 0, LISTED, True),  # ... unless quarantined with its cause
+        ((1, 1), 0, LISTED, True),
+        ((0, 1), 1, LISTED, False),  # failed alone too: broken, quarantine or not
+        ((1, 0), None, LISTED, False),  # failed and not rerun (too many)
+        ((0, 2), None, (), False),
+        ((0, 2), 0, LISTED, False),  # an interrupted run does not pass on a rerun
+        ((5, 0), 0, LISTED, False),
     ],
 )
-def test_the_suite_passes_only_when_every_test_passed_in_its_run_or_alone(
-    codes: tuple[int, int], rerun: int | None, verdict: bool
+def test_a_failure_fails_the_suite_unless_it_passed_alone_and_is_quarantined(
+    codes: tuple[int, int], rerun: int | None, quarantine: tuple[Quarantined, ...], passes: bool
 ) -> None:
-    assert passed(codes, rerun) is verdict
+    ok, lines = verdict(codes, [] if codes == (0, 0) else ONE, rerun, quarantine)
+    assert ok is passes
+    assert len(lines) == (0 if codes == (0, 0) else 1)
+
+
+def test_the_summary_says_flaky_or_broken_and_what_to_do() -> None:
+    two = [ONE[0], "tests/unit/test_a.py::test_c"]
+    ok, lines = verdict((0, 1), two, 0, LISTED)
+    assert not ok  # one of the two is not listed
+    assert lines == [
+        f"FLAKY {ONE[0]} (passed only alone: quarantined)",
+        "FLAKY tests/unit/test_a.py::test_c (passed only alone: fix it, or list it with its cause in "
+        "tests/quarantine.toml)",
+    ]
+    assert verdict((1, 0), ONE, 1, ())[1] == [f"FAILED {ONE[0]} (failed again alone: broken, not flaky)"]
+
+
+def test_the_quarantine_file_needs_a_cause_and_a_date_for_each_test() -> None:
+    text = '[[test]]\ntest = "tests/a.py::t"\ncause = "x races y"\nsince = "2026-11-29"\n'
+    assert read_quarantine(text) == (Quarantined(test="tests/a.py::t", cause="x races y", since="2026-11-29"),)
+    assert read_quarantine("# nothing listed\n") == ()
+    with pytest.raises(QuarantineError, match="test #1 has no cause"):
+        read_quarantine('[[test]]\ntest = "tests/a.py::t"\ncause = " "\nsince = "2026-11-29"\n')
+    with pytest.raises(QuarantineError, match=r"quarantine\.toml"):
+        read_quarantine("[[test]\n")
+
+
+def test_the_shipped_quarantine_reads() -> None:
+    from tests.suite import QUARANTINE
+
+    read_quarantine(QUARANTINE.read_text())
 
 
 def test_the_failures_are_read_from_pytests_own_cache(tmp_path: Path) -> None:
