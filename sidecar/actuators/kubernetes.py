@@ -3,6 +3,10 @@
 - `evict` POSTs an Eviction (policy/v1; policy/v1beta1 when the API server predates 1.22 and says so), so
   PodDisruptionBudgets are honoured: a 429 is NOT_NOW, never forced. The pod's controller makes a new one.
 - `delete` DELETEs the pod (optionally with a grace period); no budget is consulted.
+- A hard restart (a dead or hung engine, which cannot answer SIGTERM) asks for a grace period of 1 s in both:
+  the kubelet kills at once instead of waiting out `terminationGracePeriodSeconds`, and still removes the pod
+  only once its containers are gone, so the new pod never starts beside the old one's GPU memory. (0 would be
+  a forced deletion, which does not wait for that.) A rollout follows the Deployment's own strategy.
 - `rollout` does what `kubectl rollout restart` does: finds the Deployment through the pod's controller
   chain (Pod -> ReplicaSet -> Deployment, each hop checked by uid) and patches a new
   `kubectl.kubernetes.io/restartedAt` onto its pod template, so the Deployment's strategy replaces pods.
@@ -39,9 +43,18 @@ from sidecar.actuators.kube_credentials import (
 from sidecar.actuators.kube_events import KubernetesEvents
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.actuators.kube_permission import EVENT_PERMISSIONS, Permission, RequestFailedError, check_response
+from sidecar.actuators.kube_supervision import pod_supervision
 from sidecar.model.supervision import Restarter, Supervision
 
-__all__ = ["EVENT_PERMISSIONS", "PERMISSIONS", "KubernetesActuator", "KubernetesEvents", "Mode", "connect"]
+__all__ = [
+    "EVENT_PERMISSIONS",
+    "PERMISSIONS",
+    "SUPERVISION_PERMISSIONS",
+    "KubernetesActuator",
+    "KubernetesEvents",
+    "Mode",
+    "connect",
+]
 
 
 class Mode(StrEnum):
@@ -61,6 +74,8 @@ PERMISSIONS: Mapping[Mode, tuple[Permission, ...]] = {
         Permission("patch", "deployments", "apps"),
     ),
 }
+SUPERVISION_PERMISSIONS = (GET_POD,)  # reading vLLM's container state while vLLM is gone
+HARD_GRACE_PERIOD_S = 1
 _POLICY_V1, _POLICY_V1BETA1 = "policy/v1", "policy/v1beta1"
 
 
@@ -83,6 +98,7 @@ class KubernetesActuator:
         namespace: str,
         client: KubeClient,
         grace_period_s: int | None = None,
+        vllm_container: str = "vllm",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -95,26 +111,38 @@ class KubernetesActuator:
         if grace_period_s is not None and grace_period_s < 0:
             raise ValueError(f"grace period {grace_period_s} s is negative")
         self.grace_period_s = grace_period_s
+        self.vllm_container = vllm_container
         self._client = client
         self._clock = clock
         self._wall_clock = wall_clock
         self._eviction_api = _POLICY_V1
 
     async def supervision(self) -> Supervision:
-        """The kubelet restarts a container that exits (restartPolicy Always, with its crash-loop backoff): left
-        to it for --down-after; the sidecar acts only when it has not brought vLLM back by then."""
-        return Supervision(restarter=Restarter.SUPERVISOR, detail="the kubelet restarts vLLM's container")
+        """Read from the own pod: the kubelet restarts vLLM's container unless the pod's restartPolicy says not
+        to (`Never`, or `OnFailure` after vLLM's exit 0) or the pod has ended. UNKNOWN when the pod cannot be
+        read (the policy then gives the kubelet its whole --down-after)."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
+        try:
+            document = await self._get(path, GET_POD, self._target())
+        except RequestFailedError as error:
+            return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {error}")
+        except KubeTransportError as error:
+            return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {error}")
+        except Exception as error:  # noqa: BLE001 - never raises into the poll loop
+            return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {type(error).__name__}")
+        return pod_supervision(document, self.vllm_container)
 
     async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         """One restart in this adapter's mode; `reason` is for the caller's log, the API carries none."""
         started = self._clock()
         if dry_run:
-            return self._outcome(OutcomeStatus.DRY_RUN, self._would(), started)
+            return self._outcome(OutcomeStatus.DRY_RUN, self._would(self._grace_period_s(hard=hard)), started)
         try:
+            grace_s = self._grace_period_s(hard=hard)
             if self.mode is Mode.EVICT:
-                detail = await self._evict()
+                detail = await self._evict(grace_s)
             elif self.mode is Mode.DELETE:
-                detail = await self._delete()
+                detail = await self._delete(grace_s)
             else:
                 detail = await self._rollout()
         except RequestFailedError as error:
@@ -128,21 +156,27 @@ class KubernetesActuator:
     async def close(self) -> None:
         await self._client.close()
 
-    def _would(self) -> str:
+    def _grace_period_s(self, *, hard: bool) -> int | None:
+        """The configured grace period; for a hard restart at most `HARD_GRACE_PERIOD_S`."""
+        if not hard:
+            return self.grace_period_s
+        return HARD_GRACE_PERIOD_S if self.grace_period_s is None else min(self.grace_period_s, HARD_GRACE_PERIOD_S)
+
+    def _would(self, grace_s: int | None) -> str:
         where = f"pod {self.pod} in namespace {self.namespace}"
+        grace = "its own grace period" if grace_s is None else f"grace period {grace_s} s"
         if self.mode is Mode.EVICT:
-            return f"would evict {where} (policy/v1 Eviction)"
+            return f"would evict {where} (policy/v1 Eviction, {grace})"
         if self.mode is Mode.DELETE:
-            grace = "its own grace period" if self.grace_period_s is None else f"grace period {self.grace_period_s} s"
             return f"would delete {where} ({grace})"
         return f"would rollout-restart the Deployment that owns {where} (new {kube_bodies.RESTARTED_AT})"
 
-    async def _evict(self) -> str:
+    async def _evict(self, grace_s: int | None) -> str:
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}/eviction"
-        answer = await self._post_eviction(path)
+        answer = await self._post_eviction(path, grace_s)
         if self._eviction_api == _POLICY_V1 and _predates_policy_v1(answer):
             self._eviction_api = _POLICY_V1BETA1  # Kubernetes < 1.22 decodes no policy/v1 Eviction
-            answer = await self._post_eviction(path)
+            answer = await self._post_eviction(path, grace_s)
         if answer.status_code == 429:
             if "DisruptionBudget" in answer.cause_reasons or "disruption budget" in answer.message:
                 raise RequestFailedError(
@@ -151,20 +185,19 @@ class KubernetesActuator:
                 )
             raise RequestFailedError(OutcomeStatus.NOT_NOW, f"the API server is throttling (429: {answer.message})")
         self._check(answer, PERMISSIONS[Mode.EVICT][0], self._target(), ok=(200, 201))
-        return f"evicted pod {self.pod} in namespace {self.namespace} ({self._eviction_api} Eviction accepted)"
+        grace = "" if grace_s is None else f", grace period {grace_s} s"
+        return f"evicted pod {self.pod} in namespace {self.namespace} ({self._eviction_api} Eviction accepted{grace})"
 
-    async def _post_eviction(self, path: str) -> KubeResponse:
-        body = kube_bodies.eviction(
-            self.pod, self.namespace, api_version=self._eviction_api, grace_period_s=self.grace_period_s
-        )
+    async def _post_eviction(self, path: str, grace_s: int | None) -> KubeResponse:
+        body = kube_bodies.eviction(self.pod, self.namespace, api_version=self._eviction_api, grace_period_s=grace_s)
         return await self._client.request("POST", path, body=body)
 
-    async def _delete(self) -> str:
-        params = None if self.grace_period_s is None else {"gracePeriodSeconds": str(self.grace_period_s)}
+    async def _delete(self, grace_s: int | None) -> str:
+        params = None if grace_s is None else {"gracePeriodSeconds": str(grace_s)}
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
         answer = await self._client.request("DELETE", path, params=params)
         self._check(answer, PERMISSIONS[Mode.DELETE][0], self._target(), ok=(200, 202))
-        grace = "" if self.grace_period_s is None else f", grace period {self.grace_period_s} s"
+        grace = "" if grace_s is None else f", grace period {grace_s} s"
         return f"deleted pod {self.pod} in namespace {self.namespace}{grace}"
 
     async def _rollout(self) -> str:

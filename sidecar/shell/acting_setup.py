@@ -82,7 +82,13 @@ def _acting_parts(settings: Settings) -> ActingParts:
         try:
             client, ref = connect(settings.kubeconfig, env=environ)
             actuator: Actuator = (
-                KubernetesActuator(settings.kubernetes_mode, pod=ref.name, namespace=ref.namespace, client=client)
+                KubernetesActuator(
+                    settings.kubernetes_mode,
+                    pod=ref.name,
+                    namespace=ref.namespace,
+                    client=client,
+                    vllm_container=settings.vllm_container,
+                )
                 if settings.actuator == "kubernetes"
                 else NoActuator()
             )

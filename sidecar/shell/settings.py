@@ -392,7 +392,10 @@ class Settings(FileBackedSettings):
     )
     vllm_container: str = Field(
         "vllm",
-        description="the name of vLLM's container in this pod, whose log is read (Kubernetes)",
+        description=(
+            "the name of vLLM's container in this pod, whose log is read and whose state says whether the kubelet "
+            "restarts it (Kubernetes)"
+        ),
         json_schema_extra=_allowed("a container name (a DNS label)"),
     )
 

@@ -29,6 +29,7 @@ from sidecar.actuators.kube_credentials import CredentialsError, kubeconfig_cred
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS, PodLog
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents, connect
 from sidecar.actuators.log_source import LogUnreadableError, Wanted
+from sidecar.model.supervision import Restarter
 from tests.adapters.daemon_process import SidecarProcess
 from tests.scenarios.harness import SimProcess
 
@@ -39,6 +40,7 @@ from .kube_apiserver import (
     IMPERSONATOR_TOKEN,
     OIDC_TOKEN,
     OIDC_USER,
+    POD_SPEC,
     ApiServer,
     StartError,
     UnavailableError,
@@ -706,3 +708,73 @@ async def test_an_exec_plugin_that_answers_a_client_certificate(
     assert outcome.status is OutcomeStatus.DONE, outcome.detail
     assert space.deployment_document()["metadata"]["generation"] == 2
     assert (tmp_path / "runs").read_text().count("run") == 1
+
+
+def _container_ended(space: Workspace, pod: str, exit_code: int) -> None:
+    """What a kubelet reports once vLLM's container has exited; the admin writes the status subresource."""
+    ended = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}}
+    status = {"name": "vllm", "state": ended, "ready": False, "restartCount": 0, "image": "vllm", "imageID": ""}
+    patch = {"status": {"phase": "Running", "containerStatuses": [status]}}
+    path = f"/api/v1/namespaces/{space.namespace}/pods/{pod}/status"
+    headers = {"Content-Type": "application/merge-patch+json"}
+    answer = space.admin.patch(path, content=json.dumps(patch), headers=headers)
+    assert answer.is_success, answer.text
+
+
+async def test_who_restarts_vllm_is_read_from_the_pod_and_a_hard_delete_kills_at_once(
+    apiserver: ApiServer, admin: httpx.Client
+) -> None:
+    """A Deployment's pod (restartPolicy Always) is the kubelet's to restart whatever vLLM's exit; a pod under
+    OnFailure whose vLLM exited 0 is nobody's. A hard restart deletes with a grace period of 1 s, which a pod on
+    a node keeps until its kubelet confirms the containers are gone."""
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac()
+    space.create_workload()
+    bare = "vllm-job"
+    spec = {**POD_SPEC, "restartPolicy": "OnFailure", "nodeName": "node-1"}
+    space.post("/api/v1/namespaces/{ns}/pods", {"metadata": {"name": bare}, "spec": spec})
+    kube = KubeClient(space.credentials(space.sidecar_token()))
+    deployed = actuator("delete", space, kube)
+    alone = KubernetesActuator("delete", pod=bare, namespace=space.namespace, client=kube)
+    try:
+        pending = await deployed.supervision()
+        assert (pending.restarter, pending.detail) == (
+            Restarter.SUPERVISOR,
+            "the pod is pending: the kubelet is starting it",
+        )
+        _container_ended(space, space.pod, 0)
+        always = await deployed.supervision()
+        assert (always.restarter, always.detail) == (
+            Restarter.SUPERVISOR,
+            "container vllm ended (exit 0); restartPolicy Always: the kubelet restarts it",
+        )
+        _container_ended(space, bare, 0)
+        nobody = await alone.supervision()
+        assert (nobody.restarter, nobody.detail) == (
+            Restarter.SIDECAR,
+            "container vllm ended (exit 0); restartPolicy OnFailure: the kubelet will not restart it",
+        )
+        outcome = await alone.restart(reason="engine_dead", dry_run=False, hard=True)
+        assert outcome.status is OutcomeStatus.DONE, outcome.detail
+        assert outcome.detail == f"deleted pod {bare} in namespace {space.namespace}, grace period 1 s"
+        left = space.get(f"/api/v1/namespaces/{{ns}}/pods/{bare}").json()
+        assert left["metadata"]["deletionGracePeriodSeconds"] == 1  # kept for the kubelet this server lacks
+        deleting = await alone.supervision()
+        assert deleting.restarter is Restarter.SUPERVISOR
+    finally:
+        await kube.close()
+
+
+async def test_a_pod_the_sidecar_may_not_read_leaves_the_restart_to_the_kubelet(
+    apiserver: ApiServer, admin: httpx.Client
+) -> None:
+    space = Workspace.create(apiserver, admin)
+    space.apply_rbac(without=("get", "pods", ""))
+    space.create_workload()
+    kube = KubeClient(space.credentials(space.sidecar_token()))
+    try:
+        said = await actuator("delete", space, kube).supervision()
+    finally:
+        await kube.close()
+    assert said.restarter is Restarter.UNKNOWN
+    assert said.detail.startswith("cannot read the pod: forbidden: cannot get pods in namespace "), said.detail

@@ -30,7 +30,13 @@ from sidecar.actuators.kube_credentials import (
 )
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS
 from sidecar.actuators.kube_names import KubeNameError, event_name
-from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS, KubernetesActuator, KubernetesEvents
+from sidecar.actuators.kubernetes import (
+    EVENT_PERMISSIONS,
+    PERMISSIONS,
+    SUPERVISION_PERMISSIONS,
+    KubernetesActuator,
+    KubernetesEvents,
+)
 from tests.loopback import Behaviour, LoopbackServer, closed_port, respond, slow
 
 from .kube_apiserver import RBAC_FILE, token_credentials
@@ -111,6 +117,7 @@ def test_rbac_yaml_grants_exactly_what_the_adapter_uses() -> None:
     used = {(p.verb, p.resource, p.group) for needed in PERMISSIONS.values() for p in needed}
     used |= {(p.verb, p.resource, p.group) for p in EVENT_PERMISSIONS}
     used |= {(p.verb, p.resource, p.group) for p in LOG_PERMISSIONS}
+    used |= {(p.verb, p.resource, p.group) for p in SUPERVISION_PERMISSIONS}
     assert granted == used
     assert all("resourceNames" not in rule for rule in role["rules"])
     (binding,) = (doc for doc in documents if doc["kind"] == "RoleBinding")
@@ -301,11 +308,14 @@ async def test_dry_run_sends_nothing() -> None:
         assert outcome.status is OutcomeStatus.DRY_RUN
         details.append(outcome.detail)
     assert details == [
-        "would evict pod vllm-0 in namespace ml (policy/v1 Eviction)",
+        "would evict pod vllm-0 in namespace ml (policy/v1 Eviction, grace period 20 s)",
         "would delete pod vllm-0 in namespace ml (grace period 20 s)",
         "would rollout-restart the Deployment that owns pod vllm-0 in namespace ml "
         "(new kubectl.kubernetes.io/restartedAt)",
     ]
+    hard = KubernetesActuator("delete", pod="vllm-0", namespace="ml", client=client)
+    said = await hard.restart(reason="x", dry_run=True, hard=True)
+    assert said.detail == "would delete pod vllm-0 in namespace ml (grace period 1 s)"
     await client.close()
 
 
