@@ -68,6 +68,16 @@ class UnitState:
     n_restarts: int  # restarts systemd itself made (Restart=), not those asked for over D-Bus
     result: str = ""  # the service's last result: success, exit-code, signal, timeout, start-limit-hit...
     job_pending: bool = False  # a start, stop or restart job is queued for the unit
+    # When the unit last left `active`, and when its main process last exited (monotonic µs; 0: not since the
+    # unit was loaded). A stop job leaves `active` first and the process exits after (its SIGTERM); a process
+    # that exits on its own, or is killed from outside, exits first.
+    active_exit_us: int = 0
+    main_exit_us: int = 0
+
+    @property
+    def stopped_by_job(self) -> bool:
+        """Stopped on purpose (`systemctl stop`, a dependency stopping it), not by vLLM exiting or being killed."""
+        return 0 < self.active_exit_us < self.main_exit_us
 
 
 @dataclass(slots=True)
@@ -139,6 +149,8 @@ class SystemdActuator:
                     n_restarts = await session.get_property(service, "NRestarts")
                     result = await session.get_property(service, "Result")
                     job = await session.get_property(unit, "Job")  # (id, path); id 0 when no job is queued
+                    active_exit = await session.get_property(unit, "ActiveExitTimestampMonotonic")
+                    main_exit = await session.get_property(service, "ExecMainExitTimestampMonotonic")
                 finally:
                     await session.close()
         except TimeoutError as error:
@@ -154,12 +166,18 @@ class SystemdActuator:
             n_restarts=n_restarts if isinstance(n_restarts, int) else 0,
             result=str(result),
             job_pending=isinstance(job, tuple) and bool(job) and job[0] != 0,
+            active_exit_us=active_exit if isinstance(active_exit, int) else 0,
+            main_exit_us=main_exit if isinstance(main_exit, int) else 0,
         )
 
     async def supervision(self) -> Supervision:
         """Whether systemd is bringing vLLM back: an auto-restart or a queued job says so; a unit stopped with no
         job queued will stay stopped (vLLM exited 0 after its engine died, under Restart=on-failure; or the start
-        limit was hit), and then the sidecar is the one to start it."""
+        limit was hit), and then the sidecar is the one to start it, unless a stop job stopped it (OPERATOR).
+
+        Told apart by systemd's own timestamps, which it keeps while the unit stays loaded (an enabled or wanted
+        unit does): a unit that systemd unloaded once it stopped (neither enabled nor wanted by anything) has
+        none, and is read as vLLM having exited."""
         try:
             state = await self.read_state()
         except SystemdError as error:
@@ -248,6 +266,11 @@ def unit_supervision(state: UnitState) -> Supervision:
         return Supervision(restarter=Restarter.SUPERVISOR, detail=f"{shown}{result}, a job is queued")
     if state.sub_state == "auto-restart" or state.active_state in ("activating", "deactivating", "reloading"):
         return Supervision(restarter=Restarter.SUPERVISOR, detail=f"{shown}{result}")
+    if state.active_state in ("inactive", "failed") and state.stopped_by_job:
+        return Supervision(
+            restarter=Restarter.OPERATOR,
+            detail=f"{shown}{result}: stopped by a stop job (systemctl stop), not by vLLM exiting",
+        )
     if state.active_state in ("inactive", "failed"):
         return Supervision(
             restarter=Restarter.SIDECAR, detail=f"{shown}{result}, no job queued: systemd will not start it"

@@ -19,6 +19,7 @@ Rules in order of precedence on a tick:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sidecar.model.supervision import Restarter
@@ -285,7 +286,10 @@ class Policy:
         return found
 
     def _down_limit_s(self, obs: Observation) -> float:
-        """How long a vLLM that is gone is left to whoever restarts it: briefly when nobody else will."""
+        """How long a vLLM that is gone is left to whoever restarts it: briefly when nobody else will, for ever
+        when its operator stopped it on purpose."""
+        if obs.restarter is Restarter.OPERATOR:
+            return math.inf
         unsupervised = obs.restarter is Restarter.SIDECAR
         return self.settings.down_unsupervised_after_s if unsupervised else self.settings.down_after_s
 
@@ -295,6 +299,8 @@ class Policy:
             return f"its process is gone and nobody else will start it{said}"
         if obs.restarter is Restarter.SUPERVISOR:
             return f"its process is gone and its supervisor is bringing it back{said}"
+        if obs.restarter is Restarter.OPERATOR:
+            return f"it was stopped on purpose{said}"
         return f"its process is gone, not restarted{said}"
 
     def _is_down(self, now_s: float) -> bool:
@@ -308,6 +314,8 @@ class Policy:
         if self._down_since_s is not None:
             down, limit = now - self._down_since_s, self._down_limit_s(obs)
             gone = f"nothing listens at vLLM's address for {seconds(down)} ({self._who(obs)})"
+            if math.isinf(limit):
+                return f"down: {gone}; left stopped until someone starts it (or POST /admin/restart)"
             return f"down: {gone}; restart after {seconds(limit)}"
         failing = self._failing_for(now)
         if failing is not None:

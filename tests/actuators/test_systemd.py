@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from sidecar.actuators.base import OutcomeStatus
 from sidecar.actuators.systemd import SystemdActuator
 from sidecar.model.supervision import Restarter
@@ -142,6 +144,56 @@ async def test_who_restarts_a_gone_vllm_is_read_from_the_units_state(user_system
     assert starting.detail.startswith("unit loading.service activating (start-pre)")
     for name in ("crashes.service", "loading.service"):
         user_systemd.call("StopUnit", "ss", name, "replace")
+
+
+async def test_a_unit_stopped_on_purpose_is_told_from_a_vllm_that_exited_or_was_killed(
+    user_systemd: UserSystemd,
+) -> None:
+    """`systemctl stop` leaves a unit inactive (dead), result success, exactly as a vLLM that exited 0 after
+    its engine died does. systemd's timestamps tell them apart: a stop job leaves `active` before the process
+    exits (it answers the SIGTERM), a process that exits or is killed from outside ends first. The units are
+    wanted by a target, as an enabled vLLM unit is, so systemd keeps them (and their timestamps) loaded."""
+    serve = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep({})"
+    for name, seconds in (("exits.service", 1), ("stopped.service", 300), ("killed.service", 300)):
+        lines = ["Type=exec", "Restart=on-failure", f"ExecStart=/usr/bin/python3 -c '{serve.format(seconds)}'"]
+        user_systemd.write_unit(name, service(*lines, description="x"))
+    user_systemd.write_unit(
+        "hold.target", "[Unit]\nDescription=x\nWants=exits.service stopped.service killed.service\n"
+    )
+    user_systemd.call("StartUnit", "ss", "hold.target", "replace")
+    units = {name: actuator(user_systemd, name) for name in ("exits.service", "stopped.service", "killed.service")}
+
+    def running(unit: SystemdActuator) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return (await unit.read_state()).main_pid is not None
+
+        return check
+
+    for unit in units.values():
+        await wait_until(running(unit), timeout_s=10, what=f"{unit.unit} to run")
+    user_systemd.call("StopUnit", "ss", "stopped.service", "replace")  # what `systemctl stop` sends
+    user_systemd.call("KillUnit", "ssi", "killed.service", "main", 15)  # `kill`: not a stop job
+
+    def dead(unit: SystemdActuator) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return (await unit.read_state()).sub_state == "dead"
+
+        return check
+
+    for unit in units.values():
+        await wait_until(dead(unit), timeout_s=10, what=f"{unit.unit} to end")
+    said = {name: await unit.supervision() for name, unit in units.items()}
+    assert (said["stopped.service"].restarter, said["stopped.service"].detail) == (
+        Restarter.OPERATOR,
+        "unit stopped.service inactive (dead), result success: stopped by a stop job (systemctl stop), not by "
+        "vLLM exiting",
+    )
+    for name in ("exits.service", "killed.service"):
+        assert (said[name].restarter, said[name].detail) == (
+            Restarter.SIDECAR,
+            f"unit {name} inactive (dead), result success, no job queued: systemd will not start it",
+        )
+    user_systemd.call("StopUnit", "ss", "hold.target", "replace")
 
 
 async def test_who_restarts_is_unknown_when_systemd_cannot_be_asked() -> None:

@@ -314,3 +314,21 @@ def test_a_vllm_its_supervisor_is_restarting_is_left_to_it_and_reads_down() -> N
         "down: nothing listens at vLLM's address for 288 s (its process is gone and its supervisor is "
         f"bringing it back: {said}); restart after 900 s"
     )
+
+
+def test_a_vllm_stopped_on_purpose_is_never_restarted_and_reads_down() -> None:
+    # `systemctl stop vllm`: a person stopped it, and starting it again would undo that. Two hours, no restart.
+    said = "unit vllm.service inactive (dead), result success: stopped by a stop job (systemctl stop)"
+    series: list[Step] = [obs(t) for t in ticks(0, 10)]
+    series += [_gone(t, since_poll_s=t - 10, restarter=Restarter.OPERATOR, detail=said) for t in ticks(12, 7200)]
+    series += [obs(t) for t in ticks(7202, 7204)]
+    replay = Replay()
+    assert replay.run(series) == [
+        (0.0, "normal", ()),
+        (12.0, "down", ()),
+        (7202.0, "normal", ("notify_vllm_recovered",)),  # started again by whoever stopped it
+    ]
+    assert replay.at(7200).reason == (
+        f"down: nothing listens at vLLM's address for 7188 s (it was stopped on purpose: {said}); left stopped "
+        "until someone starts it (or POST /admin/restart)"
+    )
