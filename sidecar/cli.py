@@ -52,6 +52,11 @@ _TOOL_COMMANDS = (
         "sidecar.loadtest.command",
     ),
     (
+        "wait-gpu",
+        "wait until no vLLM process holds GPU memory (run before vLLM starts: ExecStartPre=)",
+        "sidecar.shell.wait_gpu",
+    ),
+    (
         "doctor",
         "diagnose OOM root causes from vLLM, the GPUs, a log and history; recommend vLLM flags",
         "sidecar.doctor.command",

@@ -15,21 +15,11 @@ from sidecar.model.gpu import GpuDevice, GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
 from sidecar.sources.nvml import MAX_XID_EVENTS_PER_READ, NvmlSource
 from sidecar.sources.proc import DEFAULT_VLLM_PATTERN, identify_process
+from tests.clock import VirtualClock as FakeClock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess, Scenario
 
 GIB = 1024**3
 VLLM_PID, XORG_PID, UNSEEN_PID, ENGINE_PID = 4242, 1717, 999_999, 4243
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

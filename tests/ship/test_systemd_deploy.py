@@ -227,6 +227,10 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
     assert container.main_pid(VLLM_UNIT) not in (0, vllm_pid)
     assert deployment.active(VLLM_UNIT)
     assert container.service_property(VLLM_UNIT, "NRestarts") == 0  # a restart job, not systemd's Restart=
+    # Each start of the shipped vLLM unit waited for the GPUs to be free of the old vLLM first (ExecStartPre);
+    # with no NVML in the container that is nothing to wait for, and said so.
+    waited = "vllm-sidecar wait-gpu: cannot read the GPUs (NVML not available: "
+    _wait(lambda: container.journal(VLLM_UNIT).count(waited) == 2, 10, "both starts' wait-gpu line in the journal")
     # the caller is not root, so systemd asked polkit (polkitd is D-Bus activated by the first question)
     assert deployment.active("polkit.service")
     # wanted by the sidecar, not bound to it: vLLM's restart left the sidecar alone
