@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, NoReturn
 
 from sidecar import __version__
+from sidecar.config.setting_origin import closest
+from sidecar.config.settings_cli import settings_flags
 from sidecar.shell.arguments import check_environment, option_actions
-from sidecar.shell.setting_origin import closest
 from sidecar.shell.settings import Settings, SettingsError, load_settings
-from sidecar.shell.settings_cli import settings_flags
 
 EXIT_USAGE = 2
 
@@ -38,30 +38,42 @@ def build_parser() -> argparse.ArgumentParser:
     once = commands.add_parser("once", help="one poll of vLLM and the GPUs, then exit")
     once.add_argument("--json", action="store_true", help="print the JSON document of the contract")
     settings_flags(Settings, once)
-    for name, help_text, module in _TOOL_COMMANDS:
-        importlib.import_module(module).add_arguments(commands.add_parser(name, help=help_text))
+    for name, help_text in _TOOL_COMMANDS:
+        _tool(name).add_arguments(commands.add_parser(name, help=help_text))
     return parser
 
 
 _TOOL_COMMANDS = (
-    ("sim", "a simulated vLLM server (OpenAI API, /metrics, /health) on a simulated GPU", "sidecar.sim.command"),
-    ("demo", "the simulator and the daemon together on loopback, with a live view", "sidecar.demo.command"),
-    (
-        "loadtest",
-        "a peak-load profile against any OpenAI-compatible server, with a verdict",
-        "sidecar.loadtest.command",
-    ),
-    (
-        "wait-gpu",
-        "wait until no vLLM process holds GPU memory (run before vLLM starts: ExecStartPre=)",
-        "sidecar.shell.wait_gpu",
-    ),
-    (
-        "doctor",
-        "diagnose OOM root causes from vLLM, the GPUs, a log and history; recommend vLLM flags",
-        "sidecar.doctor.command",
-    ),
+    ("sim", "a simulated vLLM server (OpenAI API, /metrics, /health) on a simulated GPU"),
+    ("demo", "the simulator and the daemon together on loopback, with a live view"),
+    ("loadtest", "a peak-load profile against any OpenAI-compatible server, with a verdict"),
+    ("wait-gpu", "wait until no vLLM process holds GPU memory (run before vLLM starts: ExecStartPre=)"),
+    ("doctor", "diagnose OOM root causes from vLLM, the GPUs, a log and history; recommend vLLM flags"),
 )
+
+
+def _tool(name: str) -> ModuleType:
+    """A tool command's module (`add_arguments`, `run`), imported when its parser is built: each import is
+    written out, so the import contracts see them, and none is loaded before a command line needs it."""
+    if name == "sim":
+        from sidecar.sim import command as sim  # noqa: PLC0415
+
+        return sim
+    if name == "demo":
+        from sidecar.demo import command as demo  # noqa: PLC0415
+
+        return demo
+    if name == "loadtest":
+        from sidecar.loadtest import command as loadtest  # noqa: PLC0415
+
+        return loadtest
+    if name == "wait-gpu":
+        from sidecar.shell import wait_gpu  # noqa: PLC0415
+
+        return wait_gpu
+    from sidecar.doctor_cli import command as doctor  # noqa: PLC0415
+
+    return doctor
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
@@ -101,10 +113,9 @@ def _check_environment(parser: argparse.ArgumentParser, command: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    tool = _subparser(parser, argv[0]) if argv and argv[0] in {name for name, _, _ in _TOOL_COMMANDS} else None
+    tool = _subparser(parser, argv[0]) if argv and argv[0] in {name for name, _ in _TOOL_COMMANDS} else None
     if tool is not None:
-        modules = {name: module for name, _, module in _TOOL_COMMANDS}
-        module = importlib.import_module(modules[argv[0]])
+        module = _tool(argv[0])
         try:
             _check_environment(parser, argv[0])  # the command's settings model reads the environment and file
         except SettingsError as error:

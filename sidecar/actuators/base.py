@@ -43,9 +43,3 @@ class Actuator(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-class EventSink(Protocol):
-    """Where platform events go (Kubernetes Events on the pod); optional per adapter."""
-
-    async def emit(self, *, reason: str, message: str, warning: bool) -> None: ...

@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from sidecar.shell.config_file import SettingsError
-from sidecar.shell.settings_cli import settings_flags
-from sidecar.shell.tool_settings import ToolSettings, load_tool_settings
+from sidecar.config.config_file import SettingsError
+from sidecar.config.settings_cli import settings_flags
+from sidecar.config.tool_settings import ToolSettings, load_tool_settings
 from sidecar.sim.config import Scenario
 
 

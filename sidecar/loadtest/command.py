@@ -15,14 +15,14 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from sidecar.config.config_file import SettingsError
+from sidecar.config.settings_cli import settings_flags
+from sidecar.config.tool_settings import ReportSettings, load_tool_settings
 from sidecar.loadtest.monitor import UnreachableError
 from sidecar.loadtest.report import render_json, render_text
 from sidecar.loadtest.runner import POOL_SLACK, ProgressSink, run_load
 from sidecar.loadtest.spec import Api, LoadSpec, PromptEntry, SpecError, parse_length, parse_prompts
 from sidecar.loadtest.summary import Verdict, summarise
-from sidecar.shell.config_file import SettingsError
-from sidecar.shell.settings_cli import settings_flags
-from sidecar.shell.tool_settings import ReportSettings, load_tool_settings
 
 EXIT_OK = 0
 EXIT_FAIL = 1

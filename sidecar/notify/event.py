@@ -9,10 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from sidecar.actuators.base import EventSink
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.notify.sink import DeliveryResult, DeliveryStatus
+
+
+class EventSink(Protocol):
+    """Where platform events go (Kubernetes Events on the pod); optional per adapter."""
+
+    async def emit(self, *, reason: str, message: str, warning: bool) -> None: ...
+
 
 EVENT_REASONS: dict[NotificationKind, str] = {
     NotificationKind.PAUSE: "AdmissionPaused",

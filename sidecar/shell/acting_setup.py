@@ -13,13 +13,13 @@ from pathlib import Path
 
 import httpx
 
-from sidecar.actuators.base import Actuator, EventSink
+from sidecar.actuators.base import Actuator
 from sidecar.actuators.exec import ExecActuator
 from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.log_source import LogSource
 from sidecar.actuators.none import NoActuator
 from sidecar.file_cap import FileTooLargeError, read_capped_file
-from sidecar.notify.event import EventNotificationSink
+from sidecar.notify.event import EventNotificationSink, EventSink
 from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
 from sidecar.notify.webhook import WebhookSink

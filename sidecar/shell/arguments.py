@@ -1,7 +1,7 @@
 """The options of every command's parser, and misspelt `VLLM_SIDECAR_*` variables. No I/O.
 
 Each command's settings model reads its options from the environment and the config file (pydantic-settings:
-`sidecar/shell/settings.py` for run and once, `sidecar/shell/tool_settings.py` for the tools). What is left
+`sidecar/shell/settings.py` for run and once, `sidecar/config/tool_settings.py` for the tools). What is left
 here spans the commands: a `VLLM_SIDECAR_*` variable that names no option of any command but is a letter or two
 off one of this command's is an error with the option suggested.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Collection, Mapping
 
-from sidecar.shell.setting_origin import closest, environment_of, flag_of
+from sidecar.config.setting_origin import closest, environment_of, flag_of
 from sidecar.shell.settings import ENV_PREFIX, SettingsError
 
 # Names under the prefix that are no command's option: the config file; what the exec adapter passes to its

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.shell.setting_origin import Origin, flag_of
+from sidecar.config.setting_origin import Origin, flag_of
 
 
 class ConflictError(ValueError):

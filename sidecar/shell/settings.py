@@ -19,17 +19,17 @@ from urllib.parse import SplitResult, urlsplit
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from sidecar.config import setting_origin
+from sidecar.config.address import split_listen
+from sidecar.config.config_file import FileBackedSettings, config_path
+from sidecar.config.config_file import SettingsError as SettingsError  # noqa: PLC0414 - re-exported, as before
+from sidecar.config.config_file import read_config_file as read_config_file  # noqa: PLC0414 - re-exported
+from sidecar.config.setting_origin import Origin, flag_of, origins
+from sidecar.config.settings_cli import BOOLEAN_FORMS, load_flags
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
 from sidecar.policy.settings import PolicySettings
-from sidecar.shell import setting_origin
-from sidecar.shell.address import split_listen
-from sidecar.shell.config_file import FileBackedSettings, config_path
-from sidecar.shell.config_file import SettingsError as SettingsError  # noqa: PLC0414 - re-exported, as before
-from sidecar.shell.config_file import read_config_file as read_config_file  # noqa: PLC0414 - re-exported
 from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
-from sidecar.shell.setting_origin import Origin, flag_of, origins
-from sidecar.shell.settings_cli import BOOLEAN_FORMS, load_flags
 
 ENV_PREFIX = setting_origin.ENV_PREFIX
 SECRET_SETTINGS = frozenset({"webhook_url"})  # never echoed in errors, logs or /status

@@ -14,15 +14,15 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sidecar.shell.settings_cli import settings_flags  # noqa: PLC0415 - keeps the CLI's start light
+    from sidecar.config.settings_cli import settings_flags  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.sim.settings import SimSettings  # noqa: PLC0415
 
     settings_flags(SimSettings, parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.shell.address import split_listen  # noqa: PLC0415
-    from sidecar.shell.config_file import SettingsError  # noqa: PLC0415
+    from sidecar.config.address import split_listen  # noqa: PLC0415
+    from sidecar.config.config_file import SettingsError  # noqa: PLC0415
     from sidecar.sim.config import scenario_config  # noqa: PLC0415
     from sidecar.sim.server import SimServer  # noqa: PLC0415
     from sidecar.sim.settings import load_sim_settings  # noqa: PLC0415

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import Field, create_model, field_validator
 
-from sidecar.shell.address import split_listen
-from sidecar.shell.tool_settings import ToolSettings, load_tool_settings
+from sidecar.config.address import split_listen
+from sidecar.config.tool_settings import ToolSettings, load_tool_settings
 from sidecar.sim.config import Scenario, SimConfig
 
 # The settings that are not SimConfig overrides.

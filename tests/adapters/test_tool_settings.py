@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.config.tool_settings import load_tool_settings
 from sidecar.demo.command import DemoSettings
 from sidecar.demo.command import add_arguments as demo_arguments
-from sidecar.doctor.command import DoctorSettings
-from sidecar.doctor.command import add_arguments as doctor_arguments
+from sidecar.doctor_cli.command import DoctorSettings
+from sidecar.doctor_cli.command import add_arguments as doctor_arguments
 from sidecar.loadtest.command import LoadtestSettings, build_spec
 from sidecar.loadtest.command import add_arguments as loadtest_arguments
 from sidecar.loadtest.spec import Api
-from sidecar.shell.tool_settings import load_tool_settings
 
 
 @pytest.fixture(autouse=True)

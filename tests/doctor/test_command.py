@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import main
-from sidecar.doctor.gather import _model_max_len
+from sidecar.doctor_cli.gather import _model_max_len
 from sidecar.sim.config import SimConfig
 from sidecar.sim.logs import preamble_lines, refusal_lines, refusal_message
 from tests.conftest import exposition_files

@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
+from sidecar.config.tool_settings import load_tool_settings
 from sidecar.loadtest.command import LoadtestSettings, add_arguments, build_spec
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.result import FailureKind, RequestResult
 from sidecar.loadtest.runner import _closed_loop, _open_loop, _Tally
 from sidecar.loadtest.spec import LoadSpec, PlannedRequest, seeded
-from sidecar.shell.tool_settings import load_tool_settings
 
 pytestmark = pytest.mark.looptime
 

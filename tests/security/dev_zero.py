@@ -19,7 +19,7 @@ ADDRESS_SPACE_BYTES = 2 * 2**30
 
 def _cases(folder: Path) -> dict[str, Callable[[], object]]:
     from sidecar.actuators.kube_credentials import kubeconfig_credentials
-    from sidecar.doctor import gather
+    from sidecar.doctor_cli import gather
     from sidecar.exporter.admin import AdminAuth
     from sidecar.exporter.tls import server_context
     from sidecar.shell.acting_setup import read_api_key, read_secret_file

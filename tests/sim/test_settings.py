@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import EXIT_USAGE, main
-from sidecar.shell.config_file import SettingsError
+from sidecar.config.config_file import SettingsError
 from sidecar.sim.config import Scenario, VllmVersion, scenario_config
 from sidecar.sim.settings import load_sim_settings
 

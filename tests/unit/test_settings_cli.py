@@ -1,4 +1,4 @@
-"""pydantic-settings' CLI as every command declares it (`sidecar.shell.settings_cli`): the library's flags with the
+"""pydantic-settings' CLI as every command declares it (`sidecar.config.settings_cli`): the library's flags with the
 three tunings (a bare boolean, an enum's values, what a setting accepts in its help) and command-line-only
 shortcuts, read back as the model's top source."""
 
@@ -12,7 +12,7 @@ import pytest
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sidecar.shell.settings_cli import load_flags, settings_flags
+from sidecar.config.settings_cli import load_flags, settings_flags
 
 
 class Colour(StrEnum):

@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
-from sidecar.shell.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
-from sidecar.shell.setting_origin import ENV_PREFIX, Origin, origins
-from sidecar.shell.settings_cli import load_flags
+from sidecar.config.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
+from sidecar.config.setting_origin import ENV_PREFIX, Origin, origins
+from sidecar.config.settings_cli import load_flags
 
 ToolSettingsT = TypeVar("ToolSettingsT", bound="ToolSettings")
 

@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from sidecar.shell.config_file import SettingsError
-from sidecar.shell.settings_cli import settings_flags
-from sidecar.shell.tool_settings import ReportSettings, load_tool_settings
+from sidecar.config.config_file import SettingsError
+from sidecar.config.settings_cli import settings_flags
+from sidecar.config.tool_settings import ReportSettings, load_tool_settings
 
 EXIT_USAGE = 2
 MAX_TIMEOUT_S = 300
@@ -89,8 +89,8 @@ def _timeout(value: object) -> float:
 def run(flags: argparse.Namespace) -> int:
     from sidecar.doctor.diagnose import diagnose  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.doctor.finding import Severity  # noqa: PLC0415
-    from sidecar.doctor.gather import InputError, Options, gather  # noqa: PLC0415
     from sidecar.doctor.render import exit_code, render_json, render_text  # noqa: PLC0415
+    from sidecar.doctor_cli.gather import InputError, Options, gather  # noqa: PLC0415
 
     try:
         args = load_tool_settings(DoctorSettings, flags)

@@ -18,8 +18,8 @@ import yaml
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from sidecar.config.setting_origin import ENV_PREFIX, closest
 from sidecar.file_cap import read_capped_file
-from sidecar.shell.setting_origin import ENV_PREFIX, closest
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
 
