@@ -3,16 +3,17 @@
 **The fast stage** (`FAST_PATHS`: the pure code's unit and property tests) needs nothing but the dev environment
 and runs first, in CI before any Debian package, vLLM or rootfs is installed: a broken change fails in minutes.
 
-**The slow stage** is every other folder, as two pytest runs at once. Measured on the 2-core CI box, one serial
-run keeps about one core busy: most tests wait on real processes (vLLM starting, a simulator in real time,
-systemd, Prometheus). Two runs side by side use the other.
+**The slow stage** is every other folder, as three pytest runs at once (`lanes`). Measured on the 2-core CI box,
+one serial run keeps about one core busy: most tests wait on real processes (vLLM starting, a simulator in real
+time, systemd, Prometheus). Runs side by side use the rest.
 
-- **Timing runs at normal priority**: the tests that time the sidecar's own reactions (daemon, policy on real
-  processes, actuators, chaos, the simulator's scenarios) get the CPU they ask for, as in a serial run.
+- **Timing runs at normal priority**, in two lanes: the tests that time the sidecar's reactions on a real vLLM
+  (`REAL_VLLM_TIMING`, waiting on vLLM's CPU work), and the other timing tests (daemon, actuators, chaos, the
+  simulator's scenarios, waiting on timers). They get the CPU they ask for, as in a serial run.
 - **The rest runs at nice 10**: computations, real vLLM, the doctor, the image, Prometheus, TLS. It takes the
-  CPU the timing run leaves idle, and about a tenth when both want every core.
+  CPU the timing runs leave idle, and about a tenth when they want every core.
 
-**A test that needs a rerun to pass is a red test.** What fails in either run is run once more, alone at normal
+**A test that needs a rerun to pass is a red test.** What fails in any run is run once more, alone at normal
 priority, to tell flaky from broken, and the summary says which. The suite passes only if nothing failed, or
 every failure passed alone *and* is listed in `QUARANTINE` (tests/quarantine.toml) with its cause; a listed
 test that fails alone too is broken and fails the suite. The quarantine is printed at the end of every run,
@@ -40,6 +41,13 @@ NICE = 10
 MAX_RERUNS = 5
 # Relative to the repository root. The fast stage: pure code, no real component, no wall-clock wait.
 FAST_PATHS = ("tests/unit", "tests/policy", "tests/property")
+# The tests that time the sidecar's reactions on a real vLLM: a run of their own at normal priority, beside the
+# other timing tests (they spend their time waiting on vLLM's CPU work, the others on timers).
+REAL_VLLM_TIMING = (
+    "tests/chaos/test_back_fast_real_vllm.py",
+    "tests/chaos/test_real_vllm_chaos.py",
+    "tests/actuators/test_real_vllm_hang_e2e.py",
+)
 # The slow stage's run at nice 10; every other folder of tests/ (less FAST_PATHS) runs at normal priority.
 NICE_PATHS = (
     "tests/alerts",
@@ -98,19 +106,19 @@ def failed_tests(cache_dir: Path) -> list[str]:
         return []
 
 
-def to_rerun(codes: tuple[int, int], failed: list[str]) -> list[str]:
-    """The failures to run once more alone: only when both runs finished (exit 0, or 1 when tests failed; 2-5
+def to_rerun(codes: tuple[int, ...], failed: list[str]) -> list[str]:
+    """The failures to run once more alone: only when every run finished (exit 0, or 1 when tests failed; 2-5
     are an interrupted, broken or empty run), something failed, and at most `MAX_RERUNS` tests did."""
     return failed if set(codes) <= {0, 1} and 0 < len(failed) <= MAX_RERUNS else []
 
 
 def verdict(
-    codes: tuple[int, int], failed: list[str], rerun_code: int | None, quarantine: tuple[Quarantined, ...]
+    codes: tuple[int, ...], failed: list[str], rerun_code: int | None, quarantine: tuple[Quarantined, ...]
 ) -> tuple[bool, list[str]]:
     """Whether the suite passed, and one line per failure saying what it was.
 
-    Passed: both runs did; or they finished, what failed passed alone, and every such test is quarantined."""
-    if codes == (0, 0):
+    Passed: every run did; or they finished, what failed passed alone, and every such test is quarantined."""
+    if set(codes) == {0}:
         return True, []
     if not set(codes) <= {0, 1} or rerun_code is None:
         return False, [f"FAILED {test}" for test in failed]
@@ -135,38 +143,56 @@ def fast(argv: list[str]) -> int:
         return subprocess.run(run, cwd=TESTS.parent, check=False).returncode
 
 
+@dataclass(frozen=True, slots=True)
+class Lane:
+    name: str
+    paths: tuple[str, ...]  # what it runs; "tests" with `ignores` for the rest of the folder
+    ignores: tuple[str, ...] = ()
+    nice: int = 0
+
+
+def lanes() -> tuple[Lane, ...]:
+    """The slow stage's runs: the real-vLLM timing tests, the other timing tests, and the niced rest."""
+    return (
+        Lane("timing", ("tests",), ignores=(*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING)),
+        Lane("real vLLM timing", REAL_VLLM_TIMING),
+        Lane(f"nice {NICE}", NICE_PATHS, nice=NICE),
+    )
+
+
 def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
-    """The slow stage: the timing run and the niced run at once, then what failed alone."""
+    """The slow stage: its lanes at once (the first one's output live, the others' after), then what failed
+    alone."""
     root = TESTS.parent
-    ignores = [f"--ignore={path}" for path in (*NICE_PATHS, *FAST_PATHS)]
+    runs = lanes()
     with tempfile.TemporaryDirectory(prefix="vllm-sidecar-suite-") as scratch:
         folder = Path(scratch)
-        caches = (folder / "timing-cache", folder / "nice-cache")
-        nice_log = folder / "nice.log"
+        caches = [folder / f"cache-{index}" for index in range(len(runs))]
+        logs = [folder / f"lane-{index}.log" for index in range(len(runs))]
         started = time.monotonic()
-        with nice_log.open("wb") as log:
-            nice = subprocess.Popen(
-                [
-                    "nice",
-                    "-n",
-                    str(NICE),
-                    *_pytest(list(NICE_PATHS), folder / "nice", ["-o", f"cache_dir={caches[1]}", *argv]),
-                ],
-                cwd=root,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                timing = subprocess.run(
-                    _pytest(["tests", *ignores], folder / "timing", ["-o", f"cache_dir={caches[0]}", *argv]),
-                    cwd=root,
-                    check=False,
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            for index, lane in enumerate(runs):
+                extra = [f"--ignore={path}" for path in lane.ignores]
+                command = _pytest(
+                    list(lane.paths), folder / f"lane-{index}", [*extra, "-o", f"cache_dir={caches[index]}", *argv]
                 )
-            finally:
-                nice_code = nice.wait()
-        print(f"\n===== the run at nice {NICE} ({', '.join(NICE_PATHS)}) =====", flush=True)
-        sys.stdout.write(nice_log.read_text(errors="replace"))
-        codes = (timing.returncode, nice_code)
+                if lane.nice:
+                    command = ["nice", "-n", str(lane.nice), *command]
+                output = None if index == 0 else logs[index].open("wb")
+                processes.append(
+                    subprocess.Popen(command, cwd=root, stdout=output, stderr=subprocess.STDOUT if output else None)
+                )
+                if output is not None:
+                    output.close()  # the child holds its own copy
+            codes = tuple(process.wait() for process in processes)
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+        for index, lane in enumerate(runs[1:], start=1):
+            print(f"\n===== the {lane.name} run ({', '.join(lane.paths)}) =====", flush=True)
+            sys.stdout.write(logs[index].read_text(errors="replace"))
         failed = [test for code, cache in zip(codes, caches, strict=True) if code == 1 for test in failed_tests(cache)]
         again = to_rerun(codes, failed)
         rerun_code: int | None = None
@@ -179,9 +205,8 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
             rerun_code = rerun.returncode
         ok, lines = verdict(codes, failed, rerun_code, quarantine)
         ended = time.monotonic() - started
-        print(
-            f"\nsuite: {ended:.0f} s in all; normal priority exit {codes[0]}, nice {NICE} exit {codes[1]}", flush=True
-        )
+        exits = ", ".join(f"{lane.name} exit {code}" for lane, code in zip(runs, codes, strict=True))
+        print(f"\nsuite: {ended:.0f} s in all; {exits}", flush=True)
         for line in lines:
             print(f"  {line}")
     return 0 if ok else 1
@@ -189,7 +214,7 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
 
 def main(argv: list[str]) -> int:
     root = TESTS.parent
-    missing = [path for path in (*NICE_PATHS, *FAST_PATHS) if not (root / path).is_dir()]
+    missing = [path for path in (*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING) if not (root / path).exists()]
     if missing:
         print(f"tests/suite.py names folders that do not exist: {', '.join(missing)}", file=sys.stderr)
         return 2
