@@ -16,6 +16,8 @@ from typing import Self
 from jeepney import DBusAddress, HeaderFields, Message, MessageType, new_method_call
 from jeepney.io.asyncio import DBusConnection, open_dbus_connection
 
+from sidecar.model.text import one_line
+
 BUS_DAEMON = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus", interface="org.freedesktop.DBus")
 PROPERTIES_INTERFACE = "org.freedesktop.DBus.Properties"
 
@@ -70,7 +72,7 @@ class DbusSession:
         except KeyError as error:  # jeepney reads the environment variable with os.environ[...]
             raise BusUnavailableError(f"{error.args[0]} is not set") from error
         except (OSError, EOFError, RuntimeError, ValueError) as error:
-            raise BusUnavailableError(_one_line(str(error)) or type(error).__name__) from error
+            raise BusUnavailableError(one_line(str(error)) or type(error).__name__) from error
         return cls(connection)
 
     async def close(self) -> None:
@@ -94,7 +96,7 @@ class DbusSession:
                 if header.message_type is MessageType.error:
                     name = str(header.fields.get(HeaderFields.error_name, "unknown error"))
                     text = answer.body[0] if answer.body and isinstance(answer.body[0], str) else ""
-                    raise DbusCallError(name, _one_line(text))
+                    raise DbusCallError(name, one_line(text))
                 return tuple(answer.body)
         except (OSError, EOFError) as error:
             raise BusLostError(f"connection closed during {method}") from error
@@ -140,7 +142,3 @@ def _signal(message: Message) -> Signal:
         member=str(fields.get(HeaderFields.member, "")),
         body=tuple(message.body),
     )
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

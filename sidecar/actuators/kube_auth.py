@@ -37,6 +37,7 @@ from urllib.parse import quote_plus
 import httpx
 
 from sidecar.body_cap import BodyTooLargeError, send_capped
+from sidecar.model.text import one_line
 
 EXEC_API_VERSIONS = (
     "client.authentication.k8s.io/v1",
@@ -161,7 +162,7 @@ class ExecCredentialAuth(httpx.Auth):
             except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
                 raise CredentialPluginError(
                     f"exec plugin {plugin.command!r} answered a client certificate that cannot be loaded: "
-                    f"{_one_line(str(error)) or type(error).__name__}"
+                    f"{one_line(str(error)) or type(error).__name__}"
                 ) from None
         self._credential = credential
         return credential
@@ -339,7 +340,7 @@ async def _json(
     except BodyTooLargeError:
         raise CredentialPluginError(f"{what} answered over {MAX_IDP_ANSWER_BYTES} bytes") from None
     except httpx.HTTPError as error:
-        raise CredentialPluginError(f"{what}: {type(error).__name__}: {_one_line(str(error))}") from None
+        raise CredentialPluginError(f"{what}: {type(error).__name__}: {one_line(str(error))}") from None
     try:
         document = json.loads(raw)
     except ValueError:
@@ -348,7 +349,7 @@ async def _json(
         raise CredentialPluginError(f"{what} answered HTTP {response.status_code} without a JSON object")
     if response.status_code != 200:
         code, description = document.get("error"), document.get("error_description")
-        said = f": {code}" + (f" ({_one_line(str(description))})" if description else "") if code else ""
+        said = f": {code}" + (f" ({one_line(str(description))})" if description else "") if code else ""
         raise CredentialPluginError(f"{what} answered HTTP {response.status_code}{said}")
     return document
 
@@ -402,11 +403,7 @@ def header_key_escape(key: str) -> str:
 def _stderr_tail(stderr: bytes) -> str:
     """The end of what the plugin printed on stderr, as one printable line (no colour codes, no NULs)."""
     decoded = stderr.decode("utf-8", errors="replace").replace("\x1b", " ")
-    text = _one_line("".join(char if char.isprintable() or char.isspace() else " " for char in decoded))
+    text = one_line("".join(char if char.isprintable() or char.isspace() else " " for char in decoded))
     if not text:
         return ""
     return f": {text[-STDERR_TAIL_CHARS:]}" if len(text) <= STDERR_TAIL_CHARS else f": ...{text[-STDERR_TAIL_CHARS:]}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

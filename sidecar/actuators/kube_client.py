@@ -33,6 +33,7 @@ from lightkube.core.exceptions import ConfigError
 from sidecar.actuators.kube_auth import CredentialPluginError, ExecCredentialAuth
 from sidecar.actuators.kube_credentials import KubeCredentials
 from sidecar.body_cap import BodyTooLargeError, send_capped
+from sidecar.model.text import one_line
 
 JSON = "application/json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -160,7 +161,7 @@ def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:
     causes: tuple[str, ...] = ()
     if document is not None and document.get("kind") == "Status":
         text = document.get("message")
-        message = one_line(text) if isinstance(text, str) and text else reason_phrase
+        message = one_line(text, limit=400) if isinstance(text, str) and text else reason_phrase
         reason = str(document.get("reason") or "")
         details = document.get("details")
         found = details.get("causes") if isinstance(details, dict) else None
@@ -172,11 +173,5 @@ def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:
     )
 
 
-def one_line(text: str, limit: int = 400) -> str:
-    """Whitespace collapsed, cut to `limit` characters: what goes into an outcome's detail."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 def _reason(error: Exception) -> str:
-    return one_line(str(error)) or type(error).__name__
+    return one_line(str(error), limit=400) or type(error).__name__

@@ -41,6 +41,7 @@ from sidecar.actuators.kube_auth import (
 )
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.file_cap import read_capped_file
+from sidecar.model.text import one_line
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POD_NAME_ENV = "POD_NAME"
@@ -106,7 +107,7 @@ def in_cluster_credentials(
     try:  # lightkube reads the address from os.environ: the daemon's own environment, as `env` is
         config = KubeConfig.from_service_account(directory).get()
     except (ConfigError, KeyError) as error:
-        raise CredentialsError(f"in-cluster credentials: {_one_line(str(error))}") from None
+        raise CredentialsError(f"in-cluster credentials: {one_line(str(error))}") from None
     assert config is not None  # noqa: S101 - from_one sets the current context
     return KubeCredentials(config=config, source="in-cluster", namespace=namespace or None)
 
@@ -121,11 +122,11 @@ def kubeconfig_credentials(path: Path, *, context: str | None = None) -> KubeCre
     try:
         config = KubeConfig.from_dict(document, fname=path).get(name)
     except ConfigError as error:
-        raise CredentialsError(f"kubeconfig {path}: {_one_line(str(error))}") from None
+        raise CredentialsError(f"kubeconfig {path}: {one_line(str(error))}") from None
     except KeyError as error:
         raise CredentialsError(f"{where}: no entry named {error} (or a list without it)") from None
     except (TypeError, ValueError, AttributeError) as error:
-        raise CredentialsError(f"kubeconfig {path} is not a valid kubeconfig: {_one_line(str(error))}") from None
+        raise CredentialsError(f"kubeconfig {path} is not a valid kubeconfig: {one_line(str(error))}") from None
     assert config is not None  # noqa: S101 - get() with a name returns a config or raises
     if config.user is None:
         raise CredentialsError(f"{where}: the context names no user; the API server would see an anonymous caller")
@@ -191,7 +192,7 @@ def _exec_plugin(
     # kubectl runs a command holding a '/' from the kubeconfig's folder, any other from PATH
     command = str(config.abs_file(exec_.command)) if "/" in exec_.command else exec_.command
     if shutil.which(command) is None:  # else found only at the first request
-        hint = f": {_one_line(exec_.installHint)}" if exec_.installHint else ""
+        hint = f": {one_line(exec_.installHint)}" if exec_.installHint else ""
         raise CredentialsError(f"{where}: exec plugin {exec_.command!r} is not found or not executable{hint}")
     info = _cluster_info(config, cluster, ca_pem) if spec.get("provideClusterInfo") is True else None
     return ExecPlugin(
@@ -310,14 +311,10 @@ def _check_file(path: Path, what: str, limit: int) -> str:
         raise CredentialsError(f"cannot read {what} from {path}: {reason}") from None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _yaml_problem(error: yaml.YAMLError) -> str:
     """What is wrong and where, without the text around it: PyYAML quotes the offending line, which in a
     kubeconfig can be a `token:` or `client-key-data:` line."""
     problem = getattr(error, "problem", None) or getattr(error, "context", None) or type(error).__name__
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{_one_line(str(problem))}{where}"
+    return f"{one_line(str(problem))}{where}"

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.model.derived import AllocatorDerived, Derived, EngineDerived, GpuDerived
+from sidecar.model.text import gib
 from sidecar.policy.decision import PauseRule, RestartReason
 from sidecar.policy.settings import PolicySettings
 
@@ -109,10 +110,6 @@ def _held_by_others(gpu: GpuDerived) -> bool:
     if vllm is None or budget is None or not others or gpu.unknown_process_memory_bytes:
         return False
     return vllm <= budget
-
-
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.1f} GiB"
 
 
 def _free_memory_short(gpu: GpuDerived, settings: PolicySettings) -> str | None:
@@ -288,7 +285,7 @@ def pressure_findings(
     for g in derived.gpus:
         short = _free_memory_short(g, settings)
         if short is not None and _held_by_others(g):
-            held = _gib(g.other_process_memory_bytes or 0)
+            held = gib(g.other_process_memory_bytes or 0)
             text = f"{short}, held by other processes ({held}) with vLLM inside its budget: not paused"
             found.append(Finding(rule=None, text=text))
         ticks = oom_streaks.get(g.gpu, 0)

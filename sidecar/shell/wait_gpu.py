@@ -25,8 +25,8 @@ from typing import Protocol
 
 from sidecar.model.gpu import GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
+from sidecar.model.text import gib
 
-GIB = 1024**3
 EVERY_S = 0.5
 
 
@@ -40,7 +40,7 @@ def held_by_vllm(reading: GpuReading) -> list[str]:
     for device in reading.devices:
         for process in device.processes:
             if process.owner is ProcessOwner.VLLM:
-                memory = "" if process.used_memory_bytes is None else f" {process.used_memory_bytes / GIB:.1f} GiB"
+                memory = "" if process.used_memory_bytes is None else f" {gib(process.used_memory_bytes)}"
                 name = f" ({process.name})" if process.name else ""
                 held.append(f"pid {process.pid}{name}{memory} on GPU {device.index}")
     return held
