@@ -190,19 +190,7 @@ def _after_kv(
                 f"vLLM's default {ledger.utilization:g} that is {lowered.value}): the transient lacked "
                 f"{gib(oom.shortfall_bytes or 0)} of {gib(ledger.total.value_bytes)}"
             )
-    if phase in (OomPhase.GRAPH_CAPTURE, OomPhase.WARMUP, OomPhase.AFTER_KV_CACHE):
-        if phase is not OomPhase.AFTER_KV_CACHE:
-            fewer = fewer_graphs(setup, log, lines)
-            if fewer is not None:
-                recommendations.append(fewer)
-        if not (log.args is not None and log.args.enforce_eager):
-            recommendations.append(
-                Recommendation(
-                    flag="--enforce-eager",
-                    value="",
-                    why="or no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
-                )
-            )
+    recommendations += _graph_remedies(oom, phase, setup, log=log, lines=lines)
     if phase is OomPhase.WARMUP:
         fewer_seqs = sequences(setup, log, "the sampler's warm-up runs max_num_seqs dummy requests")
         if fewer_seqs is not None:
@@ -229,6 +217,40 @@ def _after_kv(
         recommendations=tuple(recommendations),
         steps=tuple(steps),
     )
+
+
+def _graph_remedies(
+    oom: CudaOom, phase: OomPhase, setup: Setup, *, log: LogFacts, lines: list[str]
+) -> list[Recommendation]:
+    """Fewer or no CUDA graphs, where graphs exist or are being captured. (What "allocated in private pools"
+    says is no measure of what no graphs would free: the corpus has logs where it reads 0.04-0.07 GiB under
+    graphs of 2.65 GiB, and no graphs was the fix.)"""
+    found: list[Recommendation] = []
+    if phase not in (OomPhase.GRAPH_CAPTURE, OomPhase.WARMUP, OomPhase.AFTER_KV_CACHE) or _kernel_warmup(oom):
+        return found
+    if phase is not OomPhase.AFTER_KV_CACHE:
+        fewer = fewer_graphs(setup, log, lines)
+        if fewer is not None:
+            found.append(fewer)
+    if not (log.args is not None and log.args.enforce_eager):
+        found.append(
+            Recommendation(
+                flag="--enforce-eager",
+                value="",
+                why="or no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
+            )
+        )
+    return found
+
+
+# Kernel warm-ups (DeepGEMM's JIT, FlashInfer's autotuner) run before vLLM captures its CUDA graphs
+# (gpu_worker.compile_or_warm_up_model: kernel_warmup, then capture_model, in vLLM 0.32): no graph exists yet, so
+# neither --enforce-eager nor fewer capture sizes frees anything for them.
+_KERNEL_WARMUP = ("deep_gemm_warmup", "kernel_warmup", "flashinfer_autotune", "autotune")
+
+
+def _kernel_warmup(oom: CudaOom) -> bool:
+    return oom.phase is OomPhase.WARMUP and any(name in oom.phase_evidence for name in _KERNEL_WARMUP)
 
 
 def _finding(cause: Cause, summary: str, lines: list[str], recommendations: list[Recommendation]) -> Finding:

@@ -3,7 +3,8 @@
 One family: PyTorch's `torch.OutOfMemoryError` / `torch.cuda.OutOfMemoryError` for CUDA, HIP (ROCm), XPU and the
 other backends, with its numbers (torch 2.1+ and the older `(GPU 0; ... total capacity; ...)` form) or without;
 the driver's bare `CUDA error: out of memory` / `hipErrorOutOfMemory` / `CUDA_ERROR_OUT_OF_MEMORY` (raised from
-`capture_end()` during graph capture, with no numbers); cuBLAS and NCCL failing to allocate; XLA's
+`capture_end()` during graph capture, with no numbers); the caching allocator's NVML assert where NVML may not
+answer (MIG, Jetson), which replaces the OOM message; cuBLAS and NCCL failing to allocate; XLA's
 `RESOURCE_EXHAUSTED` on a TPU's HBM. vLLM repeats the error in
 the API server's traceback, and wraps it in its own (`EngineDeadError`, `Worker failed with error`): the last
 error is the fatal one, its numbers come from the last error of the family that states them, its phase from
@@ -28,7 +29,12 @@ _FAMILY = loose(
     r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?i:(?:cuda|hip) error): out of memory"
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
-    r"|memory mapping failed with OOM|Tried to allocate " + _SIZE
+    r"|memory mapping failed with OOM|Tried to allocate "
+    + _SIZE
+    # PyTorch's caching allocator on its out-of-memory path asks NVML for the card's memory to word the error;
+    # where NVML may not answer (a MIG slice in a container, Jetson) that call's assert is all that is printed
+    # (pytorch/pytorch#112377, #185240): an OOM with no numbers.
+    + r'|NVML_SUCCESS == r INTERNAL ASSERT FAILED at "[^"]*CUDACachingAllocator\.cpp"'
 )
 # PyTorch's allocator with expandable segments, when the driver cannot map more: "expandable_segments: memory
 # mapping failed with OOM on device 4 while trying to map 20971520 bytes (free: 17235968, total: 25295323136)".

@@ -106,6 +106,33 @@ def test_a_bare_cuda_error_in_graph_capture_has_no_numbers_and_is_still_read() -
     assert _flags(finding) == {"--enforce-eager": ""}, "no budget is sized from a message without sizes"
 
 
+def test_the_caching_allocators_nvml_assert_on_mig_is_an_oom_with_no_numbers() -> None:
+    # PyTorch's OOM path asks NVML for the card's memory; on a MIG slice in a container NVML may not answer, and
+    # its assert replaces the OOM message (pytorch/pytorch#112377). After graph capture: the graphs' transient.
+    progress = (
+        "(EngineCore_0 pid=72) INFO 08-25 09:42:24 [gpu_model_runner.py:2708] Graph capturing finished in 4 secs\n"
+    )
+    error = (
+        'RuntimeError: NVML_SUCCESS == r INTERNAL ASSERT FAILED at "/pytorch/c10/cuda/CUDACachingAllocator.cpp":1016, '
+        "please report a bug to PyTorch."
+    )
+    oom = parse_log(progress + V1 + error + "\n").oom
+    assert oom is not None
+    assert (oom.tried_bytes, oom.total_bytes) == (None, None)
+    finding = _finding(progress + V1 + error + "\n")
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == {"--enforce-eager": ""}
+
+
+def test_a_kernel_warm_up_oom_is_not_told_to_drop_graphs_that_do_not_exist_yet() -> None:
+    # vLLM 0.32's compile_or_warm_up_model runs kernel_warmup (DeepGEMM, FlashInfer) before capture_model.
+    warmup = _traceback(V1, ["compile_or_warm_up_model", "kernel_warmup", "deep_gemm_warmup", "_warmup"], _oom())
+    warmup = warmup.replace("gpu_worker.py", "deep_gemm_warmup.py")
+    assert "--enforce-eager" not in _flags(_finding(warmup))
+    sampler = _traceback(V1, ["compile_or_warm_up_model", "_dummy_sampler_run"], _oom())
+    assert "--enforce-eager" in _flags(_finding(sampler))  # the sampler's warm-up comes after the graphs
+
+
 def test_a_launchers_prefix_does_not_hide_the_oom() -> None:
     prefix = "2025-05-01 12:00:00 | ERROR | stderr | "
     args = prefix + "INFO 05-01 12:00:00 [utils.py:1] non-default args: {'model': 'm'}\n"
