@@ -50,6 +50,7 @@ def document(spec: LoadSpec, summary: Summary) -> dict[str, Any]:
             "error_ratio": summary.error_ratio,
             "stopped_early": summary.stopped_early,
             "failures": {str(kind): count for kind, count in summary.failures.items()},
+            "first_errors": {str(kind): error for kind, error in summary.first_errors.items()},
             "http_status_codes": {str(code): count for code, count in summary.status_codes.items()},
         },
         "duration_s": summary.duration_s,
@@ -133,6 +134,8 @@ def _requests(summary: Summary) -> str:
         text += f" ({', '.join(kinds)}{'; ' + codes if codes else ''})"
     if summary.stopped_early:
         text += "; sending stopped early: the server refused connections"
+    for kind, error in summary.first_errors.items():
+        text += f"\n    first {kind}: {error}"
     return text
 
 

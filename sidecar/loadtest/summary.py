@@ -48,6 +48,8 @@ class Summary:
     sent: int
     succeeded: int
     failures: dict[FailureKind, int]  # every kind, 0 included
+    # The first failure of each kind that happened, as the client saw it (one line): what a count cannot say.
+    first_errors: dict[FailureKind, str]
     status_codes: dict[int, int]  # HTTP status of failed requests
     error_ratio: float | None  # failed / total; None when nothing arrived
     duration_s: float
@@ -133,6 +135,7 @@ def summarise(
         sent=sent,
         succeeded=len(ok),
         failures={kind: failures[kind] for kind in FailureKind},
+        first_errors=_first_errors(results),
         status_codes=_status_codes(results),
         error_ratio=error_ratio,
         duration_s=duration_s,
@@ -215,6 +218,15 @@ def format_preemptions(value: float | None) -> str:
         return "preemptions not available"
     count = f"{value:.0f}" if value == math.floor(value) else f"{value:.1f}"
     return f"{count} preemption" + ("" if value == 1 else "s")
+
+
+def _first_errors(results: Sequence[RequestResult]) -> dict[FailureKind, str]:
+    """The error line of the earliest failure of each kind (by when the request started)."""
+    found: dict[FailureKind, str] = {}
+    for result in sorted(results, key=lambda result: result.started_s):
+        if result.failure is not None and result.failure not in found and result.error:
+            found[result.failure] = result.error
+    return found
 
 
 def _status_codes(results: Sequence[RequestResult]) -> dict[int, int]:

@@ -58,6 +58,7 @@ def test_all_ok_passes_with_sane_numbers(capsys: pytest.CaptureFixture[str], fak
         "error_ratio": 0.0,
         "stopped_early": False,
         "failures": None,
+        "first_errors": {},
         "http_status_codes": {},
     }
     throughput = report["throughput"]
@@ -107,6 +108,8 @@ def test_server_errors_are_counted_and_fail_over_the_error_rate(
     assert code == 1
     assert report["requests"]["failures"]["http_5xx"] == 5
     assert report["requests"]["http_status_codes"] == {"500": 5}
+    assert set(report["requests"]["first_errors"]) == {"http_5xx"}  # what the first one said, for the reader
+    assert report["requests"]["first_errors"]["http_5xx"]
     assert report["requests"]["succeeded"] == 15
     assert report["server"]["died"] is False
     assert report["verdict_line"] == ("verdict: FAIL - 5 of 20 requests failed (25.0% > 1.0% allowed): http_5xx 5")
