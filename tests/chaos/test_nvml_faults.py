@@ -9,6 +9,7 @@ and the failure is one log line. Once NVML answers again the GPU values equal th
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import time
 from collections.abc import Iterator
@@ -134,7 +135,11 @@ def test_an_nvml_fault_is_reported_held_through_and_recovered_from(rig: Rig, fau
     assert (healthz, readyz) == (200, 200), "the loop must go on and nothing pauses on missing GPU data"
     events = events_since(rig.sidecar.log_path, offset)
     failed = [e for e in named(events, "source_failed") if e["source"] == "nvml"]
-    assert len(failed) == 1, f"one line per change, not one per tick: {failed}"
+    # One line per change, never one per tick (a read timing out on a busy box is a change of its own).
+    changes = [str(e["error"]) for e in failed]
+    assert any(FAULTS[fault] in change for change in changes), f"the fault's own line is missing: {failed}"
+    assert all(before != after for before, after in itertools.pairwise(changes)), f"one line per tick: {failed}"
+    assert len(failed) <= 3, f"one line per change, not one per tick: {failed}"
     assert named(events, "action") == []
     assert not rig.witness.exists()
     print(f"\nNVML {fault}: detected in {detect_s:.2f} s, GPU values back {recover_s:.2f} s after it cleared")
@@ -153,7 +158,10 @@ def test_a_lost_gpu_is_reported_without_a_storm_of_reinitialisations(rig: Rig) -
     assert isinstance(sources, dict)
     assert "GpuIsLost" in str(sources["nvml"]["error"]) or "lost" in str(sources["nvml"]["error"]).lower()
     events = events_since(rig.sidecar.log_path, offset)
-    assert len([e for e in named(events, "source_failed") if e["source"] == "nvml"]) == 1
+    lost = [str(e["error"]) for e in named(events, "source_failed") if e["source"] == "nvml"]
+    # No storm: the loss is said once (a read timing out on a busy box would be one more, different, line).
+    assert 1 <= len(lost) <= 2, lost
+    assert all(before != after for before, after in itertools.pairwise(lost)), lost
     assert value(scrape(rig.sidecar), "vllm_sidecar_up") == 1.0
     assert named(events, "action") == []
     assert_survived(rig.sidecar)
