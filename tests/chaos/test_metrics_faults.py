@@ -10,6 +10,7 @@ the same values as vLLM's own exposition read by prometheus_client, and counters
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shlex
 import socket
@@ -125,10 +126,21 @@ def test_a_broken_metrics_endpoint_is_held_through_and_nothing_is_lost(rig: Rig,
         healed_at = time.monotonic()
         wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "the sidecar to read /metrics again")
         recover_s = time.monotonic() - healed_at
-        # The latest scrape of vLLM is the one to compare with: read both after a whole poll of the healed server.
+        # The latest scrape of vLLM is the one to compare with, read on both sides between two polls of the
+        # healed server. A poll can still time out on a busy box (its values then absent until the next one), so
+        # the two are read until they agree, for a bounded while; a sidecar that lost something never does.
         wait_polls(sidecar, 2)
-        served = vllm.last_served
-        after = engine_values_from_sidecar(sidecar, **ENGINE)
+        seen: list[tuple[str, dict[str, float | None]]] = []
+
+        def agrees() -> bool:
+            served = vllm.last_served
+            after = engine_values_from_sidecar(sidecar, **ENGINE)
+            seen.append((served, after))
+            return vllm.last_served == served and after == engine_values_from_vllm(served)
+
+        with contextlib.suppress(AssertionError):
+            wait_until(agrees, 10, "the sidecar's values to be vLLM's own again")
+        served, after = seen[-1]
     watch.assert_monotonic()
 
     # What the sidecar did while /metrics was broken.
