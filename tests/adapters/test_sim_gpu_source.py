@@ -34,8 +34,9 @@ GPU = {
 }
 
 
-def _source(fetcher: BodyFetcher, url: str, **kwargs: object) -> SimGpuSource:
-    return SimGpuSource(fetcher=fetcher, url=url + "/sim/gpu", timeout_s=0.5, **kwargs)  # type: ignore[arg-type]
+def _source(fetcher: BodyFetcher, url: str, timeout_s: float = 10.0, **kwargs: object) -> SimGpuSource:
+    # 10 s: a read that must succeed has room on a busy 2-core box; the timeout's own test passes 0.5 s.
+    return SimGpuSource(fetcher=fetcher, url=url + "/sim/gpu", timeout_s=timeout_s, **kwargs)  # type: ignore[arg-type]
 
 
 async def test_reads_devices_and_classifies_owners(server: LoopbackServer, fetcher: BodyFetcher) -> None:
@@ -83,7 +84,7 @@ async def test_down_slow_and_failing(server: LoopbackServer, fetcher: BodyFetche
     assert down.error is not None
     assert "unreachable" in down.error
     server.routes["/sim/gpu"] = slow(2.0, respond(body=b"{}"))
-    late = await _source(fetcher, server.url).read()
+    late = await _source(fetcher, server.url, timeout_s=0.5).read()
     assert late.error is not None
     assert "did not answer within 0.5 s" in late.error
     server.routes["/sim/gpu"] = respond(404)

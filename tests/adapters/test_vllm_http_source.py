@@ -25,7 +25,9 @@ CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
 HEALTHY = {"/version": respond(body=b'{"version":"0.32.0"}'), "/health": respond()}
 
 
-def source(fetcher: BodyFetcher, url: str, *, timeout_s: float = 1.0, cap: int = 4 * 2**20) -> VllmHttpSource:
+# 10 s: a read that must succeed has room on a busy 2-core box (CI saw a loopback answer take 1.3 s); the tests of
+# the timeout itself pass their own, against a server slower than it.
+def source(fetcher: BodyFetcher, url: str, *, timeout_s: float = 10.0, cap: int = 4 * 2**20) -> VllmHttpSource:
     return VllmHttpSource(fetcher=fetcher, base_url=url, timeout_s=timeout_s, max_body_bytes=cap)
 
 
@@ -174,7 +176,7 @@ async def test_a_200_from_health_stands_a_few_seconds_while_metrics_reads_and_an
     server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
     now = [1000.0]
     reader = VllmHttpSource(
-        fetcher=fetcher, base_url=server.url, timeout_s=1.0, max_body_bytes=4 * 2**20, clock=lambda: now[0]
+        fetcher=fetcher, base_url=server.url, timeout_s=10.0, max_body_bytes=4 * 2**20, clock=lambda: now[0]
     )
 
     async def tick(seconds: float) -> bool:
