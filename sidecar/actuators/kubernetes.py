@@ -124,9 +124,7 @@ class KubernetesActuator:
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
         try:
             document = await self._get(path, GET_POD, self._target())
-        except RequestFailedError as error:
-            return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {error}")
-        except KubeTransportError as error:
+        except (RequestFailedError, KubeTransportError) as error:
             return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {error}")
         except Exception as error:  # noqa: BLE001 - never raises into the poll loop
             return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {type(error).__name__}")
@@ -135,10 +133,10 @@ class KubernetesActuator:
     async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         """One restart in this adapter's mode; `reason` is for the caller's log, the API carries none."""
         started = self._clock()
+        grace_s = self._grace_period_s(hard=hard)
         if dry_run:
-            return self._outcome(OutcomeStatus.DRY_RUN, self._would(self._grace_period_s(hard=hard)), started)
+            return self._outcome(OutcomeStatus.DRY_RUN, self._would(grace_s), started)
         try:
-            grace_s = self._grace_period_s(hard=hard)
             if self.mode is Mode.EVICT:
                 detail = await self._evict(grace_s)
             elif self.mode is Mode.DELETE:

@@ -17,6 +17,7 @@ from sidecar.sources.nvml import MAX_XID_EVENTS_PER_READ, NvmlSource
 from sidecar.sources.proc import DEFAULT_VLLM_PATTERN, identify_process
 from tests.clock import VirtualClock as FakeClock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess, Scenario
+from tests.fakes.proc import fake_proc
 
 GIB = 1024**3
 VLLM_PID, XORG_PID, UNSEEN_PID, ENGINE_PID = 4242, 1717, 999_999, 4243
@@ -26,16 +27,12 @@ VLLM_PID, XORG_PID, UNSEEN_PID, ENGINE_PID = 4242, 1717, 999_999, 4243
 def proc_root(tmp_path: Path) -> Path:
     """A /proc: vLLM told by its cmdline, vLLM's engine by its comm, and Xorg; UNSEEN_PID is absent."""
     root = tmp_path / "proc"
-    entries = {
+    entries: dict[int, tuple[str, bytes]] = {
         VLLM_PID: ("python3\n", b"/usr/bin/python3\0-m\0vllm.entrypoints.openai.api_server\0--model\0m\0"),
         ENGINE_PID: ("VLLM::EngineCor\n", b""),
         XORG_PID: ("Xorg\n", b"/usr/lib/xorg/Xorg\0:0\0"),
     }
-    for pid, (comm, cmdline) in entries.items():
-        (root / str(pid)).mkdir(parents=True)
-        (root / str(pid) / "comm").write_text(comm)
-        (root / str(pid) / "cmdline").write_bytes(cmdline)
-    return root
+    return fake_proc(root, entries)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from sidecar.shell.wait_gpu import EVERY_S, wait_released
 from sidecar.sources.nvml import NvmlSource
 from tests.clock import VirtualClock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess, Scenario
+from tests.fakes.proc import fake_proc
 
 GIB = 1024**3
 OLD_VLLM, ENGINE, TENANT = 4242, 4243, 1717
@@ -26,16 +27,12 @@ OLD_VLLM, ENGINE, TENANT = 4242, 4243, 1717
 def proc_root(tmp_path: Path) -> Path:
     """The old vLLM's API server and engine core (a zombie keeps its comm), and another tenant's trainer."""
     root = tmp_path / "proc"
-    entries = {
+    entries: dict[int, tuple[str, bytes]] = {
         OLD_VLLM: ("python3\n", b"/usr/bin/python3\0-m\0vllm.entrypoints.openai.api_server\0"),
         ENGINE: ("VLLM::EngineCor\n", b""),
         TENANT: ("python3\n", b"python3\0train.py\0"),
     }
-    for pid, (comm, cmdline) in entries.items():
-        (root / str(pid)).mkdir(parents=True)
-        (root / str(pid) / "comm").write_text(comm)
-        (root / str(pid) / "cmdline").write_bytes(cmdline)
-    return root
+    return fake_proc(root, entries)
 
 
 def gpus() -> Scenario:
