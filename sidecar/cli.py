@@ -14,7 +14,7 @@ from sidecar import __version__
 from sidecar.config.setting_origin import closest
 from sidecar.config.settings_cli import settings_flags
 from sidecar.shell.arguments import check_environment, option_actions
-from sidecar.shell.settings import Settings, SettingsError, load_settings
+from sidecar.shell.settings import GROUP_ORDER, OnceSettings, Settings, SettingsError, load_settings
 
 EXIT_USAGE = 2
 
@@ -34,10 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-sidecar {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser("run", help="the daemon: poll, derive, export; stops on SIGTERM/SIGINT")
-    settings_flags(Settings, run)
+    settings_flags(Settings, run, groups=GROUP_ORDER)
     once = commands.add_parser("once", help="one poll of vLLM and the GPUs, then exit")
-    once.add_argument("--json", action="store_true", help="print the JSON document of the contract")
-    settings_flags(Settings, once)
+    settings_flags(OnceSettings, once, groups=GROUP_ORDER)
     for name, help_text in _TOOL_COMMANDS:
         _tool(name).add_arguments(commands.add_parser(name, help=help_text))
     return parser
@@ -125,26 +124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(module.run(args))
     arguments = vars(_parse(parser, argv))
     command = arguments.pop("command")
-    as_json = bool(arguments.pop("json", False))
-    flags: dict[str, Any] = arguments
+    flags: dict[str, Any] = {name: value for name, value in arguments.items() if value is not None}
     try:
         _check_environment(parser, command)
+        if command == "once":
+            return _once(load_settings(flags, OnceSettings))
         settings = load_settings(flags)
     except SettingsError as error:
         print(f"vllm-sidecar: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     from sidecar.shell.logging import configure_logging  # noqa: PLC0415 - keeps --help and --version fast
 
-    if command == "once":
-        # What a single poll finds is in its output (problems); logging it too would only repeat it.
-        configure_logging(level="critical", log_format=settings.log_format)
-        from sidecar.shell.once import run_once  # noqa: PLC0415
-
-        code, output, error_line = run_once(settings, as_json=as_json)
-        print(output)
-        if error_line is not None:
-            print(error_line, file=sys.stderr)
-        return code
     configure_logging(level=settings.log_level, log_format=settings.log_format)
     from sidecar.shell.daemon import Daemon  # noqa: PLC0415
 
@@ -157,6 +147,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return await daemon.run()
 
     return asyncio.run(_run())
+
+
+def _once(settings: OnceSettings) -> int:
+    from sidecar.shell.logging import configure_logging  # noqa: PLC0415 - keeps --help and --version fast
+    from sidecar.shell.once import run_once  # noqa: PLC0415
+
+    # What a single poll finds is in its output (problems); logging it too would only repeat it.
+    configure_logging(level="critical", log_format=settings.log_format)
+    code, output, error_line = run_once(settings, as_json=settings.json)
+    print(output)
+    if error_line is not None:
+        print(error_line, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

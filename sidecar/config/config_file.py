@@ -1,7 +1,9 @@
 """Settings from a TOML or YAML config file (`--config FILE`, `VLLM_SIDECAR_CONFIG`), as a pydantic-settings
 source for every command's model. Reads the file; no other I/O.
 
-Keys may use '-' or '_'; an unknown key is a `SettingsError` with the closest known one suggested. Apart from
+Keys may use '-' or '_'. One file serves every command: each reads the keys it has and leaves the keys another
+command owns (`listen` is the daemon's; the doctor skips it), so `--config /etc/vllm-sidecar/config.toml` works
+for `doctor` and `once` too. A key no command has is a `SettingsError` with the closest known one suggested. Apart from
 `sidecar.shell.settings` so the simulator, an independent witness, can read its file without importing the
 daemon's settings (which import the pure core's defaults).
 """
@@ -22,6 +24,10 @@ from sidecar.config.setting_origin import ENV_PREFIX, closest
 from sidecar.file_cap import read_capped_file
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is the wrong file
+
+# Every command's setting names: each command's model adds its own when it is defined (`FileBackedSettings`), and
+# the CLI defines them all when it builds its parser, before any file is read.
+EVERY_COMMANDS_SETTINGS: set[str] = set()
 
 
 class SettingsError(Exception):
@@ -49,7 +55,8 @@ class ConfigFileSource(PydanticBaseSettingsSource):
 
 
 def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
-    """The settings in a TOML or YAML file, keys normalised to `_`; unknown keys are an error."""
+    """The settings in `known` from a TOML or YAML file, keys normalised to `_`; a key of another command is
+    left to it, and a key of none is an error."""
     try:
         text = read_capped_file(path, MAX_CONFIG_BYTES).decode("utf-8")
     except OSError as error:
@@ -71,6 +78,8 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in document.items():
         name = str(key).replace("-", "_")
+        if name not in known and name in EVERY_COMMANDS_SETTINGS and name != "config":
+            continue
         if name not in known or name == "config":
             raise SettingsError(f"unknown setting {key!r} in config file {path}; {_suggestion(str(key), known)}")
         values[name] = value
@@ -80,7 +89,7 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
 def _suggestion(key: str, known: set[str]) -> str:
     """'did you mean ...?' in the key's own spelling (dashes or underscores), else the list of known keys."""
     candidates = sorted(known - {"config"})
-    match = closest(key.replace("-", "_"), candidates)
+    match = closest(key.replace("-", "_"), sorted((known | EVERY_COMMANDS_SETTINGS) - {"config"}))
     if match is not None:
         return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}?"
     return "known settings: " + ", ".join(candidates)
@@ -93,6 +102,11 @@ def _format_name(path: Path) -> str:
 class FileBackedSettings(BaseSettings):
     """Settings read from the flags (given as init arguments), then `VLLM_SIDECAR_*` environment, then the
     `--config` file: the precedence every command shares."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        EVERY_COMMANDS_SETTINGS.update(cls.model_fields)
 
     @classmethod
     def settings_customise_sources(

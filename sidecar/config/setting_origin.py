@@ -28,8 +28,13 @@ class Layer(IntEnum):
     FLAG = 3
 
 
+# A setting whose command line shows a shorter flag than its name (`--timeout` for `request_timeout`, kept apart
+# from the daemon's `timeout` in the environment): registered with the flags (`settings_cli.settings_flags`).
+SHORT_FLAGS: dict[str, str] = {}
+
+
 def flag_of(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return SHORT_FLAGS.get(name) or "--" + name.replace("_", "-")
 
 
 def environment_of(name: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from sidecar.config.accepted import accepted
 from sidecar.config.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
 from sidecar.config.setting_origin import ENV_PREFIX, Origin, origins
 from sidecar.config.settings_cli import load_flags
@@ -68,4 +69,9 @@ def load_tool_settings(model: type[ToolSettingsT], args: argparse.Namespace | Ma
         name = str(first["loc"][0]) if first["loc"] else "settings"
         message = str(first["msg"]).removeprefix("Value error, ")
         origin = found.get(name) or Origin(setting=name, layer=None)
-        raise SettingsError(f"invalid setting {name}={first['input']!r}: {message} ({origin.describe()})") from None
+        field = model.model_fields.get(name)
+        words = accepted(field) if field is not None else None
+        allowed = f"; allowed: {words}" if words else ""
+        raise SettingsError(
+            f"invalid setting {name}={first['input']!r}: {message}{allowed} ({origin.describe()})"
+        ) from None

@@ -20,7 +20,6 @@ from sidecar.config.settings_cli import settings_flags
 from sidecar.config.tool_settings import ReportSettings, load_tool_settings
 
 EXIT_USAGE = 2
-MAX_TIMEOUT_S = 300
 
 
 class DoctorSettings(ReportSettings):
@@ -42,14 +41,18 @@ class DoctorSettings(ReportSettings):
     vllm_process_pattern: str = Field(
         r"vllm|VLLM::", description="regular expression matched on a GPU process's name to tell vLLM from other tenants"
     )
-    timeout: float = Field(10.0, description="seconds each request to vLLM may take")
+    # Not `timeout`: the daemon's (shorter than its poll interval) must not reach the doctor from the environment
+    # or a shared config file; --timeout is its flag.
+    request_timeout: float = Field(
+        10.0, gt=0, le=300, description="seconds each request to vLLM may take", json_schema_extra={"unit": "seconds"}
+    )
     fail_on: Literal["info", "warning", "critical"] = Field(
         "info", description="exit 1 when a finding is at least this severe (info: any finding)"
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    settings_flags(DoctorSettings, parser)
+    settings_flags(DoctorSettings, parser, shortcuts={"request_timeout": "timeout"})
 
 
 def _gpu_indices(text: str) -> tuple[int, ...] | None:
@@ -79,13 +82,6 @@ def _checked_url(text: str, option: str) -> str:
     return text
 
 
-def _timeout(value: object) -> float:
-    timeout = float(str(value))
-    if not 0 < timeout <= MAX_TIMEOUT_S:
-        raise ValueError(f"--timeout must be in (0, {MAX_TIMEOUT_S}] seconds, got {value}")
-    return timeout
-
-
 def run(flags: argparse.Namespace) -> int:
     from sidecar.doctor.diagnose import diagnose  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.doctor.finding import Severity  # noqa: PLC0415
@@ -107,7 +103,7 @@ def run(flags: argparse.Namespace) -> int:
             gpu_source=str(args.gpu_source),
             gpu_indices=_gpu_indices(str(args.gpus)),
             vllm_process_pattern=str(args.vllm_process_pattern),
-            timeout_s=_timeout(args.timeout),
+            timeout_s=args.request_timeout,
         )
         evidence = asyncio.run(gather(options))
     except (InputError, ValueError) as error:

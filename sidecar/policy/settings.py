@@ -1,16 +1,18 @@
 """Every threshold of the policy, with its unit in its name, validated at construction. Pure.
 
-The defaults are the issue's, and this is the one place each is written: the daemon's flags take their defaults
-from here (`sidecar/shell/settings.py`), and so do the alert rules' and the dashboard's generators
-(`alerts/generate.py`, `grafana/generate.py`); tests/alerts/test_threshold_drift.py fails when a shipped file
-shows another number. The shell builds one `PolicySettings` from the command line and passes it to `Policy`;
-nothing here reads the environment.
+The defaults are the issue's, and this is the one place each default and range is written: the daemon's flags
+take both from here (`sidecar/shell/settings.py`, the ranges through `sidecar.bounds`), and the alert rules' and
+the dashboard's generators take the defaults (`alerts/generate.py`, `grafana/generate.py`);
+tests/alerts/test_threshold_drift.py fails when a shipped file shows another number. The shell builds one
+`PolicySettings` from the command line and passes it to `Policy`; nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+
+from sidecar.bounds import Annotated, Ge, Gt, Le, first_violation
 
 
 class PolicySettingsError(ValueError):
@@ -26,114 +28,81 @@ def stale_after_for_interval(interval_s: float) -> float:
     return 3.0 * interval_s
 
 
+# Each field's range is on its type: `__post_init__` checks it, and the daemon's flags, their help and their
+# error lines read it from here (`sidecar.bounds`), so it is written once.
+Ratio = Annotated[float, Gt(0), Le(1)]
+Seconds = Annotated[float, Gt(0)]
+NonNegative = Annotated[float, Ge(0)]  # 0 switches the rule off, or allows no slack
+Count = Annotated[int, Ge(0)]
+AtLeastOne = Annotated[int, Ge(1)]
+RestartsPerHour = Annotated[int, Ge(0), Le(60)]  # more than one a minute is a crash loop, not a policy
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicySettings:
     # Pausing admission (/readyz 503). Any engine or GPU meeting one condition pauses: the pod is one unit.
-    pause_kv_usage_ratio: float = 0.90  # pause when an engine's KV usage is at or above this
-    resume_kv_usage_ratio: float = 0.80  # resume only when every engine is at or below this (hysteresis)
-    waiting_ratio: float = 2.0  # pause when waiting > this x running ...
-    waiting_ticks: int = 3  # ... on this many consecutive polls
-    preemptions_per_s: float = 1.0  # pause when an engine preempts more than this per second
-    min_gpu_free_ratio: float = 0.05  # pause when a GPU's free memory is below this share of its total
+    pause_kv_usage_ratio: Ratio = 0.90  # pause when an engine's KV usage is at or above this
+    resume_kv_usage_ratio: Ratio = 0.80  # resume only when every engine is at or below this (hysteresis)
+    waiting_ratio: NonNegative = 2.0  # pause when waiting > this x running ...
+    waiting_ticks: AtLeastOne = 3  # ... on this many consecutive polls
+    preemptions_per_s: NonNegative = 1.0  # pause when an engine preempts more than this per second
+    min_gpu_free_ratio: Ratio = 0.05  # pause when a GPU's free memory is below this share of its total
     # Pause when PyTorch's allocator in a vLLM process retried this many allocations (or failed one) over the
     # short horizon (allocator probe): it freed its whole cache to find room, the step before an OOM. 0: never.
-    pause_alloc_retries: int = 1
+    pause_alloc_retries: Count = 1
     # Pause when an engine made no progress this long with requests running: new requests would only queue
     # behind it, while other replicas serve them. Short: a wrong pause costs a few seconds out of rotation.
-    stall_pause_after_s: float = 10.0
-    min_paused_s: float = 10.0  # an automatic pause lasts at least this long (dwell time)
+    stall_pause_after_s: Seconds = 10.0
+    min_paused_s: NonNegative = 10.0  # an automatic pause lasts at least this long (dwell time)
     # Restarting vLLM (drain first).
-    dead_after_s: float = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
+    dead_after_s: Seconds = 30.0  # /health failing this long, after vLLM had been healthy: engine dead
     # Nothing listening this long while a supervisor may be bringing vLLM back (systemd's auto-restart, the
     # kubelet, a process loading): restart it. Shorter would restart a vLLM its supervisor is reloading.
-    down_after_s: float = 900.0
+    down_after_s: Seconds = 900.0
     # Nothing listening this long and nobody else will start it (the exec adapter; a systemd unit stopped with
     # no job queued, as after vLLM exits 0 under Restart=on-failure): the sidecar is the supervisor, restart it.
-    down_unsupervised_after_s: float = 10.0
+    down_unsupervised_after_s: Seconds = 10.0
     # No progress this long, and a probe sent meanwhile got no answer with nothing moving: engine hung. The
     # longest pause of a live engine that is never restarted; short enough that a hang serves again in 90 s.
-    hung_after_s: float = 50.0
+    hung_after_s: Seconds = 50.0
     # Where no probe can tell (probes off, or their answers say nothing): a stall with work this long is a hang.
-    hung_without_probe_after_s: float = 120.0
+    hung_without_probe_after_s: Seconds = 120.0
     # The engine probe (see `probe`): one 1-token completion once a stall with work reaches
     # stall_pause_after_s, and after this long without progress on an engine that reads idle (0: never; the
     # hung rule then judges the stall alone, and an engine wedged while idle goes unseen) ...
-    probe_after_s: float = 20.0
+    probe_after_s: NonNegative = 20.0
     # ... and how long it may wait: its silence proves a wedge only when nothing else moved meanwhile, so a
     # queue the probe waits in (a busy engine) is never taken for one.
-    probe_timeout_s: float = 20.0
-    oom_forecast_s: float = 900.0  # forecast time to OOM under this ...
-    oom_forecast_ticks: int = 3  # ... on this many consecutive polls: restart before it crashes
-    min_uptime_for_forecast_restart_s: float = 600.0  # a forecast from a young vLLM is not trusted yet
+    probe_timeout_s: Seconds = 20.0
+    oom_forecast_s: Seconds = 900.0  # forecast time to OOM under this ...
+    oom_forecast_ticks: AtLeastOne = 3  # ... on this many consecutive polls: restart before it crashes
+    min_uptime_for_forecast_restart_s: NonNegative = 600.0  # a forecast from a young vLLM is not trusted yet
     pressure_events_restart: bool = False  # the classic rule, off by default
-    pressure_events: int = 3  # automatic pauses ...
-    pressure_window_s: float = 300.0  # ... within this window restart vLLM (when enabled)
+    pressure_events: AtLeastOne = 3  # automatic pauses ...
+    pressure_window_s: Seconds = 300.0  # ... within this window restart vLLM (when enabled)
     # Guards.
-    max_restarts_per_hour: int = 3  # automatic restarts in any hour; 0 disables automatic restarts
-    restart_budget_window_s: float = 3600.0  # the "hour" of the budget
-    cooldown_base_s: float = 60.0  # no automatic restart this long after vLLM came back ...
-    cooldown_max_s: float = 3600.0  # ... doubling per consecutive restart, up to this
-    cooldown_reset_s: float = 3600.0  # a restart this long after the previous one starts a new series
-    drain_timeout_s: float = 120.0  # wait at most this long for running requests to reach 0
-    startup_timeout_s: float = 900.0  # wait at most this long for vLLM to be healthy after a restart
-    stale_after_s: float = 6.0  # data older than this is stale: hold (3 x the default 2 s interval)
+    max_restarts_per_hour: RestartsPerHour = 3  # automatic restarts in any hour; 0 disables automatic restarts
+    restart_budget_window_s: Seconds = 3600.0  # the "hour" of the budget
+    cooldown_base_s: Seconds = 60.0  # no automatic restart this long after vLLM came back ...
+    cooldown_max_s: Seconds = 3600.0  # ... doubling per consecutive restart, up to this
+    cooldown_reset_s: Seconds = 3600.0  # a restart this long after the previous one starts a new series
+    drain_timeout_s: Seconds = 120.0  # wait at most this long for running requests to reach 0
+    startup_timeout_s: Seconds = 900.0  # wait at most this long for vLLM to be healthy after a restart
+    stale_after_s: Seconds = 6.0  # data older than this is stale: hold (3 x the default 2 s interval)
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, float | int) and not isinstance(value, bool) and not math.isfinite(value):
                 raise PolicySettingsError(f"{field.name} must be a finite number, got {value!r}")
-        self._check_ratios()
-        self._check_counts_and_durations()
-
-    def _check_ratios(self) -> None:
-        for name in ("pause_kv_usage_ratio", "resume_kv_usage_ratio", "min_gpu_free_ratio"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise PolicySettingsError(f"{name} must be in (0, 1], got {value}")
+        violation = first_violation(self)
+        if violation is not None:
+            raise PolicySettingsError(violation)
         if self.resume_kv_usage_ratio >= self.pause_kv_usage_ratio:
             raise PolicySettingsError(
                 f"resume_kv_usage_ratio ({self.resume_kv_usage_ratio}) must be below pause_kv_usage_ratio "
                 f"({self.pause_kv_usage_ratio}), otherwise admission flaps around one value"
             )
-
-    def _check_counts_and_durations(self) -> None:
-        if self.pause_alloc_retries < 0:
-            raise PolicySettingsError(f"pause_alloc_retries must be >= 0, got {self.pause_alloc_retries}")
-        for name in ("waiting_ticks", "oom_forecast_ticks", "pressure_events"):
-            if getattr(self, name) < 1:
-                raise PolicySettingsError(f"{name} must be at least 1, got {getattr(self, name)}")
-        non_negative = (
-            "max_restarts_per_hour",
-            "waiting_ratio",
-            "preemptions_per_s",
-            "min_paused_s",
-            "min_uptime_for_forecast_restart_s",
-            "probe_after_s",
-        )
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise PolicySettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
-        positive = (
-            "dead_after_s",
-            "down_after_s",
-            "down_unsupervised_after_s",
-            "hung_after_s",
-            "hung_without_probe_after_s",
-            "stall_pause_after_s",
-            "oom_forecast_s",
-            "pressure_window_s",
-            "restart_budget_window_s",
-            "cooldown_base_s",
-            "cooldown_reset_s",
-            "drain_timeout_s",
-            "startup_timeout_s",
-            "stale_after_s",
-            "probe_timeout_s",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise PolicySettingsError(f"{name} must be more than 0 seconds, got {getattr(self, name)}")
         if self.cooldown_max_s < self.cooldown_base_s:
             raise PolicySettingsError(
                 f"cooldown_max_s ({self.cooldown_max_s}) must be at least cooldown_base_s ({self.cooldown_base_s})"

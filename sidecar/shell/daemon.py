@@ -43,7 +43,7 @@ from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_prob
 from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
-from sidecar.shell.settings import Settings, SettingsError, core_values, setting_error
+from sidecar.shell.settings import ScrapeSettings, Settings, SettingsError, core_values, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.shell.transitions import TransitionLog
 from sidecar.sources.allocator_probe import AllocatorProbeSource
@@ -57,11 +57,11 @@ from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 SHUTDOWN_GRACE_S = 2.0
 
 
-def derive_settings(settings: Settings) -> DeriveSettings:
+def derive_settings(settings: ScrapeSettings) -> DeriveSettings:
     return DeriveSettings(**core_values(settings, "derive"))
 
 
-def build_gpu_source(settings: Settings, fetcher: BodyFetcher) -> GpuSource | None:
+def build_gpu_source(settings: ScrapeSettings, fetcher: BodyFetcher) -> GpuSource | None:
     if settings.gpu_source == "none":
         return None
     if settings.gpu_source == "sim":
@@ -81,12 +81,12 @@ def build_gpu_source(settings: Settings, fetcher: BodyFetcher) -> GpuSource | No
     )
 
 
-def build_http_client(settings: Settings) -> httpx.AsyncClient:
+def build_http_client(settings: ScrapeSettings) -> httpx.AsyncClient:
     # Pool timeouts etc. are a backstop; VllmHttpSource bounds each whole request with its own deadline.
     return httpx.AsyncClient(timeout=httpx.Timeout(settings.poll_timeout_s), follow_redirects=False, trust_env=False)
 
 
-def build_vllm_fetcher(settings: Settings, shared: httpx.AsyncClient) -> BodyFetcher:
+def build_vllm_fetcher(settings: ScrapeSettings, shared: httpx.AsyncClient) -> BodyFetcher:
     """What polls vLLM: the small keep-alive client for http:// (a fraction of httpx's CPU per poll, see
     sidecar.sources.fetch), the shared httpx client for https://. Closed with `aclose` (the shared client stays
     open: its owner closes it)."""
@@ -97,7 +97,7 @@ async def _nothing() -> None:
     return None
 
 
-def build_allocator_source(settings: Settings) -> AllocatorProbeSource | None:
+def build_allocator_source(settings: ScrapeSettings) -> AllocatorProbeSource | None:
     if settings.probe_dir is None:
         return None
     return AllocatorProbeSource(directory=settings.probe_dir, timeout_s=settings.poll_timeout_s)

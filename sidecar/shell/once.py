@@ -17,11 +17,11 @@ from sidecar.shell.daemon import (
     build_vllm_fetcher,
     derive_settings,
 )
-from sidecar.shell.settings import Settings
+from sidecar.shell.settings import ScrapeSettings
 from sidecar.sources.vllm_http import VllmHttpSource
 
 
-async def poll_once(settings: Settings) -> View:
+async def poll_once(settings: ScrapeSettings) -> View:
     client = build_http_client(settings)
     fetcher = build_vllm_fetcher(settings, client)  # the daemon's, so `once` reads exactly what it reads
     gpu = build_gpu_source(settings, fetcher)
@@ -103,7 +103,7 @@ def _gib(value: object) -> str:
     return f"{value / 2**30:.2f}" if isinstance(value, int | float) else "?"
 
 
-def run_once(settings: Settings, *, as_json: bool) -> tuple[int, str, str | None]:
+def run_once(settings: ScrapeSettings, *, as_json: bool) -> tuple[int, str, str | None]:
     """Return (exit code, text for stdout, one-line error for stderr or None)."""
     view = asyncio.run(poll_once(settings))
     document = once_document(view.snapshot, view.derived, settings.vllm_url)

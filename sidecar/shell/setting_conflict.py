@@ -33,8 +33,9 @@ class Blame:
 
 
 def find_conflict(values: Mapping[str, object]) -> ConflictError | None:
-    """The first rule between two settings that `values` (every setting, validated one by one) breaks."""
-    pause, resume = values["pause_kv_usage"], values["resume_kv_usage"]
+    """The first rule between two settings that `values` (a model's settings, validated one by one) breaks."""
+    # A model without a rule's settings (`once` has no policy) skips that rule.
+    pause, resume = values.get("pause_kv_usage"), values.get("resume_kv_usage")
     if isinstance(pause, float) and isinstance(resume, float) and resume >= pause:
         flaps = "or admission flaps around one value"
         return ConflictError(
@@ -42,7 +43,7 @@ def find_conflict(values: Mapping[str, object]) -> ConflictError | None:
             values=(resume, pause),
             reasons=(f"must be below {{other}}, {flaps}", f"must be above {{other}}, {flaps}"),
         )
-    timeout, interval = values["timeout"], values["interval"]
+    timeout, interval = values.get("timeout"), values.get("interval")
     if isinstance(timeout, float) and isinstance(interval, float) and timeout >= interval:
         return ConflictError(
             names=("timeout", "interval"),
@@ -52,7 +53,7 @@ def find_conflict(values: Mapping[str, object]) -> ConflictError | None:
                 "must be longer than {other}: one poll must end before the next",
             ),
         )
-    cert, key = values["tls_cert_file"], values["tls_key_file"]
+    cert, key = values.get("tls_cert_file"), values.get("tls_key_file")
     if (cert is None) != (key is None):
         given, missing = ("tls_key_file", "tls_cert_file") if cert is None else ("tls_cert_file", "tls_key_file")
         return ConflictError(
@@ -63,7 +64,7 @@ def find_conflict(values: Mapping[str, object]) -> ConflictError | None:
                 "must be set too: TLS needs both, and {other} is set",
             ),
         )
-    if values["actuator"] == "exec" and values["exec_command"] is None:
+    if values.get("actuator") == "exec" and values.get("exec_command") is None:
         return ConflictError(
             names=("actuator", "exec_command"),
             values=("exec", None),

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sidecar.config.settings_cli import settings_flags  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.sim.settings import SimSettings  # noqa: PLC0415
 
-    settings_flags(SimSettings, parser)
+    settings_flags(SimSettings, parser, shortcuts={"sim_listen": "listen"})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vllm-sidecar: error: {error}", file=sys.stderr)
         return 2
     try:
-        host, port = split_listen(settings.listen)
+        host, port = split_listen(settings.sim_listen)
         config = scenario_config(settings.scenario, **settings.overrides())
     except ValueError as error:
         print(f"vllm-sidecar: error: sim: {error}", file=sys.stderr)
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             return await server.run()
         except OSError as error:
             print(
-                f"vllm-sidecar: error: sim cannot listen on {settings.listen}: {error.strerror or error}",
+                f"vllm-sidecar: error: sim cannot listen on {settings.sim_listen}: {error.strerror or error}",
                 file=sys.stderr,
             )
             return 1

@@ -22,14 +22,16 @@ from sidecar.config.tool_settings import ToolSettings, load_tool_settings
 from sidecar.sim.config import Scenario, SimConfig
 
 # The settings that are not SimConfig overrides.
-OWN = frozenset({"config", "listen", "scenario"})
+OWN = frozenset({"config", "sim_listen", "scenario"})
 
 
 class _SimSettingsBase(ToolSettings):
-    listen: str = Field("127.0.0.1:8000", description="HOST:PORT to serve on")
+    # Not `listen`: that is the daemon's address, and VLLM_SIDECAR_LISTEN set for it must not move the simulator
+    # onto the sidecar's port; --listen is its flag.
+    sim_listen: str = Field("127.0.0.1:8000", description="HOST:PORT to serve on")
     scenario: Scenario = Field(Scenario.HEALTHY, description="failure to reproduce")
 
-    @field_validator("listen")
+    @field_validator("sim_listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         split_listen(value)

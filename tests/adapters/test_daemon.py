@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -330,13 +331,31 @@ def test_once_exits_non_zero_with_one_line_when_vllm_cannot_be_read() -> None:
 
 
 @pytest.mark.parametrize("command", ["run", "once"])
-def test_help_lists_every_setting(command: str) -> None:
-    from sidecar.shell.settings import Settings
+def test_help_lists_every_setting_of_the_command_and_no_other(command: str) -> None:
+    from sidecar.shell.settings import OnceSettings, Settings
 
-    result = _cli(command, "--help")
+    result = _cli(command, "--help", env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
-    for name in Settings.model_fields:
-        assert "--" + name.replace("_", "-") in result.stdout
+    own = (Settings if command == "run" else OnceSettings).model_fields
+    flags = set(re.findall(r"^  (--[a-z0-9-]+)", result.stdout, re.MULTILINE))
+    assert flags == {"--" + name.replace("_", "-") for name in own}
+    assert len(result.stdout.splitlines()) <= 100  # two screens of a 80x50 terminal
+
+
+def test_one_config_file_serves_every_command(tmp_path: Path, vllm: LoopbackServer) -> None:
+    """The daemon's file (listen, actuator...) read by `once` and `doctor`: each takes its own keys and leaves the
+    daemon's; a key no command has is still refused, with the nearest key of any command suggested."""
+    toml = tmp_path / "config.toml"
+    toml.write_text(f'vllm-url = "{vllm.url}"\nlisten = "127.0.0.1:1"\nactuator = "exec"\ngpu-source = "none"\n')
+    once = _cli("once", "--json", "--config", str(toml))
+    assert once.returncode == 0, once.stderr
+    assert json.loads(once.stdout)["vllm"]["url"] == vllm.url
+    doctor = _cli("doctor", "--json", "--config", str(toml))
+    assert doctor.returncode != 2, doctor.stderr
+    toml.write_text('listn = "127.0.0.1:1"\n')
+    refused = _cli("once", "--config", str(toml))
+    assert refused.returncode == 2
+    assert f"unknown setting 'listn' in config file {toml}; did you mean 'listen'?" in refused.stderr
 
 
 def test_version() -> None:

@@ -311,13 +311,12 @@ def test_dry_run_takes_every_form_its_help_shows(
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    argv = ["once", *flags]
+    argv = ["run", *flags]
     if file is not None:
         (tmp_path / "c.yaml").write_text(file)
         argv += ["--config", str(tmp_path / "c.yaml")]
     arguments = vars(build_parser().parse_args(argv))
     arguments.pop("command")
-    arguments.pop("json")
     assert load_settings(arguments).dry_run is expected
 
 
@@ -325,9 +324,8 @@ def test_the_help_shows_the_forms_dry_run_takes(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--dry-run [BOOL]" in text
-    assert "(default: False) [env: VLLM_SIDECAR_DRY_RUN]; --dry-run alone means true; " in text
-    assert "--dry-run=true|false, 1|0, yes|no, on|off" in text
+    assert "--dry-run [BOOL] act on nothing, only report (default off)" in text
+    assert "A boolean alone means true, or takes true|false, 1|0, yes|no, on|off." in text
 
 
 @pytest.mark.parametrize(

@@ -64,22 +64,23 @@ def test_demo_and_doctor_layer_the_same_way(monkeypatch: pytest.MonkeyPatch, tmp
     demo = load_tool_settings(DemoSettings, _parse(demo_arguments, ["--scenario", "burst"]))
     assert (demo.scenario, demo.interval, demo.keep_running, demo.vllm_version) == ("burst", 2.0, True, "0.32")
     config = tmp_path / "doctor.toml"
-    config.write_text('fail-on = "warning"\ntimeout = 20\n')
+    config.write_text('fail-on = "warning"\nrequest-timeout = 20\n')
     monkeypatch.setenv("VLLM_SIDECAR_CONFIG", str(config))
-    monkeypatch.setenv("VLLM_SIDECAR_TIMEOUT", "30")
+    monkeypatch.setenv("VLLM_SIDECAR_REQUEST_TIMEOUT", "30")
+    monkeypatch.setenv("VLLM_SIDECAR_TIMEOUT", "1")  # run's --timeout, shorter than its interval: not the doctor's
     doctor = load_tool_settings(DoctorSettings, _parse(doctor_arguments, []))
-    assert (doctor.fail_on, doctor.timeout, doctor.gpu_source) == ("warning", 30.0, "nvml")
+    assert (doctor.fail_on, doctor.request_timeout, doctor.gpu_source) == ("warning", 30.0, "nvml")
     doctor = load_tool_settings(DoctorSettings, _parse(doctor_arguments, ["--timeout", "5"]))
-    assert doctor.timeout == 5.0
+    assert doctor.request_timeout == 5.0
 
 
 @pytest.mark.parametrize(
     ("add", "flag", "shown"),
     [
-        (loadtest_arguments, "--timeout", "per request, in seconds (default: 120.0)"),
-        (loadtest_arguments, "--url", "(default: http://127.0.0.1:8000)"),
-        (demo_arguments, "--interval", "the sidecar's poll interval, seconds (default: 1.0)"),
-        (doctor_arguments, "--fail-on", "(info: any finding) (default: info)"),
+        (loadtest_arguments, "--timeout", "per request, in seconds (default 120)"),
+        (loadtest_arguments, "--url", "(default http://127.0.0.1:8000)"),
+        (demo_arguments, "--interval", "the sidecar's poll interval, seconds (default 1)"),
+        (doctor_arguments, "--fail-on", "(info: any finding) (default info)"),
     ],
 )
 def test_the_help_shows_the_models_default(

@@ -223,7 +223,10 @@ def test_fail_on_and_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert "--gpus must be 'all' or a list" in err
     code, _, err = _doctor(capsys, "--vllm-url", nothing, "--timeout", "0")
     assert code == 2
-    assert "--timeout must be in (0, 300]" in err
+    assert (
+        "invalid setting request_timeout='0': Input should be greater than 0; allowed: seconds, > 0 and <= 300" in err
+    )
+    assert err.rstrip().endswith("(flag --timeout)")
 
 
 def test_no_nvml_still_diagnoses_and_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_nothing_given_is_the_healthy_preset_on_the_default_address() -> None:
     settings = load_sim_settings({})
-    assert (settings.listen, settings.scenario, settings.overrides()) == ("127.0.0.1:8000", Scenario.HEALTHY, {})
+    assert (settings.sim_listen, settings.scenario, settings.overrides()) == ("127.0.0.1:8000", Scenario.HEALTHY, {})
 
 
 def test_flag_beats_environment_beats_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_the_command_stops_with_one_line_and_exit_2(capsys: pytest.CaptureFixtur
     assert main(["sim", "--listen", "nohost"]) == EXIT_USAGE
     assert (
         capsys.readouterr().err
-        == "vllm-sidecar: error: invalid setting listen='nohost': not HOST:PORT (flag --listen)\n"
+        == "vllm-sidecar: error: invalid setting sim_listen='nohost': not HOST:PORT (flag --listen)\n"
     )
     assert main(["sim", "--vllm-version", "0.6", "--data-parallel", "2"]) == EXIT_USAGE  # SimConfig's own rule
     assert "no data parallelism" in capsys.readouterr().err

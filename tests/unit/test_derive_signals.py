@@ -139,5 +139,5 @@ def test_used_blocks_follow_the_version_of_the_reading(version: str | None, sche
 
 
 def test_the_short_horizon_needs_at_least_one_poll_interval() -> None:
-    with pytest.raises(ValueError, match="short_horizon_polls must be at least 1"):
+    with pytest.raises(ValueError, match="short_horizon_polls must be >= 1"):
         DeriveSettings(short_horizon_polls=0)

@@ -1,6 +1,6 @@
 """pydantic-settings' CLI as every command declares it (`sidecar.config.settings_cli`): the library's flags with the
-three tunings (a bare boolean, an enum's values, what a setting accepts in its help) and command-line-only
-shortcuts, read back as the model's top source."""
+tunings (a bare boolean, an enum's values, a placeholder by unit, a default as a user writes it) and
+command-line-only shortcuts, read back as the model's top source."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Toy(BaseSettings):
     loud: bool = Field(False, description="say it")
     colour: Colour = Field(Colour.BLUE, description="which")
     tint: Colour | None = Field(None, description="over it")
-    request_timeout: float = Field(5.0, description="seconds", json_schema_extra={"allowed": "seconds > 0, 100 %"})
+    request_timeout: float = Field(5.0, gt=0, description="all of it, 100 %", json_schema_extra={"unit": "seconds"})
 
 
 class _RefusedError(Exception):
@@ -74,12 +74,12 @@ def test_only_the_flags_given_are_in_the_namespace() -> None:
 
 def test_the_help_lists_values_defaults_forms_and_what_is_accepted() -> None:
     text = " ".join(_parser().format_help().split())
-    assert "--colour {deep-red,blue}" in text
-    assert "which (default: blue) [env: TOY_SETTINGS_CLI_COLOUR]" in text
-    assert "--loud [BOOL]" in text
-    assert "--loud alone means true; --loud=true|false, 1|0, yes|no, on|off" in text
-    assert "--request-timeout float, --timeout float" in text
-    assert "seconds (seconds > 0, 100 %) (default: 5.0)" in text
+    assert "usage: toy [OPTION ...]" in text  # the options are listed once, below
+    assert "--colour {deep-red,blue} which (default blue)" in text
+    assert "--loud [BOOL] say it (default off)" in text
+    assert "A boolean alone means true, or takes true|false, 1|0, yes|no, on|off." in text
+    assert "--request-timeout SECONDS, --timeout SECONDS all of it, 100 % (default 5)" in text
+    assert "--tint {deep-red,blue} over it" in text  # unset by default: nothing to show
 
 
 def test_a_flag_outranks_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
