@@ -116,8 +116,16 @@ def _notes(evidence: Evidence, setup: Setup) -> list[str]:
     log = evidence.log
     if log is not None:
         notes.append(
-            f"log {evidence.log_path}: {log.lines_read:,} lines of the last start, {log.lines_recognised} recognised"
+            f"log {evidence.log_path}: {log.lines_read:,} lines of the "
+            + ("start before the last, which failed" if log.later_start_unfinished else "last start")
+            + f", {log.lines_recognised} recognised"
             + (f", vLLM {log.version}" if log.version else "")
+            + (
+                " (the log ends while a later start is still starting: a supervisor restarting vLLM, likely into "
+                "the same failure)"
+                if log.later_start_unfinished
+                else ""
+            )
         )
     else:
         notes.append(

@@ -16,8 +16,9 @@ from dataclasses import replace
 from sidecar.doctor.log_records import Record, join_lines, loose, records
 from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, SchedulerStats, ServerArgs
 from sidecar.doctor.oom_log import find_oom
-from sidecar.doctor.phase import oom_phase
+from sidecar.doctor.phase import SERVING_SIGNS, oom_phase
 
+_SERVING = re.compile(SERVING_SIGNS)
 _NUM = r"(-?[\d.]+)"
 _INT = r"([\d,]+)"
 _ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
@@ -135,8 +136,22 @@ def parse_log(text: str) -> LogFacts:
 
 
 def parse_records(log: list[Record]) -> LogFacts:
-    """The facts of the last start in `log`; `lines_read` counts its records."""
-    log = log[_last_start([record.text for record in log]) :]
+    """The facts of the last start in `log`; `lines_read` counts its records. When the log ends while that start
+    is still starting (no failure and no sign of serving: a supervisor restarting vLLM in a loop, the log cut
+    as the next attempt begins), the start before it, which did fail, is read instead, and says so."""
+    starts = _starts([record.text for record in log])
+    last = _facts(log[starts[-1] :])
+    if len(starts) < 2 or _failed(last) or any(_SERVING.search(record.text) for record in log[starts[-1] :]):
+        return last
+    before = _facts(log[starts[-2] : starts[-1]])
+    return replace(before, later_start_unfinished=True) if _failed(before) else last
+
+
+def _failed(facts: LogFacts) -> bool:
+    return facts.refusal is not None or facts.oom is not None or facts.engine_dead
+
+
+def _facts(log: list[Record]) -> LogFacts:
     facts: Facts = {}
     recognised = 0
     for record in log:
@@ -177,13 +192,13 @@ def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bo
         return False
 
 
-def _last_start(lines: list[str]) -> int:
-    """Index of the first line of the last start: its args line, else its engine config line."""
+def _starts(lines: list[str]) -> list[int]:
+    """Where each start begins: 0, then each args line (else each engine config line) after the first line."""
     for pattern in (_ARGS_NON_DEFAULT, _ARGS_NAMESPACE, _ENGINE_CONFIG):
-        for index in range(len(lines) - 1, -1, -1):
-            if pattern.search(lines[index]):
-                return index
-    return 0
+        found = [index for index, line in enumerate(lines) if pattern.search(line)]
+        if found:
+            return [0, *(index for index in found if index > 0)]
+    return [0]
 
 
 def _number(text: str) -> float:

@@ -185,3 +185,5 @@ class LogFacts:
     pipeline_parallel_size: int | None = None
     ranks_seen: int | None = None  # the highest rank a prefix names + 1: at least this many GPUs serve the model
     max_capture_size: int | None = None  # the largest of them as the config line states it
+    # The log ends while a later start was still starting; these are the facts of the start before it, which failed.
+    later_start_unfinished: bool = False

@@ -22,6 +22,11 @@ from sidecar.doctor.log_records import Record
 from sidecar.doctor.logfacts import OomPhase
 
 _FRAME = re.compile(r'File "([^"]*)", line \d+, in ([\w<>.]+)')
+# Lines a start prints once it serves (or has finished starting).
+SERVING_SIGNS = (
+    r"Application startup complete|Uvicorn running|Started server process|Avg prompt throughput"
+    r"|Running: \d+ reqs|Received request|POST /v1/|init engine \(profile, create kv cache, warmup model\) took"
+)
 # Most specific first. Each entry: the phase, then function names (exact) and path fragments.
 _FRAME_PHASES: tuple[tuple[OomPhase, frozenset[str], tuple[str, ...]], ...] = (
     (OomPhase.WAKE_UP, frozenset({"wake_up"}), ("device_allocator/cumem",)),
@@ -100,10 +105,7 @@ _PROGRESS: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
     ),
     (
         OomPhase.SERVING,
-        re.compile(
-            r"Application startup complete|Uvicorn running|Started server process|Avg prompt throughput"
-            r"|Running: \d+ reqs|Received request|POST /v1/|init engine \(profile, create kv cache, warmup model\) took"
-        ),
+        re.compile(SERVING_SIGNS),
     ),
 )
 _CODE_LINE = re.compile(r"^\s{2,}(?!File \")\S")

@@ -122,8 +122,15 @@ def raise_budget(
     `current` is today's budget when the log states it (None: not stated, the value is vLLM's default or more)."""
     ceiling = ledger.ceiling
     total = ledger.total
-    wanted = DEFAULT_UTILIZATION
-    arithmetic = f"vLLM's default {DEFAULT_UTILIZATION:g} (the log does not say what the budget must hold)"
+    # Without the sizes, one step of the KV margin above today's budget (vLLM's default where the log does not
+    # say it): recommending the default itself would repeat the likeliest configuration that just failed.
+    base = current if current is not None else DEFAULT_UTILIZATION
+    wanted = max(DEFAULT_UTILIZATION, base + KV_MARGIN_RATIO)
+    arithmetic = (
+        f"the log does not say what the budget must hold; one step of {KV_MARGIN_RATIO:.0%} of the card above "
+        + (f"today's {current:g}" if current is not None else f"vLLM's default {DEFAULT_UTILIZATION:g}")
+        + f" = {wanted:.2f}"
+    )
     if needed_bytes is not None and total is not None and total.value_bytes > 0:
         wanted = needed_bytes / total.value_bytes + KV_MARGIN_RATIO
         arithmetic = (
@@ -138,7 +145,8 @@ def raise_budget(
     today = (
         f"today {current:g} ({ledger.utilization_source})"
         if current is not None
-        else "today's value is not in the log: if it is already this high, this is not the way out"
+        else f"today's value is not in the log: below {DEFAULT_UTILIZATION:g}, {DEFAULT_UTILIZATION:g} first; if it is "
+        "already this high, this is not the way out"
     )
     return Recommendation(
         flag="--gpu-memory-utilization",

@@ -134,9 +134,11 @@ def test_a_negative_v1_kv_budget_without_the_card_raises_the_budget_and_says_wha
     diagnosis = diagnose(evidence(live_evidence=DOWN, log_facts=facts))
     finding = diagnosis.findings[0]
     # Neither the card nor the budget is in these lines: a larger budget is the one direction that cannot hurt
-    # (vLLM's own advice), and no tensor parallelism is guessed.
+    # (vLLM's own advice), one step above vLLM's default (recommending the default would repeat the likeliest
+    # configuration that failed), 0.9 first for a budget below it; and no tensor parallelism is guessed.
     assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
-    assert _flags(finding) == [("--gpu-memory-utilization", 0.9)]
+    assert _flags(finding) == [("--gpu-memory-utilization", 0.95)]
+    assert "below 0.9, 0.9 first" in finding.recommendations[0].why
     assert any("KV cache -2.16 GiB" in line for line in finding.evidence), finding.evidence
     assert any("whether the weights fit is not decided" in line for line in finding.evidence)
 

@@ -3,12 +3,14 @@ strings of every release line (reference: vllm-metrics.md section 8), and the si
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import OomPhase, RefusalKind
+from sidecar.doctor.phase import SERVING_SIGNS
 from sidecar.sim.config import GIB, MIB, SimConfig, VllmVersion
 from sidecar.sim.logs import death_lines, preamble_lines, refusal_lines, refusal_message
 from sidecar.sim.memory import OutOfMemory
@@ -259,6 +261,24 @@ def test_only_the_last_start_counts() -> None:
     started = (LOGS / "vllm-0.32-cpu-started.log").read_text()
     assert parse_log(refused + "\n" + started).refusal is None
     assert parse_log(started + "\n" + refused).refusal is not None
+
+
+def test_a_start_cut_short_by_the_end_of_the_log_defers_to_the_failed_one_before_it() -> None:
+    """A supervisor restarting vLLM in a loop: the log ends as the next attempt begins, before it fails or
+    serves. That attempt says nothing yet; the one before it failed, and is read (saying so)."""
+    refused = (LOGS / "vllm-0.32-cpu-refused.log").read_text()
+    started = (LOGS / "vllm-0.32-cpu-started.log").read_text().splitlines()
+    args_at = next(index for index, line in enumerate(started) if "non-default args" in line)
+    beginning = "\n".join(started[: args_at + 3])
+    assert not re.search(SERVING_SIGNS, beginning)
+    facts = parse_log(refused + "\n" + beginning)
+    assert facts.refusal is not None
+    assert facts.later_start_unfinished
+    served = parse_log(refused + "\n" + "\n".join(started))  # the later start served: it is the one that counts
+    assert (served.refusal, served.later_start_unfinished) == (None, False)
+    twice = parse_log(refused + "\n" + refused)  # the later start failed too: its own failure is read
+    assert twice.refusal is not None
+    assert not twice.later_start_unfinished
 
 
 def test_namespace_arguments_of_old_releases() -> None:
