@@ -10,8 +10,9 @@ every other unit and verb, and a sidecar pointed at another unit is refused; the
 restart of vLLM; a vLLM that exits 0 (as vLLM does when its engine dies) is started again by systemd
 (Restart=always) and left to it by the sidecar, while `systemctl stop` holds against both; the sidecar survives
 vLLM's stops and restarts; a frozen sidecar is killed by the watchdog (WatchdogSec=3s in a drop-in, for speed)
-and restarted. The root file system comes from .ci/build-rootfs.sh (VLLM_SIDECAR_ROOTFS); without it these tests
-are skipped, except in CI (CI=true), where that is a failure.
+and restarted; the README's uninstall removes every trace of the sidecar and leaves vLLM running. The root file
+system comes from .ci/build-rootfs.sh (VLLM_SIDECAR_ROOTFS); without it these tests are skipped, except in CI
+(CI=true), where that is a failure.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .systemd_install import (
     PROBE_PATH,
     PROBE_UNIT,
     SIDECAR_UNIT,
+    UNINSTALL_STEPS,
     VENV,
     VLLM_UNIT,
     Installed,
@@ -56,6 +58,7 @@ from .systemd_install import (
 
 ROOTFS_ENV = "VLLM_SIDECAR_ROOTFS"
 SIDECAR_USER = "vllm-sidecar"
+STATE_DIR = "/var/lib/vllm-sidecar"  # the unit's StateDirectory=, made by systemd rather than by an install step
 CLD_EXITED = 1  # ExecMainCode of a main process that exited (rather than was killed by a signal)
 MAX_EXPOSURE = 2.0  # systemd-analyze security: 1.8 when written; a change that loosens the sandbox must say so
 TEST_WATCHDOG_S = 3  # the drop-in's WatchdogSec (the shipped 30 s would make the test wait 15-30 s)
@@ -468,6 +471,22 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
         container.run("systemctl", "restart", SIDECAR_UNIT)
 
 
+def test_the_uninstall_steps_leave_no_trace_of_the_sidecar(deployment: Deployment) -> None:
+    """deploy/systemd/README.md's uninstall, run as written. Last of the container tests: it removes the sidecar."""
+    container = deployment.container
+    container.run("sh", "-euc", UNINSTALL_STEPS)
+    assert container.unit_property(SIDECAR_UNIT, "LoadState") == "not-found"
+    left = [
+        path
+        for path in [*_installed_paths(), STATE_DIR]
+        if container.run("test", "-e", path, check=False).returncode == 0
+    ]
+    assert left == []
+    for database in ("passwd", "group"):
+        assert container.run("getent", database, SIDECAR_USER, check=False).returncode == 2, database
+    assert deployment.active(VLLM_UNIT)  # vLLM's unit is the operator's, and left alone
+
+
 # --- the files themselves, no container ---------------------------------------------------------------------
 
 
@@ -480,6 +499,19 @@ def test_readme_installs_what_the_test_installs() -> None:
             assert f"systemctl enable --now {SIDECAR_UNIT}" in readme
         else:
             assert step in readme, step
+
+
+def test_readme_uninstalls_what_the_install_put() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    uninstall = readme.split("## Uninstall", 1)[1].split("\n## ", 1)[0]
+    steps = [line.strip() for line in UNINSTALL_STEPS.splitlines() if line.strip()]
+    assert all(step in uninstall.splitlines() for step in steps), uninstall
+    removed = [word for step in steps if step.startswith("rm ") for word in step.split()[2:]]
+    kept = [
+        path for path in _installed_paths() if not any(path == gone or path.startswith(gone + "/") for gone in removed)
+    ]
+    assert kept == []
+    assert STATE_DIR in removed
 
 
 def test_the_three_places_that_name_the_vllm_unit_agree() -> None:
@@ -553,6 +585,16 @@ def _status_code(deployment: Deployment, path: str) -> int | None:
         return deployment.get(path).status_code
     except httpx.HTTPError:
         return None
+
+
+def _installed_paths() -> list[str]:
+    """Every path the README's install steps create: each `install` destination and the virtual environment."""
+    paths = []
+    for line in (INSTALL_STEPS + ALLOCATOR_PROBE_STEPS).splitlines():
+        words = line.split()
+        if words[:1] == ["install"] or words[:3] == ["python3", "-m", "venv"]:
+            paths.append(words[-1])
+    return paths
 
 
 def _stays(predicate: Callable[[], bool], duration_s: float, what: str) -> None:
