@@ -1,7 +1,8 @@
 """Efficacy: the simulator's failure scenarios under a fixed load, with the sidecar off and on, side by side.
 
-Does I/O: runs the simulator under a supervisor thread that stands in for systemd (Restart=on-failure with
-RestartSec=10s, as deploy/systemd/vllm.service.example; a planned restart starts the next process at once),
+Does I/O: runs the simulator under a supervisor thread that stands in for systemd (a crash, the simulator's
+exit 1, started again after RestartSec=10s, as deploy/systemd/vllm.service.example; a planned restart, its exit 0
+on SIGTERM, starts the next process at once),
 the load tester (`vllm-sidecar loadtest`, open loop, the same seeded arrivals in every run) and, when on, the
 daemon acting through the exec adapter (`python -m bench.restart_sim`, which restarts the supervised
 simulator). A watcher polls the simulator's /health and /metrics to measure downtime: seconds with /health

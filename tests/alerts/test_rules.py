@@ -16,7 +16,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 RULES = ALERTS / "vllm-sidecar.rules.yml"
-TESTS = ALERTS / "tests.yml"
+TESTS = ALERTS / "tests" / "vllm-sidecar.rules.test.yml"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"  # the metric table the README links to
 RUNBOOK_PREFIX = "https://github.com/vllm-sidecar/vllm-sidecar/blob/main/docs/runbooks.md#"
@@ -57,6 +57,15 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules() -> None:
     result = _run(_promtool(), "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_users_glob_loads_only_rule_files() -> None:
+    """`promtool check rules alerts/*.yml` and Prometheus' `rule_files: [alerts/*.yml]` load every file the glob
+    matches: a template or a promtool test file there fails them. Run through the shell, as a user types it."""
+    assert sorted(ALERTS.glob("*.yml")) == [RULES]
+    result = _run("sh", "-c", '"$0" check rules alerts/*.yml', _promtool())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
 
 
 def test_promtool_unit_tests() -> None:
@@ -111,7 +120,7 @@ def test_sidecar_metric_names_exist_in_the_metrics_doc() -> None:
 
 def test_every_alert_has_a_firing_and_a_silent_test() -> None:
     doc = yaml.safe_load(TESTS.read_text(encoding="utf-8"))
-    assert doc["rule_files"] == [RULES.name]
+    assert [(TESTS.parent / name).resolve() for name in doc["rule_files"]] == [RULES]
     firing: set[str] = set()
     silent: set[str] = set()
     for case in doc["tests"]:

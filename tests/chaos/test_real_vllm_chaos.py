@@ -96,8 +96,9 @@ def real_vllm(user_systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactor
     vllm = RealVllm(
         user_systemd, f"chaosvllm-{uuid.uuid4().hex[:8]}.service", f"http://127.0.0.1:{port}", workdir / "v.log"
     )
-    # Restart=on-failure, as deploy/systemd/vllm.service.example: systemd restarts a vLLM that fails, but not one
-    # that exits 0, as vLLM 0.32's API server does after its EngineCore died.
+    # Restart=on-failure, as many vLLM units have (deploy/systemd/vllm.service.example has Restart=always):
+    # systemd restarts a vLLM that fails, but not one that exits 0, as vLLM 0.32's API server does after its
+    # EngineCore died. That is the case the sidecar must restart itself.
     unit = vllm_unit(python, model, port, workdir, vllm.log, "Restart=on-failure")
     user_systemd.write_unit(vllm.unit, unit)
     user_systemd.call("StartUnit", "ss", vllm.unit, "replace")

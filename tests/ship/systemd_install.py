@@ -73,6 +73,17 @@ sed -i 's|^# probe-dir = |probe-dir = |' /etc/vllm-sidecar/config.toml
 """
 PROBE_DIR = "/run/vllm-probe"
 
+# deploy/systemd/README.md's uninstall steps, as written there (test_readme_uninstalls_what_the_install_put).
+UNINSTALL_STEPS = """
+systemctl disable --now vllm-sidecar.service
+rm -rf /etc/systemd/system/vllm-sidecar.service /etc/systemd/system/vllm-sidecar.service.d
+systemctl daemon-reload
+rm -f /etc/polkit-1/rules.d/50-vllm-sidecar.rules
+rm -rf /etc/vllm-sidecar /var/lib/vllm-sidecar /opt/vllm-sidecar
+rm -f /usr/lib/sysusers.d/vllm-sidecar.conf
+userdel vllm-sidecar
+"""
+
 # vllm.service.example's user, and folders for the sandbox probe to try.
 TEST_SETUP = f"""
 install -d -m 0755 /etc/sysusers.d

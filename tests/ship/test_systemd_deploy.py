@@ -7,9 +7,12 @@ daemon's READY=1; the sandbox refuses what it should and lets through what the d
 /admin/restart restarts vllm.service through polkit (the caller is not root), while the same user is refused
 every other unit and verb, and a sidecar pointed at another unit is refused; the allocator probe's folder
 (vllm.service's RuntimeDirectory=, the sidecar's drop-in) is read and cleaned by the sandboxed sidecar, across a
-restart of vLLM; the sidecar survives vLLM's stops and restarts; a frozen sidecar is killed by the watchdog
-(WatchdogSec=3s in a drop-in, for speed) and restarted. The root file system comes from .ci/build-rootfs.sh
-(VLLM_SIDECAR_ROOTFS); without it these tests are skipped, except in CI (CI=true), where that is a failure.
+restart of vLLM; a vLLM that exits 0 (as vLLM does when its engine dies) is started again by systemd
+(Restart=always) and left to it by the sidecar, while `systemctl stop` holds against both; the sidecar survives
+vLLM's stops and restarts; a frozen sidecar is killed by the watchdog (WatchdogSec=3s in a drop-in, for speed)
+and restarted; the README's uninstall removes every trace of the sidecar and leaves vLLM running. The root file
+system comes from .ci/build-rootfs.sh (VLLM_SIDECAR_ROOTFS); without it these tests are skipped, except in CI
+(CI=true), where that is a failure.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sidecar.policy.settings import PolicySettings
 from tests.conftest import required_in_ci
 from tests.loopback import closed_port
 
@@ -45,6 +49,7 @@ from .systemd_install import (
     PROBE_PATH,
     PROBE_UNIT,
     SIDECAR_UNIT,
+    UNINSTALL_STEPS,
     VENV,
     VLLM_UNIT,
     Installed,
@@ -53,6 +58,8 @@ from .systemd_install import (
 
 ROOTFS_ENV = "VLLM_SIDECAR_ROOTFS"
 SIDECAR_USER = "vllm-sidecar"
+STATE_DIR = "/var/lib/vllm-sidecar"  # the unit's StateDirectory=, made by systemd rather than by an install step
+CLD_EXITED = 1  # ExecMainCode of a main process that exited (rather than was killed by a signal)
 MAX_EXPOSURE = 2.0  # systemd-analyze security: 1.8 when written; a change that loosens the sandbox must say so
 TEST_WATCHDOG_S = 3  # the drop-in's WatchdogSec (the shipped 30 s would make the test wait 15-30 s)
 BUSCTL_MANAGER = ("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1")
@@ -376,12 +383,45 @@ def _probe_source(deployment: Deployment) -> tuple[object, object] | None:
         return None
 
 
-def test_stopping_vllm_leaves_the_sidecar_running(deployment: Deployment) -> None:
+def test_a_vllm_that_exits_0_is_started_again_by_systemd(deployment: Deployment) -> None:
+    """vLLM's API server exits 0 when its engine core dies. The example's Restart=always starts it again after
+    RestartSec (on-failure would leave it stopped); the sidecar sees systemd's pending auto-restart, leaves it to
+    systemd (no restart of its own) and reports vLLM back."""
+    container = deployment.container
+    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+    old_pid = container.main_pid(VLLM_UNIT)
+    restarts = container.service_property(VLLM_UNIT, "NRestarts")
+    assert isinstance(restarts, int)
+    outcomes = len(_restart_outcomes(deployment))
+    actions = len(_actions(deployment))
+    # SIGTERM from outside systemd, no stop job: the simulator shuts down and exits 0 by itself, which is all
+    # systemd sees of vLLM's exit after EngineDeadError.
+    container.run("sh", "-c", 'kill -TERM "$0"', str(old_pid))  # the shell's kill: the rootfs has no procps
+    _wait(lambda: container.unit_property(VLLM_UNIT, "SubState") == "auto-restart", 10, "a scheduled restart")
+    ended = {name: container.service_property(VLLM_UNIT, name) for name in ("ExecMainCode", "ExecMainStatus", "Result")}
+    assert ended == {"ExecMainCode": CLD_EXITED, "ExecMainStatus": 0, "Result": "success"}
+    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), _restart_s(deployment) + 15, "a new vLLM")
+    assert container.service_property(VLLM_UNIT, "NRestarts") == restarts + 1
+    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    _wait(lambda: len(_actions(deployment)) > actions, 15, "the sidecar to report vLLM back")
+    said = [(event["action"], str(event["reason"])) for event in _actions(deployment)[actions:]]
+    assert [action for action, _ in said] == ["notify_vllm_recovered"], said
+    assert said[0][1].endswith("and it came back without a restart by the sidecar"), said
+    assert len(_restart_outcomes(deployment)) == outcomes
+
+
+def test_stopping_vllm_holds_and_leaves_the_sidecar_running(deployment: Deployment) -> None:
+    """Restart=always restarts no unit stopped by a stop job, and the sidecar reads the stop as its operator's:
+    vLLM stays stopped past the example's RestartSec and --down-unsupervised-after (both 10 s)."""
     container = deployment.container
     sidecar_pid = container.main_pid(SIDECAR_UNIT)
+    restarts = container.service_property(VLLM_UNIT, "NRestarts")
+    outcomes = len(_restart_outcomes(deployment))
     container.run("systemctl", "stop", VLLM_UNIT)
     try:
-        assert container.unit_property(VLLM_UNIT, "ActiveState") == "inactive"
+        stopped = ("inactive", "dead", restarts, outcomes)
+        held_s = max(_restart_s(deployment), PolicySettings().down_unsupervised_after_s) + 3
+        _stays(lambda: _vllm_stopped(deployment) == stopped, held_s, "vLLM to stay stopped")
         assert deployment.active(SIDECAR_UNIT)
         assert container.main_pid(SIDECAR_UNIT) == sidecar_pid
     finally:
@@ -431,6 +471,22 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
         container.run("systemctl", "restart", SIDECAR_UNIT)
 
 
+def test_the_uninstall_steps_leave_no_trace_of_the_sidecar(deployment: Deployment) -> None:
+    """deploy/systemd/README.md's uninstall, run as written. Last of the container tests: it removes the sidecar."""
+    container = deployment.container
+    container.run("sh", "-euc", UNINSTALL_STEPS)
+    assert container.unit_property(SIDECAR_UNIT, "LoadState") == "not-found"
+    left = [
+        path
+        for path in [*_installed_paths(), STATE_DIR]
+        if container.run("test", "-e", path, check=False).returncode == 0
+    ]
+    assert left == []
+    for database in ("passwd", "group"):
+        assert container.run("getent", database, SIDECAR_USER, check=False).returncode == 2, database
+    assert deployment.active(VLLM_UNIT)  # vLLM's unit is the operator's, and left alone
+
+
 # --- the files themselves, no container ---------------------------------------------------------------------
 
 
@@ -443,6 +499,19 @@ def test_readme_installs_what_the_test_installs() -> None:
             assert f"systemctl enable --now {SIDECAR_UNIT}" in readme
         else:
             assert step in readme, step
+
+
+def test_readme_uninstalls_what_the_install_put() -> None:
+    readme = (DEPLOY / "README.md").read_text()
+    uninstall = readme.split("## Uninstall", 1)[1].split("\n## ", 1)[0]
+    steps = [line.strip() for line in UNINSTALL_STEPS.splitlines() if line.strip()]
+    assert all(step in uninstall.splitlines() for step in steps), uninstall
+    removed = [word for step in steps if step.startswith("rm ") for word in step.split()[2:]]
+    kept = [
+        path for path in _installed_paths() if not any(path == gone or path.startswith(gone + "/") for gone in removed)
+    ]
+    assert kept == []
+    assert STATE_DIR in removed
 
 
 def test_the_three_places_that_name_the_vllm_unit_agree() -> None:
@@ -495,7 +564,9 @@ def test_the_vllm_example_lets_the_drain_finish_before_systemd_kills() -> None:
     assert shutdown_timeout_s > 0
     assert settings["TimeoutStopSec"].endswith("s")
     assert int(settings["TimeoutStopSec"].removesuffix("s")) >= shutdown_timeout_s + 10
-    assert (settings["KillSignal"], settings["KillMode"], settings["Restart"]) == ("SIGTERM", "mixed", "on-failure")
+    assert (settings["KillSignal"], settings["KillMode"]) == ("SIGTERM", "mixed")
+    # vLLM exits 0 when its engine core dies: on-failure would leave it stopped (booted: the test above)
+    assert (settings["Restart"], settings["RestartSec"]) == ("always", "10s")
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
@@ -516,6 +587,41 @@ def _status_code(deployment: Deployment, path: str) -> int | None:
         return None
 
 
+def _installed_paths() -> list[str]:
+    """Every path the README's install steps create: each `install` destination and the virtual environment."""
+    paths = []
+    for line in (INSTALL_STEPS + ALLOCATOR_PROBE_STEPS).splitlines():
+        words = line.split()
+        if words[:1] == ["install"] or words[:3] == ["python3", "-m", "venv"]:
+            paths.append(words[-1])
+    return paths
+
+
+def _stays(predicate: Callable[[], bool], duration_s: float, what: str) -> None:
+    deadline = time.monotonic() + duration_s
+    while time.monotonic() < deadline:
+        assert predicate(), f"{what}: changed after {duration_s - (deadline - time.monotonic()):.1f} s"
+        time.sleep(0.2)
+
+
+def _restart_s(deployment: Deployment) -> float:
+    """vllm.service's RestartSec, as systemd read it from the example."""
+    restart_usec = deployment.container.service_property(VLLM_UNIT, "RestartUSec")
+    assert isinstance(restart_usec, int)
+    return restart_usec / 1e6
+
+
+def _vllm_stopped(deployment: Deployment) -> tuple[object, ...]:
+    """vllm.service's state, systemd's restarts of it, and the sidecar's restart outcomes so far."""
+    container = deployment.container
+    return (
+        container.unit_property(VLLM_UNIT, "ActiveState"),
+        container.unit_property(VLLM_UNIT, "SubState"),
+        container.service_property(VLLM_UNIT, "NRestarts"),
+        len(_restart_outcomes(deployment)),
+    )
+
+
 def _policy_state(deployment: Deployment) -> object:
     try:
         return deployment.get("/status").json()["policy"]["state"]
@@ -526,6 +632,11 @@ def _policy_state(deployment: Deployment) -> object:
 def _restart_outcomes(deployment: Deployment) -> list[dict[str, object]]:
     """What the sidecar's systemd adapter reported, every restart since the container booted."""
     return [event for event in deployment.sidecar_events() if event["event"] == "restart_outcome"]
+
+
+def _actions(deployment: Deployment) -> list[dict[str, object]]:
+    """The policy's actions the sidecar logged (notifications included), since the container booted."""
+    return [event for event in deployment.sidecar_events() if event["event"] == "action"]
 
 
 def _proc_status(container: Container, pid: int) -> dict[str, str]:
