@@ -248,6 +248,7 @@ class Daemon:
         self._vllm_fetcher = build_vllm_fetcher(settings, self._client)
         self._gpu = build_gpu_source(settings, self._vllm_fetcher)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
+        self._start_check = parts.start_check
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
         self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
@@ -313,6 +314,20 @@ class Daemon:
         self._stop = asyncio.Event()
         self._current_tick: asyncio.Task[None] | None = None
         self._on_time: OnTime | None = None
+
+    async def check_start(self) -> None:
+        """Ask the platform what only it can answer before the daemon starts (does systemd know the unit?): on a
+        `SettingsError` what the constructor opened is closed and the error goes on to the command line (exit 2);
+        what could not be checked is logged once."""
+        if self._start_check is None:
+            return
+        try:
+            unknown = await self._start_check()
+        except SettingsError:
+            await self._close()
+            raise
+        if unknown is not None:
+            self._log.info("restart_right_unknown", actuator=self._settings.actuator, detail=unknown)
 
     def acting_view(self) -> ActingView:
         """Acting's view, with the last cause of a death read from vLLM's log."""

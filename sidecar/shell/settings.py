@@ -581,10 +581,12 @@ def load_settings(flags: Mapping[str, Any]) -> Settings:
     return settings
 
 
-def setting_error(settings: Settings, name: str, why: str) -> SettingsError:
-    """An error about a setting found after loading (a directory that cannot be written), in the same words."""
+def setting_error(settings: Settings, name: str, why: str, *, allowed: bool = True) -> SettingsError:
+    """An error about a setting found after loading (a directory that cannot be written), in the same words.
+    `allowed=False` leaves out what the setting accepts: for a value of the right form that the machine refuses
+    (a systemd unit it does not know), where `why` already says what to do."""
     given = "" if name in SECRET_SETTINGS else f"={shown(getattr(settings, name))!r}"
-    return SettingsError(_line(name, given, why, settings.origin(name)))
+    return SettingsError(_line(name, given, why, settings.origin(name), allowed=allowed))
 
 
 def _without_userinfo(value: object) -> object:
@@ -617,10 +619,10 @@ def _describe(error: ValidationError, found: Mapping[str, Origin]) -> str:
     return _line(name, given, message, found.get(name) or Origin(setting=name, layer=None))
 
 
-def _line(name: str, given: str, message: str, origin: Origin) -> str:
+def _line(name: str, given: str, message: str, origin: Origin, *, allowed: bool = True) -> str:
     field = Settings.model_fields.get(name)
     extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
-    allowed = f"; allowed: {extra['allowed']}" if "allowed" in extra else ""
-    if field is not None and field.annotation is bool:  # the forms pydantic reads, which the help shows too
-        allowed = f"; allowed: {BOOLEAN_FORMS} (a bare {flag_of(name)} means true)"
-    return f"invalid setting {name}{given}: {message}{allowed} ({origin.describe()})"
+    accepted = f"; allowed: {extra['allowed']}" if "allowed" in extra and allowed else ""
+    if field is not None and field.annotation is bool and allowed:  # the forms pydantic reads, the help shows too
+        accepted = f"; allowed: {BOOLEAN_FORMS} (a bare {flag_of(name)} means true)"
+    return f"invalid setting {name}{given}: {message}{accepted} ({origin.describe()})"
