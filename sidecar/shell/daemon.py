@@ -55,6 +55,7 @@ from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 
 SHUTDOWN_GRACE_S = 2.0
+NO_NVML_HINT = "give --gpu-source none to run without GPU memory readings"  # `run` and `once`, no NVIDIA driver
 
 
 def derive_settings(settings: Settings) -> DeriveSettings:
@@ -78,6 +79,7 @@ def build_gpu_source(settings: Settings, fetcher: BodyFetcher) -> GpuSource | No
         gpu_indices=settings.gpu_indices,
         vllm_process_pattern=settings.vllm_process_pattern,
         timeout_s=settings.poll_timeout_s,  # a driver that stops answering must not stop the tick
+        unavailable_hint=NO_NVML_HINT,
     )
 
 
