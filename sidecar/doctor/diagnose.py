@@ -18,6 +18,7 @@ from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.overshoot import live_overshoot
 from sidecar.doctor.setup import Setup, resolve
 from sidecar.doctor.versions import available
+from sidecar.model.text import plural
 
 _CAUSE_ORDER = {cause: index for index, cause in enumerate(Cause)}
 
@@ -116,8 +117,8 @@ def _notes(evidence: Evidence, setup: Setup) -> list[str]:
     log = evidence.log
     if log is not None:
         notes.append(
-            f"log {evidence.log_path}: {log.lines_read:,} lines of the last start, {log.lines_recognised} recognised"
-            + (f", vLLM {log.version}" if log.version else "")
+            f"log {evidence.log_path}: {plural(log.lines_read, 'line', spec=',')} of the last start, "
+            f"{log.lines_recognised} recognised" + (f", vLLM {log.version}" if log.version else "")
         )
     else:
         notes.append(
