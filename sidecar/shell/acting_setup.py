@@ -76,7 +76,7 @@ def _acting_parts(settings: Settings) -> ActingParts:
             systemd = SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus)
             journal = JournalLog(settings.systemd_unit, bus=settings.systemd_bus)
         except ValueError as error:
-            raise SettingsError(f"invalid setting systemd_unit: {error}") from None
+            raise setting_error(settings, "systemd_unit", str(error)) from None
         return ActingParts(
             actuator=systemd,
             events=None,
@@ -164,7 +164,7 @@ def build_sinks(settings: Settings, parts: ActingParts, client: httpx.AsyncClien
                 )
             )
         except ValueError as error:
-            raise SettingsError(f"invalid setting webhook_url: {error}") from None
+            raise setting_error(settings, "webhook_url", str(error), allowed=False) from None  # the URL never shown
     if parts.events is not None:
         sinks.append(EventNotificationSink(parts.events))
     return sinks

@@ -15,6 +15,8 @@ import pytest
 from sidecar.actuators.exec import program_problem
 from sidecar.actuators.systemd import SystemdActuator
 from sidecar.actuators.systemd_check import StartCheckError, check_systemd
+from sidecar.shell.acting_setup import build_acting_parts
+from sidecar.shell.settings import SettingsError, load_settings
 from tests.adapters.daemon_process import SidecarProcess
 from tests.loopback import closed_port
 
@@ -141,6 +143,15 @@ async def test_the_right_to_restart_is_unknown_only_for_a_non_root_caller_on_the
     unknown = await check_systemd(system, uid=1000)
     assert unknown is not None
     assert unknown.startswith(f"whether uid 1000 may restart {unit} is polkit's to say"), unknown
+
+
+def test_a_unit_name_systemd_would_refuse_names_where_it_was_set() -> None:
+    with pytest.raises(SettingsError) as refused:
+        build_acting_parts(load_settings({"actuator": "systemd", "systemd_unit": "vllm.socket"}))
+    assert str(refused.value) == (
+        "invalid setting systemd_unit='vllm.socket': systemd unit name 'vllm.socket' does not end in '.service'; "
+        "only a service can be restarted; allowed: a unit name (flag --systemd-unit)"
+    )
 
 
 def _actuator(manager: UserSystemd, unit: str) -> SystemdActuator:
