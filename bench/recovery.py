@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from sidecar.model.text import plural
 from tests.actuators.vllm_unit import CompletionLoad, engine_core_pids
 from tests.e2e.vllm.server import MAX_MODEL_LEN, SERVED_MODEL_NAME, free_port, group_pids
 
@@ -240,7 +241,9 @@ def measure_recovery(trials: int) -> Recovery | str:
                 hung.append(_hang_trial(bed))
                 print(f"recovery: trial {number + 1}: killed {killed[-1]}, hung {hung[-1]}", flush=True)
             run_s, restarts, not_ready_s, completed = _alive_run(bed)
-            print(f"recovery: alive run {run_s:.0f} s, {restarts} restarts, /readyz 503 for {not_ready_s:.0f} s")
+            print(
+                f"recovery: alive run {run_s:.0f} s, {plural(restarts, 'restart')}, /readyz 503 for {not_ready_s:.0f} s"
+            )
         finally:
             bed.stop_vllm()
     return Recovery(

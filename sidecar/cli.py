@@ -141,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     async def _run() -> int:
         try:
             daemon = Daemon(settings)
-        except SettingsError as error:  # found while building the adapter or the notifier
+            await daemon.check_start()  # the platform's answers: a unit systemd does not know stops it here
+        except SettingsError as error:  # found while building the adapter or the notifier, or asking the platform
             print(f"vllm-sidecar: error: {error}", file=sys.stderr)
             return EXIT_USAGE
         return await daemon.run()

@@ -1,7 +1,8 @@
 """Restart through a configured command (docker, nomad, a script): an argv, never a shell. Runs a process.
 
 The command's exit status is the outcome; its output's last line is the detail. Bounded by a timeout,
-after which the whole process group is killed, so a hung script cannot hang the sidecar.
+after which the whole process group is killed, so a hung script cannot hang the sidecar. `program_problem`
+says at start whether the program can be found and run at all (it reads the filesystem).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import asyncio
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.model.supervision import Restarter, Supervision
@@ -88,3 +91,21 @@ async def _read_bounded(process: asyncio.subprocess.Process) -> bytes:
 def _last_line(output: bytes) -> str:
     lines = [line.strip() for line in output.decode(errors="replace").splitlines() if line.strip()]
     return lines[-1][:300] if lines else ""
+
+
+def program_problem(program: str) -> str | None:
+    """Why `program` (the command's first word) cannot be run, found the way the restart will find it (a bare
+    name on PATH, a name with a '/' as the path it is), or None when it can."""
+    if "/" not in program:
+        if shutil.which(program) is not None:
+            return None
+        search = os.environ.get("PATH", os.defpath)
+        return f"no program {program!r} on the sidecar's PATH ({search}): install it, or give its full path"
+    path = Path(program)
+    if not path.exists():
+        return f"{program} does not exist: give the path of the program that restarts vLLM"
+    if path.is_dir():
+        return f"{program} is a directory, not a program"
+    if not os.access(path, os.X_OK):
+        return f"{program} is not executable by the sidecar's user: chmod +x {shlex.quote(program)}"
+    return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sidecar.model.supervision import Restarter, Supervision
+from sidecar.model.text import plural
 
 _ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -44,7 +45,7 @@ def pod_supervision(pod: Mapping[str, object], container: str) -> Supervision:
 
 def _container_supervision(found: Mapping[str, object], container: str, policy: str) -> Supervision:
     restarts = found.get("restartCount")
-    count = f", {restarts} restarts" if isinstance(restarts, int) and restarts else ""
+    count = f", {plural(restarts, 'restart')}" if isinstance(restarts, int) and restarts else ""
     state = _mapping(found.get("state"))
     said = f"container {container}"
     if "running" in state:

@@ -113,6 +113,11 @@ class SystemdActuator:
         self._address = bus_address or ("SYSTEM" if bus == "system" else "SESSION")
         self._clock = clock
 
+    @property
+    def address(self) -> str:
+        """The bus as jeepney takes it: "SYSTEM", "SESSION" or a D-Bus address."""
+        return self._address
+
     async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
         """Restart the unit and wait for systemd's verdict. `reason` is the caller's to log: D-Bus takes none."""
         started = self._clock()

@@ -31,6 +31,7 @@ from sidecar.demo.control import ControlServer, write_token
 from sidecar.demo.load import LoadCounters, LoadShape, drive
 from sidecar.demo.supervisor import ChildProcess, SimSupervisor
 from sidecar.demo.view import Header, render
+from sidecar.model.text import plural
 
 LINGER_S = 10.0  # after vLLM is back from the sidecar's restart: long enough to see it serve again
 _SIDECAR_EVENTS = {
@@ -154,8 +155,9 @@ class Demo:
     def exit_line(self) -> str:
         c = self.counters
         return (
-            f"demo stopped: {c.sent} requests sent, {c.succeeded} ok, {c.failed} failed; "
-            f"vLLM crashed {self.sim.crashes} times, restarted by the sidecar {self.sim.restarts_by_sidecar} times; "
+            f"demo stopped: {plural(c.sent, 'request')} sent, {c.succeeded} ok, {c.failed} failed; "
+            f"vLLM crashed {plural(self.sim.crashes, 'time')}, restarted by the sidecar "
+            f"{plural(self.sim.restarts_by_sidecar, 'time')}; "
             f"logs in {self.workdir}"
         )
 

@@ -12,6 +12,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE
 from sidecar.doctor.setup import Setup
+from sidecar.model.text import plural
 
 FRAGMENTED_RATIO = 0.2  # inactive split / reserved at or above this, with retries or OOMs: fragmentation
 
@@ -43,8 +44,8 @@ def history_allocator(evidence: Evidence, setup: Setup) -> Finding | None:
     worst, ratio = max(fragmented, key=lambda pair: pair[1])
     why = (
         f"{ratio:.0%} >= {FRAGMENTED_RATIO:.0%} of the reserved memory is in pieces too small for the next tensor, and "
-        f"the allocator had to free its cache and retry {worst.alloc_retries_total} times: expandable segments let "
-        "it grow a segment in place instead of splitting (set it in vLLM's environment and restart vLLM)"
+        f"the allocator had to free its cache and retry {plural(worst.alloc_retries_total, 'time')}: expandable "
+        "segments let it grow a segment in place instead of splitting (set it in vLLM's environment and restart vLLM)"
     )
     return Finding(
         cause=Cause.ALLOCATOR_FRAGMENTATION,

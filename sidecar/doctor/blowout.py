@@ -16,6 +16,7 @@ from sidecar.doctor.formula import tokens
 from sidecar.doctor.histogram import GENERATION_TOKENS, MAX_TOKENS_PARAM, PROMPT_TOKENS, Histogram
 from sidecar.doctor.logfacts import Refusal
 from sidecar.doctor.setup import Setup
+from sidecar.model.text import plural
 
 MIN_REQUESTS = 50  # fewer finished requests are too thin a sample for a p99
 BLOWOUT_RATIO = 2.0  # max_model_len at least this many times what p99 traffic needs
@@ -49,8 +50,8 @@ def live_blowout(evidence: Evidence, setup: Setup) -> Finding | None:
     lines = [
         f"max_model_len {tokens(limit.value)} ({limit.source})",
         f"p99 prompt {describe_bucket(traffic.prompt, 0.99)} tokens, p99 output "
-        f"{describe_bucket(traffic.generation, 0.99)} tokens over {traffic.requests:,} finished requests "
-        f"({PROMPT_TOKENS}, {GENERATION_TOKENS})",
+        f"{describe_bucket(traffic.generation, 0.99)} tokens over "
+        f"{plural(traffic.requests, 'finished request', spec=',')} ({PROMPT_TOKENS}, {GENERATION_TOKENS})",
         f"max_model_len is {limit.value / computed.value:.1f}x what p99 traffic needs ({computed.value})",
     ]
     pool = setup.kv_pool_tokens
@@ -88,9 +89,11 @@ def kv_pressure(evidence: Evidence) -> str | None:
         waiting = sum(engine.requests_waiting or 0.0 for engine in reading.engines)
         usage = max((engine.kv_cache_usage_ratio or 0.0 for engine in reading.engines), default=0.0)
         if preemptions > 0:
-            said.append(f"{preemptions:,.0f} preemptions since vLLM started (vllm:num_preemptions_total)")
+            said.append(
+                f"{plural(preemptions, 'preemption', spec=',.0f')} since vLLM started (vllm:num_preemptions_total)"
+            )
         if waiting > 0:
-            said.append(f"{waiting:,.0f} requests waiting now (vllm:num_requests_waiting)")
+            said.append(f"{plural(waiting, 'request', spec=',.0f')} waiting now (vllm:num_requests_waiting)")
         if usage >= PRESSURE_KV_USAGE:
             said.append(f"KV cache {usage:.0%} used now")
     history = evidence.history

@@ -19,6 +19,7 @@ from sidecar.doctor.formula import clock, tokens
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import sequences
 from sidecar.doctor.versions import available
+from sidecar.model.text import plural
 from sidecar.policy.settings import PolicySettings
 
 CONCURRENCY_RATIO = 1.5  # max_num_seqs at least this many times what the pool holds
@@ -58,9 +59,12 @@ def live_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     else:
         lines.append("max_num_seqs unknown (give --vllm-log with vLLM's start lines to see it)")
     if preemptions > 0:
-        lines.append(f"vLLM preempted requests {preemptions:,.0f} times since it started (vllm:num_preemptions_total)")
+        lines.append(
+            f"vLLM preempted requests {plural(preemptions, 'time', spec=',.0f')} since it started "
+            "(vllm:num_preemptions_total)"
+        )
     if waiting > 0:
-        lines.append(f"{waiting:,.0f} requests waiting now (vllm:num_requests_waiting)")
+        lines.append(f"{plural(waiting, 'request', spec=',.0f')} waiting now (vllm:num_requests_waiting)")
     recommendations = [Recommendation(flag="--max-num-seqs", value=computed.value, why=computed.why)]
     if preemptions > 0 or waiting > 0:
         recommendations.extend(queued_reqs(int(computed.value), setup))
@@ -81,7 +85,10 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     if log is None or not log.preemptions:
         return None
     mode = log.preemption_mode or "an unknown"
-    lines = [f"vLLM preempted requests {log.preemptions:,} times (its warning, {mode} mode): the KV cache ran out"]
+    lines = [
+        f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} (its warning, {mode} mode): "
+        "the KV cache ran out"
+    ]
     recommendations: list[Recommendation] = []
     busiest = log.busiest
     if busiest is not None and busiest.kv_usage > 0 and busiest.running > 0:
@@ -122,7 +129,10 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     return Finding(
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,
-        summary=f"vLLM preempted requests {log.preemptions:,} times: more run at once than its KV cache holds",
+        summary=(
+            f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')}: more run at once than its KV "
+            "cache holds"
+        ),
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
     )
@@ -200,7 +210,7 @@ def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
             lines.append(f"the fullest pause saw KV usage {peak:.2f} against the pause line {limit:.2f}")
         if engine.preemptions_in_window:
             lines.append(
-                f"vLLM preempted {_number(engine.preemptions_in_window)} requests over the daemon's window "
+                f"vLLM preempted {plural(engine.preemptions_in_window, 'request', spec='g')} over the daemon's window "
                 f"(now {engine.preemptions_per_second or 0:.2f}/s)"
             )
         value = max(1, math.floor(capacity * limit / per_request))

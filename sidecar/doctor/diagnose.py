@@ -18,6 +18,7 @@ from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.overshoot import live_overshoot
 from sidecar.doctor.setup import Setup, resolve
 from sidecar.doctor.versions import available
+from sidecar.model.text import plural
 
 _CAUSE_ORDER = {cause: index for index, cause in enumerate(Cause)}
 
@@ -116,7 +117,7 @@ def _notes(evidence: Evidence, setup: Setup) -> list[str]:
     log = evidence.log
     if log is not None:
         notes.append(
-            f"log {evidence.log_path}: {log.lines_read:,} lines of the "
+            f"log {evidence.log_path}: {plural(log.lines_read, 'line', spec=',')} of the "
             + ("start before the last, which failed" if log.later_start_unfinished else "last start")
             + f", {log.lines_recognised} recognised"
             + (f", vLLM {log.version}" if log.version else "")

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sidecar.model.text import plural
+
 GIB = 2**30
 MIB = 2**20
 MAX_MODEL_LEN_MULTIPLE = 256
@@ -72,7 +74,7 @@ def max_model_len(p99_prompt: float, p99_output: float, requests: int, source: s
         value=value,
         why=(
             f"p99 prompt {tokens(p99_prompt)} + p99 output {tokens(p99_output)} = {tokens(needed)} tokens "
-            f"({source}, {requests:,} requests; bucket upper bounds) rounded up to a multiple of "
+            f"({source}, {plural(requests, 'request', spec=',')}; bucket upper bounds) rounded up to a multiple of "
             f"{MAX_MODEL_LEN_MULTIPLE} -> {value}"
         ),
     )
@@ -87,7 +89,7 @@ def max_num_seqs(pool_tokens: int, mean_tokens: float, requests: int) -> Compute
         value=value,
         why=(
             f"KV pool {tokens(pool_tokens)} tokens x {KV_HEADROOM_RATIO:g} headroom = {tokens(usable)} tokens / "
-            f"mean {mean_tokens:,.1f} tokens per request (prompt + output, {requests:,} requests) "
+            f"mean {mean_tokens:,.1f} tokens per request (prompt + output, {plural(requests, 'request', spec=',')}) "
             f"= {usable / mean_tokens:,.2f}, rounded down -> {value}"
         ),
     )

@@ -13,6 +13,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import Version, at_least, available
+from sidecar.model.text import plural
 
 # What the policy's reasons say about a hang (sidecar/policy/rules.py, probe.py and machine.py word them so).
 HANG_WORDS = ("made no progress", "probe completion got no answer", "(engine_hung)", "engine hung")
@@ -91,7 +92,7 @@ def _timeline(
     for engine in stalled:
         quiet = engine.stalled_s or 0.0
         since = f"since {clock(polled - quiet)}, " if polled is not None else ""
-        work = f"{_count(engine.running)} requests running and {_count(engine.waiting)} waiting"
+        work = f"{_requests(engine.running)} running and {_count(engine.waiting)} waiting"
         lines.append(
             f"{engine.label}: no progress {since}{quiet:,.0f} s before the daemon's last poll{at}, with {work} "
             "(engine_stalled_seconds)"
@@ -114,6 +115,10 @@ def _timeline(
     if current and history.policy is not None:
         lines.append(f"now ({history.policy.state}): {history.policy.reason}")
     return lines
+
+
+def _requests(value: float | None) -> str:
+    return "? requests" if value is None else plural(value, "request", spec="g")
 
 
 def _count(value: float | None) -> str:

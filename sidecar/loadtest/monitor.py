@@ -22,6 +22,7 @@ import httpx
 
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.spec import MAX_DURATION_S, MAX_TIMEOUT_S, LoadSpec, SpecError
+from sidecar.model.text import one_line
 from sidecar.model.vllm import EngineMetrics
 from sidecar.parse.exposition import ExpositionError
 from sidecar.parse.vllm import read_vllm, vllm_sample_picker
@@ -59,7 +60,7 @@ async def probe(client: httpx.AsyncClient, spec: LoadSpec, watch: ServerWatch) -
     served = _served_models(body) if status == httpx.codes.OK else {}
     if spec.model is None:
         if not served:
-            raise UnreachableError(f"{base}/v1/models named no model (HTTP {status}): give --model")
+            raise UnreachableError(_no_model(base, status, body))
         model = next(iter(served))
     else:
         model = spec.model
@@ -219,15 +220,36 @@ async def _get(
         return response.status_code, b"".join(chunks)
 
 
-def _served_models(body: bytes) -> dict[str, int | None]:
-    """Model ids of a /v1/models answer, in order, with each one's max_model_len where reported."""
+def _no_model(base: str, status: int, body: bytes) -> str:
+    """Why /v1/models gave no model to load: a server that answers but is no OpenAI API (a web server, the
+    wrong port) is said to be that, not told to give --model."""
+    if status == httpx.codes.NOT_FOUND:
+        return f"{base} answers, but is not vLLM: /v1/models answered HTTP 404 (no OpenAI-compatible API there)"
+    if status == httpx.codes.OK and _model_list(body) is None:
+        return f"{base} answers, but is not vLLM: /v1/models is not an OpenAI model list ({_opening(body)})"
+    return f"{base}/v1/models named no model (HTTP {status}): give --model"
+
+
+def _model_list(body: bytes) -> list[object] | None:
+    """The `data` list of an OpenAI model list, or None when the body is not one."""
     try:
         document = json.loads(body)
-    except ValueError:
-        return {}
+    except (ValueError, RecursionError):
+        return None
     data = document.get("data") if isinstance(document, dict) else None
+    return data if isinstance(data, list) else None
+
+
+def _opening(body: bytes) -> str:
+    """The answer's first characters, for a line that says what came instead."""
+    text = one_line(body[:200].decode(errors="replace"), 60)
+    return repr(text) if text else "an empty body"
+
+
+def _served_models(body: bytes) -> dict[str, int | None]:
+    """Model ids of a /v1/models answer, in order, with each one's max_model_len where reported."""
     served: dict[str, int | None] = {}
-    for entry in data if isinstance(data, list) else []:
+    for entry in _model_list(body) or []:
         if isinstance(entry, dict) and isinstance(entry.get("id"), str):
             length = entry.get("max_model_len")
             served[entry["id"]] = length if isinstance(length, int) and not isinstance(length, bool) else None

@@ -11,6 +11,7 @@ from typing import Any
 
 from sidecar.loadtest.spec import LoadSpec
 from sidecar.loadtest.summary import LATE_S, Percentiles, Summary, format_ratio, format_seconds
+from sidecar.model.text import plural
 
 
 def render_json(spec: LoadSpec, summary: Summary) -> str:
@@ -106,7 +107,7 @@ def _load(spec: LoadSpec) -> str:
     if spec.duration_s is not None:
         bounds.append(f"{spec.duration_s:g} s")
     if spec.max_requests is not None:
-        bounds.append(f"{spec.max_requests} requests")
+        bounds.append(plural(spec.max_requests, "request"))
     if spec.rate_per_s is not None:
         shape = f"open loop, Poisson arrivals at {spec.rate_per_s:g} requests/s, at most {spec.max_in_flight} in flight"
     else:
@@ -116,12 +117,13 @@ def _load(spec: LoadSpec) -> str:
 
 def _lengths(spec: LoadSpec) -> str:
     if spec.prompts:
-        return f"prompts from {spec.prompts_file} ({len(spec.prompts)}), output {spec.output_tokens} tokens"
-    text = f"prompt {spec.prompt_tokens} tokens, output {spec.output_tokens} tokens"
+        return f"prompts from {spec.prompts_file} ({len(spec.prompts)}), output {plural(spec.output_tokens, 'token')}"
+    text = f"prompt {plural(spec.prompt_tokens, 'token')}, output {plural(spec.output_tokens, 'token')}"
     if spec.shared_prefix_ratio > 0:
         text += (
-            f"; {spec.shared_prefix_ratio:.0%} start with one of {spec.shared_prefixes} shared prefixes "
-            f"of {spec.shared_prefix_tokens} tokens"
+            f"; {spec.shared_prefix_ratio:.0%} start with one of "
+            f"{plural(spec.shared_prefixes, 'shared prefix', 'shared prefixes')} "
+            f"of {plural(spec.shared_prefix_tokens, 'token')}"
         )
     return text
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sidecar.loadtest.spec import PlannedRequest
+from sidecar.model.text import plural
 
 
 class FailureKind(StrEnum):
@@ -59,7 +60,7 @@ def _unsent(planned: PlannedRequest, at_s: float, failure: FailureKind, error: s
 
 def dropped(planned: PlannedRequest, at_s: float, limit: int) -> RequestResult:
     return _unsent(
-        planned, at_s, FailureKind.DROPPED_BY_CLIENT, f"{limit} requests already in flight (--max-in-flight)"
+        planned, at_s, FailureKind.DROPPED_BY_CLIENT, f"{plural(limit, 'request')} already in flight (--max-in-flight)"
     )
 
 

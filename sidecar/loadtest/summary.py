@@ -16,6 +16,7 @@ from enum import StrEnum
 from sidecar.loadtest.metrics import ServerWatch
 from sidecar.loadtest.result import FailureKind, RequestResult
 from sidecar.loadtest.spec import LoadSpec
+from sidecar.model.text import plural
 
 KV_WARN_RATIO = 0.95
 LATE_S = 0.1  # an open-loop arrival sent later than this behind its time: the client could not keep up
@@ -179,14 +180,14 @@ def judge(
     if died_at_s is not None:
         return Verdict.FAIL, (
             f"verdict: FAIL - server died {died_at_s:.1f} s into the run ({died_reason}); "
-            f"{failed} of {total} requests failed"
+            f"{failed} of {plural(total, 'request')} failed"
         )
     if total == 0:
         return Verdict.FAIL, "verdict: FAIL - no request was sent"
     if failed / total > spec.max_error_rate:
         kinds = ", ".join(f"{kind} {count}" for kind, count in failures.most_common())
         return Verdict.FAIL, (
-            f"verdict: FAIL - {failed} of {total} requests failed "
+            f"verdict: FAIL - {failed} of {plural(total, 'request')} failed "
             f"({failed / total:.1%} > {spec.max_error_rate:.1%} allowed): {kinds}"
         )
     facts = (

@@ -17,6 +17,9 @@ class SourceResult(Generic[T_co]):
     # Nothing listens at the source's address (connection refused): its process is not running, as opposed
     # to running and failing. A supervisor restarting vLLM looks like this for the whole of its load time.
     unreachable: bool = False
+    # Something answers at the address, but not as the server the source reads (vLLM: /metrics is 404, or not an
+    # exposition): a wrong port or URL, another program there. Not `unreachable`: it is said as what it is.
+    wrong_server: bool = False
 
     @property
     def ok(self) -> bool:

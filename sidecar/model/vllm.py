@@ -84,3 +84,9 @@ class VllmReading:
     # None when not asked or not offered.
     server_load: int | None = None
     models: tuple[ModelMetrics, ...] = ()  # server-level values per model_name (vLLM 0.32+); () before
+
+    @property
+    def shows_vllm(self) -> bool:
+        """Whether the server shows itself as vLLM: vllm: series in /metrics, or a version from /version (a vLLM
+        started with --disable-log-stats exports no vllm: series, but still names its version)."""
+        return self.schema is not MetricSchema.NO_VLLM_METRICS or self.version is not None

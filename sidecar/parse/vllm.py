@@ -80,10 +80,7 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
     problems: list[str] = []
     schema = detect_schema(exposition)
     if schema is MetricSchema.NO_VLLM_METRICS:
-        problems.append(
-            "vLLM /metrics has no vllm: metric family (is vLLM started with --disable-log-stats?): "
-            "nothing about the engine can be derived"
-        )
+        problems.append(_no_vllm_series(url, version))
         return VllmReading(url=url, version=version, schema=schema, engines=(), problems=tuple(problems))
     if schema is MetricSchema.UNRECOGNISED:
         problems.append(
@@ -108,6 +105,17 @@ def read_vllm(exposition: Exposition, *, url: str, version: str | None) -> VllmR
     models = _read_models(exposition.get(ADMISSION_REJECTIONS))
     return VllmReading(
         url=url, version=version, schema=schema, engines=engines, problems=tuple(problems), models=models
+    )
+
+
+def _no_vllm_series(url: str, version: str | None) -> str:
+    """An exposition without vllm: series: vLLM's with --disable-log-stats, which still names its version at
+    /version, or another program's."""
+    if version is None:
+        return f"{url} answers, but is not vLLM: its /metrics has no vllm: series and /version no version"
+    return (
+        "vLLM /metrics has no vllm: metric family (is vLLM started with --disable-log-stats?): "
+        "nothing about the engine can be derived"
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sidecar.model.text import plural
 from sidecar.policy.ledger import RestartLedger, RestartRecord
 from sidecar.policy.rules import seconds
 from sidecar.policy.settings import PolicySettings
@@ -89,7 +90,7 @@ def budget_block(view: GuardView, settings: PolicySettings) -> str | None:
     if view.budget_wait_s <= 0:
         return None
     return (
-        f"restart budget exhausted: {view.restarts_in_window} restarts in {window_text(settings)}, "
+        f"restart budget exhausted: {plural(view.restarts_in_window, 'restart')} in {window_text(settings)}, "
         f"next allowed in {seconds(view.budget_wait_s)}"
     )
 

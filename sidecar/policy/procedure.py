@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sidecar.model.text import plural
 from sidecar.policy.decision import Action, ActionKind, ProcedureEvent, RestartReason
 from sidecar.policy.ledger import RestartRecord
 from sidecar.policy.observation import Observation
@@ -148,7 +149,10 @@ class Procedure:
         known = sum(r for r in running if r is not None)
         return Step(
             outcome=Outcome.HOLD,
-            reason=f"draining: {known:g} requests running, {seconds(elapsed)} of at most {seconds(s.drain_timeout_s)}",
+            reason=(
+                f"draining: {plural(known, 'request', spec='g')} running, {seconds(elapsed)} of at most "
+                f"{seconds(s.drain_timeout_s)}"
+            ),
         )
 
     def event(self, event: ProcedureEvent, now_s: float, wall_s: float, detail: str) -> Step:  # noqa: PLR0911 - the transition table: one return per (stage, event) pair

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.model.derived import AllocatorDerived, Derived, EngineDerived, GpuDerived
-from sidecar.model.text import gib
+from sidecar.model.text import gib, plural
 from sidecar.policy.decision import PauseRule, RestartReason
 from sidecar.policy.settings import PolicySettings
 
@@ -156,7 +156,7 @@ def pause_findings(
         if ticks >= settings.waiting_ticks and queued(e) is not None and e.requests_running is not None:
             text = (
                 f"{_waiting_text(e)} > {settings.waiting_ratio:g} x running "
-                f"{_count(e.requests_running)} for {ticks} ticks on {engine_label(e, derived)}"
+                f"{_count(e.requests_running)} for {plural(ticks, 'tick')} on {engine_label(e, derived)}"
             )
             found.append(Finding(rule=PauseRule.WAITING_QUEUE, text=text))
     for e in derived.engines:
@@ -198,7 +198,7 @@ def _retries_text(allocator: AllocatorDerived, retries: int, ooms: int) -> str:
     failed = f", {ooms} out of memory" if ooms else ""
     ratio = allocator.fragmentation_ratio
     split = f", {100 * ratio:.0f} % of its reserved memory in split free pieces" if ratio is not None else ""
-    return f"PyTorch's allocator retried {retries} allocations{failed} in the last polls on {where}{split}"
+    return f"PyTorch's allocator retried {plural(retries, 'allocation')}{failed} in the last polls on {where}{split}"
 
 
 def _work(engine: EngineDerived) -> str:
@@ -206,11 +206,11 @@ def _work(engine: EngineDerived) -> str:
     idle, the requests in flight at vLLM's API server (/load) that made it a stall."""
     running, waiting = engine.requests_running or 0, engine.requests_waiting or 0
     if running and waiting:
-        return f"{_count(running)} requests running and {_count(waiting)} waiting"
+        return f"{plural(running, 'request', spec='g')} running and {_count(waiting)} waiting"
     if running:
-        return f"{_count(running)} requests running"
+        return f"{plural(running, 'request', spec='g')} running"
     if waiting:
-        return f"{_count(waiting)} requests waiting and none running"
+        return f"{plural(waiting, 'request', spec='g')} waiting and none running"
     return "requests in flight at vLLM's API server while its engine reads idle"
 
 
@@ -325,7 +325,7 @@ def oom_cause(derived: Derived, settings: PolicySettings, oom_streaks: Mapping[i
         if ticks >= settings.oom_forecast_ticks and g.time_to_oom_seconds is not None:
             text = (
                 f"forecast time to OOM {g.time_to_oom_seconds:.0f} s < {settings.oom_forecast_s:.0f} s "
-                f"for {ticks} ticks on GPU {g.gpu}"
+                f"for {plural(ticks, 'tick')} on GPU {g.gpu}"
             )
             return RestartCause(reason=RestartReason.OOM_FORECAST, text=text)
     return None

@@ -1,32 +1,43 @@
 """Builds what acting needs from the settings: the restart adapter, the policy's settings, the notifier's sinks.
 
-Reads files named in the settings (the HMAC key, kubeconfig and service-account credentials). Every problem
-is a `SettingsError` with one line, so the daemon stops at start (exit 2) rather than discover it mid-incident.
+Reads files named in the settings (the HMAC key, kubeconfig and service-account credentials) and finds the exec
+adapter's program. Every problem is a `SettingsError` with one line, so the daemon stops at start (exit 2)
+rather than discover it mid-incident. What only the platform can answer, over async I/O (does systemd know the
+unit?), is left in `ActingParts.start_check` for the daemon to await before it starts.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from sidecar.actuators.base import Actuator
-from sidecar.actuators.exec import ExecActuator
+from sidecar.actuators.exec import ExecActuator, program_problem
 from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.log_source import LogSource
 from sidecar.actuators.none import NoActuator
+from sidecar.config.setting_origin import Layer
 from sidecar.file_cap import FileTooLargeError, read_capped_file
 from sidecar.notify.event import EventNotificationSink, EventSink
 from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
 from sidecar.notify.webhook import WebhookSink
 from sidecar.policy.settings import PolicySettings, PolicySettingsError, stale_after_for_interval
-from sidecar.shell.settings import Settings, SettingsError, core_values
+from sidecar.shell.settings import Settings, SettingsError, core_values, setting_error
+
+if TYPE_CHECKING:
+    from sidecar.actuators.systemd import SystemdActuator
 
 MAX_KEY_BYTES = 4096
+# Raises SettingsError when restarts could never work; returns what it could not check (one line), or None.
+StartCheck = Callable[[], Awaitable[str | None]]
 
 
 @dataclass(slots=True)
@@ -35,6 +46,7 @@ class ActingParts:
     events: EventSink | None
     pod: str | None
     vllm_log: LogSource | None = None  # where why vLLM died is read: the journal, the pod's log, --vllm-log
+    start_check: StartCheck | None = None  # the platform's answers the daemon awaits before it starts
 
 
 def policy_settings(settings: Settings) -> PolicySettings:
@@ -61,18 +73,25 @@ def _acting_parts(settings: Settings) -> ActingParts:
         from sidecar.actuators.systemd import SystemdActuator  # noqa: PLC0415 - D-Bus only when chosen
 
         try:
-            return ActingParts(
-                actuator=SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus),
-                events=None,
-                pod=None,
-                vllm_log=JournalLog(settings.systemd_unit, bus=settings.systemd_bus),
-            )
+            systemd = SystemdActuator(settings.systemd_unit, bus=settings.systemd_bus)
+            journal = JournalLog(settings.systemd_unit, bus=settings.systemd_bus)
         except ValueError as error:
-            raise SettingsError(f"invalid setting systemd_unit: {error}") from None
+            raise setting_error(settings, "systemd_unit", str(error)) from None
+        return ActingParts(
+            actuator=systemd,
+            events=None,
+            pod=None,
+            vllm_log=journal,
+            start_check=lambda: _check_systemd(settings, systemd),
+        )
     if settings.actuator == "exec":
         if settings.exec_command is None:
             raise SettingsError("--actuator exec needs --exec-command")
-        return ActingParts(actuator=ExecActuator(shlex.split(settings.exec_command)), events=None, pod=None)
+        argv = shlex.split(settings.exec_command)
+        problem = program_problem(argv[0])
+        if problem is not None:
+            raise setting_error(settings, "exec_command", problem, allowed=False)
+        return ActingParts(actuator=ExecActuator(argv), events=None, pod=None)
     if settings.actuator == "kubernetes" or settings.kubernetes_events:
         from sidecar.actuators.kube_credentials import CredentialsError  # noqa: PLC0415
         from sidecar.actuators.kube_logs import PodLog  # noqa: PLC0415
@@ -105,9 +124,22 @@ def _acting_parts(settings: Settings) -> ActingParts:
     return ActingParts(actuator=NoActuator(), events=None, pod=pod)
 
 
-def _pod_environment(settings: Settings) -> dict[str, str]:
-    import os  # noqa: PLC0415
+async def _check_systemd(settings: Settings, actuator: SystemdActuator) -> str | None:
+    """systemd's answers about the unit, as a SettingsError naming the setting to change: --systemd-unit for the
+    unit, --systemd-bus where the user chose the bus, else --actuator (systemd is not where the sidecar runs)."""
+    from sidecar.actuators.systemd_check import StartCheckError, check_systemd  # noqa: PLC0415 - with systemd
 
+    try:
+        return await check_systemd(actuator, uid=os.geteuid())
+    except StartCheckError as error:
+        name = "systemd_unit"
+        if error.bus:
+            chosen = settings.origin("systemd_bus").layer not in (None, Layer.DEFAULT)
+            name = "systemd_bus" if chosen else "actuator"
+        raise setting_error(settings, name, str(error), allowed=False) from None
+
+
+def _pod_environment(settings: Settings) -> dict[str, str]:
     environ = dict(os.environ)
     if settings.pod_name is not None:
         environ["POD_NAME"] = settings.pod_name
@@ -132,7 +164,7 @@ def build_sinks(settings: Settings, parts: ActingParts, client: httpx.AsyncClien
                 )
             )
         except ValueError as error:
-            raise SettingsError(f"invalid setting webhook_url: {error}") from None
+            raise setting_error(settings, "webhook_url", str(error), allowed=False) from None  # the URL never shown
     if parts.events is not None:
         sinks.append(EventNotificationSink(parts.events))
     return sinks

@@ -28,6 +28,7 @@ from sidecar.doctor.log_parser import log_lines, parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.render import paste
 from sidecar.model.cause import CrashCause, FlagChange
+from sidecar.model.text import plural
 
 MAX_STARTS = 2  # the newest two starts are all any choice above looks at
 MAX_EVIDENCE_CHARS = 600  # one evidence line (a refusal quotes vLLM's whole ValueError)
@@ -46,7 +47,7 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
     if not starts:
         return CrashCause.unknown("vLLM's log is empty", source=read.where, wall_time_s=wall_time_s)
     start = _choose(starts, wanted)
-    source = ", ".join(part for part in (read.where, start.label, f"{start.facts.lines_read} lines") if part)
+    source = ", ".join(part for part in (read.where, start.label, plural(start.facts.lines_read, "line")) if part)
     finding = _cause(start.facts, source)
     ended = (f"how it ended: {start.ended}",) if start.ended else ()
     if finding is None:
@@ -135,7 +136,7 @@ def _what_it_shows(facts: LogFacts) -> str:
     if facts.engine_dead:
         return "vLLM's engine died (EngineDeadError) and its log does not say why"
     if facts.lines_recognised == 0:
-        return f"no line of vLLM recognised in the last {facts.lines_read} lines of its log"
+        return f"no line of vLLM recognised in the last {plural(facts.lines_read, 'line')} of its log"
     return "vLLM's log shows no crash (no CUDA out-of-memory error, refused start or dead engine)"
 
 

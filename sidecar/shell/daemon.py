@@ -55,6 +55,7 @@ from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 
 SHUTDOWN_GRACE_S = 2.0
+NO_NVML_HINT = "give --gpu-source none to run without GPU memory readings"  # `run` and `once`, no NVIDIA driver
 
 
 def derive_settings(settings: ScrapeSettings) -> DeriveSettings:
@@ -78,6 +79,7 @@ def build_gpu_source(settings: ScrapeSettings, fetcher: BodyFetcher) -> GpuSourc
         gpu_indices=settings.gpu_indices,
         vllm_process_pattern=settings.vllm_process_pattern,
         timeout_s=settings.poll_timeout_s,  # a driver that stops answering must not stop the tick
+        unavailable_hint=NO_NVML_HINT,
     )
 
 
@@ -248,6 +250,7 @@ class Daemon:
         self._vllm_fetcher = build_vllm_fetcher(settings, self._client)
         self._gpu = build_gpu_source(settings, self._vllm_fetcher)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
+        self._start_check = parts.start_check
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
         self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
@@ -313,6 +316,20 @@ class Daemon:
         self._stop = asyncio.Event()
         self._current_tick: asyncio.Task[None] | None = None
         self._on_time: OnTime | None = None
+
+    async def check_start(self) -> None:
+        """Ask the platform what only it can answer before the daemon starts (does systemd know the unit?): on a
+        `SettingsError` what the constructor opened is closed and the error goes on to the command line (exit 2);
+        what could not be checked is logged once."""
+        if self._start_check is None:
+            return
+        try:
+            unknown = await self._start_check()
+        except SettingsError:
+            await self._close()
+            raise
+        if unknown is not None:
+            self._log.info("restart_right_unknown", actuator=self._settings.actuator, detail=unknown)
 
     def acting_view(self) -> ActingView:
         """Acting's view, with the last cause of a death read from vLLM's log."""

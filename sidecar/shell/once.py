@@ -50,15 +50,19 @@ def render_json(document: JsonObject) -> str:
     return json.dumps(finite(document), indent=2, allow_nan=False)
 
 
-def render_text(document: JsonObject) -> str:
-    """A short human reading of the same document."""
+def render_text(document: JsonObject, *, shows_vllm: bool = True) -> str:
+    """A short human reading of the same document. `shows_vllm` False: something answers at the URL, but it is
+    not vLLM (its problem line says what it answered); said as such, not as "NOT reachable"."""
     lines: list[str] = []
     vllm = document["vllm"]
     assert isinstance(vllm, dict)  # noqa: S101 - built by once_document
-    state = "reachable" if vllm["reachable"] else "NOT reachable"
-    lines.append(
-        f"vLLM {vllm['url']}: {state}, version {vllm['version'] or '?'}, schema {vllm['metric_schema'] or '?'}"
-    )
+    if not shows_vllm:
+        lines.append(f"{vllm['url']} answers, but is not vLLM")
+    else:
+        state = "reachable" if vllm["reachable"] else "NOT reachable"
+        lines.append(
+            f"vLLM {vllm['url']}: {state}, version {vllm['version'] or '?'}, schema {vllm['metric_schema'] or '?'}"
+        )
     engines: list[dict[str, object]] = document["engines"]  # type: ignore[assignment]
     gpus: list[dict[str, object]] = document["gpus"]  # type: ignore[assignment]
     lines.extend(
@@ -95,6 +99,15 @@ def render_text(document: JsonObject) -> str:
     return "\n".join(lines)
 
 
+def shows_vllm(view: View) -> bool:
+    """False when what answers at the URL is not vLLM: /metrics missing or not an exposition, or one with no
+    vllm: series from a server that names no vLLM version."""
+    result = view.snapshot.vllm
+    if result.wrong_server:
+        return False
+    return result.value is None or result.value.shows_vllm
+
+
 def _fmt(value: object, pattern: str = "{}") -> str:
     return "?" if value is None else pattern.format(value)
 
@@ -107,7 +120,7 @@ def run_once(settings: ScrapeSettings, *, as_json: bool) -> tuple[int, str, str 
     """Return (exit code, text for stdout, one-line error for stderr or None)."""
     view = asyncio.run(poll_once(settings))
     document = once_document(view.snapshot, view.derived, settings.vllm_url)
-    output = render_json(document) if as_json else render_text(document)
+    output = render_json(document) if as_json else render_text(document, shows_vllm=shows_vllm(view))
     if view.snapshot.vllm.error is not None:
         return 1, output, f"vllm-sidecar: cannot read vLLM: {view.snapshot.vllm.error}"
     return 0, output, None

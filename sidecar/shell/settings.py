@@ -751,10 +751,12 @@ def load_settings(flags: Mapping[str, Any], model: type[ScrapeSettings] = Settin
     return settings
 
 
-def setting_error(settings: ScrapeSettings, name: str, why: str) -> SettingsError:
-    """An error about a setting found after loading (a directory that cannot be written), in the same words."""
+def setting_error(settings: ScrapeSettings, name: str, why: str, *, allowed: bool = True) -> SettingsError:
+    """An error about a setting found after loading (a directory that cannot be written), in the same words.
+    `allowed=False` leaves out what the setting accepts: for a value of the right form that the machine refuses
+    (a systemd unit it does not know), where `why` already says what to do."""
     given = "" if name in SECRET_SETTINGS else f"={shown(getattr(settings, name))!r}"
-    return SettingsError(_line(type(settings), name, given, why, settings.origin(name)))
+    return SettingsError(_line(type(settings), name, given, why, settings.origin(name), allowed=allowed))
 
 
 def _without_userinfo(value: object) -> object:
@@ -787,10 +789,12 @@ def _describe(model: type[ScrapeSettings], error: ValidationError, found: Mappin
     return _line(model, name, given, message, found.get(name) or Origin(setting=name, layer=None))
 
 
-def _line(model: type[ScrapeSettings], name: str, given: str, message: str, origin: Origin) -> str:
+def _line(
+    model: type[ScrapeSettings], name: str, given: str, message: str, origin: Origin, *, allowed: bool = True
+) -> str:
     field = model.model_fields.get(name)
-    words = accepted(field) if field is not None else None
-    allowed = f"; allowed: {words}" if words else ""
-    if field is not None and field.annotation is bool:  # the forms pydantic reads, which the help shows too
-        allowed += f" (a bare {flag_of(name)} means true)"
-    return f"invalid setting {name}{given}: {message}{allowed} ({origin.describe()})"
+    words = accepted(field) if field is not None and allowed else None
+    accepts = f"; allowed: {words}" if words else ""
+    if field is not None and field.annotation is bool and allowed:  # the forms pydantic reads, the help shows too
+        accepts += f" (a bare {flag_of(name)} means true)"
+    return f"invalid setting {name}{given}: {message}{accepts} ({origin.describe()})"

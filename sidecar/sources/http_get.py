@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from sidecar import __version__
+from sidecar.model.text import plural
 from sidecar.sources.http_receive import ReceiveClosedError, ReceiveLimitError, Receiver
 
 HEADER_LIMIT_BYTES = 64 * 1024  # status line and headers together; httpcore lets h11 take 100 KiB
@@ -275,8 +276,12 @@ async def _read_body(connection: Receiver, headers: dict[str, str], max_bytes: i
     except ReceiveClosedError as closed:
         if closed.cause is not None:
             raise ConnectionDroppedError(_reason(closed.cause)) from None
-        expected = "" if closed.expected is None else f" of {closed.expected}"
-        raise ConnectionDroppedError(f"closed after {closed.received}{expected} bytes of the body") from None
+        got = (
+            plural(closed.received, "byte")
+            if closed.expected is None
+            else f"{closed.received} of {closed.expected} bytes"
+        )
+        raise ConnectionDroppedError(f"closed after {got} of the body") from None
     except ReceiveLimitError:
         raise ConnectionDroppedError("chunk size line too long") from None
 

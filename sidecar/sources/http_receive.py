@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sidecar.model.text import plural
+
 MIN_FREE_BYTES = 64 * 1024  # what each recv_into may fill at least
 HIGH_WATER_BYTES = 256 * 1024
 
@@ -25,7 +27,7 @@ class ReceiveClosedError(Exception):
     """The connection ended (closed by the server, or reset) before what was asked for arrived."""
 
     def __init__(self, *, received: int, expected: int | None, cause: BaseException | None) -> None:
-        super().__init__(f"closed after {received} bytes")
+        super().__init__(f"closed after {plural(received, 'byte')}")
         self.received = received  # bytes of what was being read that had arrived
         self.expected = expected  # how many were asked for; None for a delimited read
         self.cause = cause  # the OS error (a reset), or None for a clean close

@@ -83,6 +83,7 @@ class NvmlSource:
         clock: Callable[[], float] = time.monotonic,
         retry_init_s: float = 60.0,
         timeout_s: float | None = None,  # None: wait for NVML however long it takes (one-shot commands)
+        unavailable_hint: str | None = None,  # what the command's user can do without NVML, after its error
     ) -> None:
         if gpu_indices is not None and any(index < 0 for index in gpu_indices):
             raise ValueError(f"gpu_indices must be >= 0, got {list(gpu_indices)}")
@@ -94,6 +95,7 @@ class NvmlSource:
         self._retry_init_s = retry_init_s
         self._memory_v2 = True  # until the driver says it has no v2 memory info
         self._timeout_s = timeout_s
+        self._hint = f"; {unavailable_hint}" if unavailable_hint else ""
         self._stuck: concurrent.futures.Future[GpuReading] | None = None  # a read that outlived its timeout
         # Reads run in worker threads and would overlap if a caller did not await the last one: one at a time.
         self._lock = threading.Lock()
@@ -168,7 +170,7 @@ class NvmlSource:
             try:
                 import pynvml  # noqa: PLC0415 - imported on first use, in the worker thread
             except ImportError as exc:
-                raise _ReadError(f"NVML not available: {_describe(exc)}") from exc
+                raise _ReadError(f"NVML not available: {_describe(exc)}{self._hint}") from exc
             self._nvml = pynvml
         return self._nvml
 
@@ -184,7 +186,7 @@ class NvmlSource:
         try:
             nvml.nvmlInit()
         except Exception as exc:  # whatever stops nvmlInit, NVML is unavailable until the next try
-            self._unavailable = f"NVML not available: {_describe(exc)}"
+            self._unavailable = f"NVML not available: {_describe(exc)}{self._hint}"
             raise _ReadError(self._unavailable) from exc
         self._initialised = True
         self._incomplete = False

@@ -19,6 +19,7 @@ import httpx
 
 from sidecar import __version__
 from sidecar.body_cap import BodyTooLargeError, read_capped
+from sidecar.model.text import plural
 from sidecar.policy.probe import ProbeOutcome
 from sidecar.sources.fetch import connection_error_reason
 
@@ -83,7 +84,7 @@ class CompletionProbe:
             self._model = None  # whatever went wrong, ask which model is served next time
             return self._answer(ProbeOutcome.INCONCLUSIVE, str(error), started)
         took = self._clock() - started
-        prompt = "" if prompt_tokens is None else f", prompt {prompt_tokens} tokens"
+        prompt = "" if prompt_tokens is None else f", prompt {plural(prompt_tokens, 'token')}"
         what = "warm-up: 1 token" if warm_up else "1 token"
         return self._answer(ProbeOutcome.ANSWERED, f"{what} of {model!r} in {took:.2f} s{prompt}", started)
 

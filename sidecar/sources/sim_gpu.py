@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
 from sidecar.model.source import SourceResult
+from sidecar.model.text import plural
 from sidecar.sources.fetch import BodyFetcher, Failure, FetchFailedError
 
 SOURCE = "sim-gpu"
@@ -71,7 +72,7 @@ class SimGpuSource:
             present = {device.index for device in devices}
             missing = [index for index in self._gpu_indices if index not in present]
             if missing:
-                raise SimGpuDocumentError(f"has no GPU {missing[0]}: {len(devices)} GPUs simulated")
+                raise SimGpuDocumentError(f"has no GPU {missing[0]}: {plural(len(devices), 'GPU')} simulated")
             devices = tuple(device for device in devices if device.index in self._gpu_indices)
         return GpuReading(devices=devices, driver_version="simulated")
 

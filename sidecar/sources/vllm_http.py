@@ -84,11 +84,23 @@ class VllmHttpSource:
             self._version_asked_at = None  # a failed poll may be a restart, perhaps into another version
             self._load_offered = None  # ... with other flags
             message = str(error)
+            # vLLM always serves its /metrics, as an exposition: whatever answers otherwise is something else
+            wrong = isinstance(error, ExpositionError) or error.status == httpx.codes.NOT_FOUND
             if isinstance(error, ExpositionError):
-                message = f"vLLM {self.base_url}/metrics is not a Prometheus text exposition: {error}"
+                message = (
+                    f"{self.base_url} answers, but is not vLLM: /metrics is not a Prometheus text exposition: {error}"
+                )
+            elif wrong:
+                message = f"{self.base_url} answers, but is not vLLM: /metrics answered HTTP {error.status}"
             refused = isinstance(error, FetchError) and error.refused
             self._last_read_ok = False
-            return SourceResult(source=SOURCE, duration_s=self._clock() - started, error=message, unreachable=refused)
+            return SourceResult(
+                source=SOURCE,
+                duration_s=self._clock() - started,
+                error=message,
+                unreachable=refused,
+                wrong_server=wrong,
+            )
         if version_task is not None:
             self._version = await version_task
             self._version_asked_at = started

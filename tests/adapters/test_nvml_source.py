@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from sidecar.sources.proc import DEFAULT_VLLM_PATTERN, identify_process
 from tests.clock import VirtualClock as FakeClock
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, FakeProcess, Scenario
 from tests.fakes.proc import fake_proc
+from tests.loopback import LoopbackServer
 
 GIB = 1024**3
 VLLM_PID, XORG_PID, UNSEEN_PID, ENGINE_PID = 4242, 1717, 999_999, 4243
@@ -335,6 +339,37 @@ async def test_an_unexpected_exception_becomes_an_error(proc_root: Path, clock: 
     result = await make_source(fake, proc_root, clock).read()
 
     assert result.error == "NVML read failed: RuntimeError: binding broke"
+
+
+async def test_an_unavailable_nvml_says_what_to_do_without_it(proc_root: Path, clock: FakeClock) -> None:
+    hint = "give --gpu-source none to run without GPU memory readings"
+    fake = FakeNvml(Scenario(gpus=[FakeGpu(uuid="GPU-aaaa")], library_missing=True))
+    source = NvmlSource(nvml=fake, proc_root=proc_root, clock=clock, unavailable_hint=hint)
+
+    first = await source.read()
+    again = await source.read()  # the remembered error, until the next nvmlInit is due
+
+    assert first.error == again.error == f"NVML not available: NVML Shared Library Not Found; {hint}"
+
+
+def test_once_without_a_driver_names_the_flag_to_run_without_nvml(server: LoopbackServer) -> None:
+    """`once` and `run` build the same source (sidecar.shell.daemon.build_gpu_source); `once` is the cheap one."""
+    if _real_nvml_library_present():
+        pytest.skip("an NVIDIA driver is installed here: NVML is available")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_SIDECAR_")}
+    command = [sys.executable, "-m", "sidecar", "once", "--vllm-url", server.url]
+
+    with_nvml = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False, env=environment)
+    without = subprocess.run(
+        [*command, "--gpu-source", "none"], capture_output=True, text=True, timeout=30, check=False, env=environment
+    )
+
+    problem = (
+        "  problem: NVML not available: NVML Shared Library Not Found; give --gpu-source none to run without GPU "
+        "memory readings"
+    )
+    assert problem in with_nvml.stdout.splitlines(), with_nvml.stdout
+    assert "NVML" not in without.stdout
 
 
 def _real_nvml_library_present() -> bool:

@@ -120,3 +120,19 @@ async def test_the_probe_is_never_a_prompt_of_a_token_or_two_and_the_warm_up_is_
     assert warm_up.detail.startswith("warm-up: 1 token of 'llama' in ")
     assert warm_up.detail.endswith(f", prompt {len(WARM_UP_PROMPT.split())} tokens")
     assert short.detail.endswith(f", prompt {len(PROMPT.split())} tokens")
+
+
+async def test_the_answer_counts_the_prompt_in_words_that_agree(
+    server: LoopbackServer, client: httpx.AsyncClient
+) -> None:
+    for prompt_tokens, said in ((1, "prompt 1 token"), (12, "prompt 12 tokens")):
+        usage = {"choices": [{"text": "x"}], "usage": {"prompt_tokens": prompt_tokens}}
+        server.routes.update(
+            {
+                "/v1/models": MODELS,
+                "/v1/completions": respond(body=json.dumps(usage).encode(), content_type="application/json"),
+            }
+        )
+        answer = await probe(client, server.url).probe()
+        assert answer.outcome is ProbeOutcome.ANSWERED
+        assert answer.detail.endswith(f", {said}"), answer.detail

@@ -100,13 +100,22 @@ async def test_http_500(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     result = await source(fetcher, server.url).read()
     assert result.error == f"vLLM {server.url}/metrics answered HTTP 500"
     assert not result.unreachable  # it answered: running, and failing
+    assert not result.wrong_server  # vLLM failing, or a proxy before it: nothing says it is not vLLM
+
+
+async def test_http_404_is_a_server_that_is_not_vllm(server: LoopbackServer, fetcher: BodyFetcher) -> None:
+    result = await source(fetcher, server.url).read()  # nothing routed: 404, as from a plain web server
+    assert result.error == f"{server.url} answers, but is not vLLM: /metrics answered HTTP 404"
+    assert (result.wrong_server, result.unreachable) == (True, False)
 
 
 async def test_garbage(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=b"<html><body>Bad Gateway</body></html>")
     result = await source(fetcher, server.url).read()
     assert result.error is not None
-    assert result.error.startswith(f"vLLM {server.url}/metrics is not a Prometheus text exposition: line 1:")
+    assert result.error.startswith(
+        f"{server.url} answers, but is not vLLM: /metrics is not a Prometheus text exposition: line 1:"
+    )
 
 
 async def test_binary_garbage(server: LoopbackServer, fetcher: BodyFetcher) -> None:
@@ -139,6 +148,7 @@ async def test_connection_dropped_mid_body(server: LoopbackServer, fetcher: Body
 
 async def test_disable_log_stats_is_a_problem_not_idle(server: LoopbackServer, fetcher: BodyFetcher) -> None:
     server.routes["/metrics"] = respond(body=b'# TYPE python_info gauge\npython_info{version="3.12"} 1\n')
+    server.routes["/version"] = respond(body=b'{"version": "0.32.0"}')  # vLLM names itself there all the same
     result = await source(fetcher, server.url).read()
     assert result.ok
     assert result.value is not None

@@ -52,7 +52,9 @@ def _source(client: httpx.AsyncClient) -> VllmHttpSource:
 def _check_result(result: SourceResult[VllmReading]) -> None:
     assert (result.error is None) == (result.value is not None)
     if result.error is not None:
-        assert result.error.startswith("vLLM "), result.error
+        # vLLM named first, or the server said not to be vLLM (a 404 or a body that is no exposition)
+        assert result.error.startswith(("vLLM ", f"{URL} answers, but is not vLLM: ")), result.error
+        assert result.wrong_server == result.error.startswith(f"{URL} answers, but is not vLLM: ")
         assert "\n" not in result.error
     else:
         assert result.value is not None

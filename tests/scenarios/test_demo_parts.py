@@ -90,7 +90,7 @@ def test_the_exit_line_has_the_contracts_words() -> None:
         demo.counters.sent, demo.counters.succeeded, demo.counters.failed = 12, 9, 2
         demo.sim.crashes, demo.sim.restarts_by_sidecar = 1, 2
         assert demo.exit_line() == (
-            "demo stopped: 12 requests sent, 9 ok, 2 failed; vLLM crashed 1 times, restarted by the sidecar 2 times; "
+            "demo stopped: 12 requests sent, 9 ok, 2 failed; vLLM crashed 1 time, restarted by the sidecar 2 times; "
             f"logs in {demo.workdir}"
         )
 
