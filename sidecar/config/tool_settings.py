@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
-from sidecar.config.accepted import accepted, unit
+from sidecar.config.accepted import accepted, choices, unit
 from sidecar.config.config_file import FileBackedSettings, SettingsError, config_path, read_config_file
 from sidecar.config.setting_origin import ENV_PREFIX, Origin, origins
 from sidecar.config.settings_cli import load_flags
@@ -71,8 +71,10 @@ def load_tool_settings(model: type[ToolSettingsT], args: argparse.Namespace | Ma
         origin = found.get(name) or Origin(setting=name, layer=None)
         field = model.model_fields.get(name)
         words = accepted(field) if field is not None else None
-        # "a number" after "Input should be a valid number" repeats it: only a range, choices or a form add to it.
-        allowed = f"; allowed: {words}" if words and field is not None and words != unit(field) else ""
+        # "a number" after "Input should be a valid number", or the choices pydantic's message lists, repeat it:
+        # only a range or a form adds to it.
+        repeats = field is None or words == unit(field) or bool(choices(field))
+        allowed = f"; allowed: {words}" if words and not repeats else ""
         raise SettingsError(
             f"invalid setting {name}={first['input']!r}: {message}{allowed} ({origin.describe()})"
         ) from None
