@@ -98,7 +98,9 @@ def kv_pressure(evidence: Evidence) -> str | None:
             said.append(f"KV cache {usage:.0%} used now")
     history = evidence.history
     if history is not None and history.policy is not None:
-        paused = [e for e in history.policy.recent if "pause_admission" in e.actions and "KV cache" in e.reason]
+        paused = [
+            e for e in history.policy["recent"] if "pause_admission" in e["actions"] and "KV cache" in e["reason"]
+        ]
         if paused:
             said.append(f"the sidecar paused admission {len(paused)} time(s) for KV cache usage")
     return "; ".join(said) or None

@@ -170,15 +170,17 @@ def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     if history is None or history.policy is None:
         return None
     policy = history.policy
-    texts = [(event.wall_time_s, event.reason) for event in policy.recent if "pause_admission" in event.actions]
-    if not texts and policy.readiness is not None and policy.readiness.startswith("paused:"):
-        texts.append((history.polled_at_s, policy.readiness))  # paused before the recent decisions began
+    texts = [
+        (event["wall_time_s"], event["reason"]) for event in policy["recent"] if "pause_admission" in event["actions"]
+    ]
+    if not texts and policy["readiness"].startswith("paused:"):
+        texts.append((history.polled_at_s, policy["readiness"]))  # paused before the recent decisions began
     kv = [(when, m) for when, text in texts if (m := _KV_PAUSE.search(text))]
     preempt = [(when, m) for when, text in texts if (m := _PREEMPTION_PAUSE.search(text))]
     queue = [(when, m) for when, text in texts if (m := _WAITING_PAUSE.search(text))]
     if not (kv or preempt or queue):
         return None
-    pauses = sum(1 for event in policy.recent if "pause_admission" in event.actions)
+    pauses = sum(1 for event in policy["recent"] if "pause_admission" in event["actions"])
     lines = [
         f"the sidecar paused admission {pauses} time(s) in its recent decisions for KV pressure: "
         + ", ".join(
@@ -191,27 +193,29 @@ def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         lines.append(f"{clock(when) if when is not None else '(time unknown)'}: {match.group(0)}")
     limit = max((float(m.group("limit")) for _, m in kv), default=DEFAULT_PAUSE_KV)
     peak = max((float(m.group("usage")) for _, m in kv), default=None)
-    engines = [e for e in history.engines if e.capacity_blocks and e.blocks_per_request]
+    engines = [e for e in history.engines if e["kv_cache_capacity_blocks"] and e["kv_cache_blocks_per_request"]]
     recommendations: list[Recommendation] = []
     if engines:
-        engine = max(engines, key=lambda e: e.kv_usage or 0.0)
-        capacity, per_request = engine.capacity_blocks or 0, engine.blocks_per_request or 0.0
-        block = engine.block_size
+        engine = max(engines, key=lambda e: e["kv_cache_usage_ratio"] or 0.0)
+        capacity, per_request = engine["kv_cache_capacity_blocks"] or 0, engine["kv_cache_blocks_per_request"] or 0.0
+        block = engine["kv_cache_block_size_tokens"]
         tokens_text = f" of {block} tokens ({tokens(capacity * block)} tokens)" if block else ""
-        usage = engine.kv_usage or 0.0
+        usage = engine["kv_cache_usage_ratio"] or 0.0
         lines.append(
-            f"{engine.label} at the daemon's last poll: {_number(engine.running)} running and "
-            f"{_number(engine.waiting)} waiting, KV usage {usage:.1%} of {capacity:,} blocks{tokens_text}, "
+            f"{history.engine_label(engine)} at the daemon's last poll: {_number(engine['requests_running'])} "
+            "running and "
+            f"{_number(engine['requests_waiting'])} waiting, KV usage {usage:.1%} of {capacity:,} blocks{tokens_text}, "
             f"{per_request:,.1f} blocks per running request (kv_cache_blocks_per_request)"
         )
         holds = capacity / per_request
         lines.append(f"the KV cache holds {capacity:,} / {per_request:,.1f} = {holds:,.1f} requests of that size")
         if peak is not None:
             lines.append(f"the fullest pause saw KV usage {peak:.2f} against the pause line {limit:.2f}")
-        if engine.preemptions_in_window:
+        if engine["preemptions_in_window"]:
             lines.append(
-                f"vLLM preempted {plural(engine.preemptions_in_window, 'request', spec='g')} over the daemon's window "
-                f"(now {engine.preemptions_per_second or 0:.2f}/s)"
+                f"vLLM preempted {plural(engine['preemptions_in_window'], 'request', spec='g')} over the "
+                "daemon's window "
+                f"(now {engine['preemptions_per_second'] or 0:.2f}/s)"
             )
         value = max(1, math.floor(capacity * limit / per_request))
         recommendations.extend(

@@ -8,11 +8,12 @@ the engine probe's unanswered completions. The finding gives the timeline and wh
 
 from __future__ import annotations
 
-from sidecar.doctor.evidence import EngineHistory, Evidence, HistoryFacts, PolicyEvent
+from sidecar.doctor.evidence import Evidence, HistoryFacts, counted
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import Version, at_least, available
+from sidecar.model.status import EngineStatus, RecentDecision
 from sidecar.model.text import plural
 
 # What the policy's reasons say about a hang (sidecar/policy/rules.py, probe.py and machine.py word them so).
@@ -27,35 +28,35 @@ def history_hang(evidence: Evidence, setup: Setup) -> Finding | None:
     if history is None:
         return None
     policy = history.policy
-    events = [event for event in policy.recent if _about_hang(event.reason)] if policy is not None else []
+    events = [event for event in policy["recent"] if _about_hang(event["reason"])] if policy is not None else []
     restarts = dict(history.restarts).get("engine_hung", 0)
-    unanswered = dict(policy.probes).get("no_answer", 0) if policy is not None else 0
+    unanswered = policy["probes"].get("no_answer", 0) if policy is not None else 0
     # Acting on it now: a stall the policy only watches (state pressure, under --stall-pause-after) is not a hang yet.
     current = (
         policy is not None
-        and policy.state not in (None, "normal", "pressure", "starting")
-        and any(_about_hang(text) for text in (policy.reason or "", policy.readiness or ""))
+        and policy["state"] not in ("normal", "pressure", "starting")
+        and any(_about_hang(text) for text in (policy["reason"], policy["readiness"]))
     )
-    stalled = [engine for engine in history.engines if (engine.stalled_s or 0.0) > 0]
-    long_stall = any((engine.stalled_s or 0.0) >= MIN_STALL_S for engine in stalled)
+    stalled = [engine for engine in history.engines if (engine["engine_stalled_seconds"] or 0.0) > 0]
+    long_stall = any((engine["engine_stalled_seconds"] or 0.0) >= MIN_STALL_S for engine in stalled)
     if not (events or restarts or unanswered or current or long_stall):
         return None
     lines = _timeline(history, stalled, events, current=current)
     if unanswered:
-        answers = ", ".join(f"{outcome} {count}" for outcome, count in policy.probes) if policy else ""
-        last = f" (last: {policy.last_probe})" if policy is not None and policy.last_probe else ""
+        answers = ", ".join(f"{outcome} {count}" for outcome, count in counted(policy["probes"])) if policy else ""
+        last = f" (last: {policy['last_probe']})" if policy is not None and policy["last_probe"] else ""
         lines.append(f"the daemon's 1-token probe completions: {answers}{last}")
     if restarts:
         lines.append(f"the sidecar restarted vLLM {restarts} time(s) for a hang (restarts engine_hung)")
         onset = _onset(history, stalled)
-        last_restart = policy.last_restart_wall_time_s if policy is not None else None
+        last_restart = policy["last_restart_timestamp_seconds"] if policy is not None else None
         if onset is not None and last_restart is not None and onset >= last_restart:
             lines.append(
                 f"the engine stopped again after the last restart ({clock(last_restart)}): the hang comes back, "
                 "a bug to report rather than load to shed"
             )
-    if policy is not None and policy.would_restart_but and _about_hang(policy.reason or ""):
-        lines.append(f"a further restart is held: {policy.would_restart_but}")
+    if policy is not None and policy["would_restart_but"] and _about_hang(policy["reason"]):
+        lines.append(f"a further restart is held: {policy['would_restart_but']}")
     if history.vllm_healthy:
         lines.append("vLLM's /health answered 200 at the daemon's last poll: a hang /health cannot show")
     severity = Severity.CRITICAL if current or long_stall else Severity.WARNING
@@ -67,7 +68,7 @@ def history_hang(evidence: Evidence, setup: Setup) -> Finding | None:
         + (f"; restarted {restarts} time(s)" if restarts else ""),
         evidence=tuple(lines),
         recommendations=tuple(_recommendations(setup.version)),
-        steps=tuple(_steps(setup.version, probed=bool(dict(policy.probes)) if policy else False)),
+        steps=tuple(_steps(setup.version, probed=bool(counted(policy["probes"])) if policy else False)),
     )
 
 
@@ -75,45 +76,49 @@ def _about_hang(text: str) -> bool:
     return any(word in text for word in HANG_WORDS)
 
 
-def _onset(history: HistoryFacts, stalled: list[EngineHistory]) -> float | None:
+def _onset(history: HistoryFacts, stalled: list[EngineStatus]) -> float | None:
     """When the longest stall began, from the daemon's last poll and the engine's stall clock."""
     if history.polled_at_s is None:
         return None
-    quiet = [engine.stalled_s or engine.since_progress_s or 0.0 for engine in stalled]
+    quiet = [engine["engine_stalled_seconds"] or engine["seconds_since_progress"] or 0.0 for engine in stalled]
     return history.polled_at_s - max(quiet) if quiet else None
 
 
 def _timeline(
-    history: HistoryFacts, stalled: list[EngineHistory], events: list[PolicyEvent], *, current: bool
+    history: HistoryFacts, stalled: list[EngineStatus], events: list[RecentDecision], *, current: bool
 ) -> list[str]:
     lines: list[str] = []
     polled = history.polled_at_s
     at = f" at {clock(polled)}" if polled is not None else ""
     for engine in stalled:
-        quiet = engine.stalled_s or 0.0
+        quiet = engine["engine_stalled_seconds"] or 0.0
         since = f"since {clock(polled - quiet)}, " if polled is not None else ""
-        work = f"{_requests(engine.running)} running and {_count(engine.waiting)} waiting"
+        work = f"{_requests(engine['requests_running'])} running and {_count(engine['requests_waiting'])} waiting"
         lines.append(
-            f"{engine.label}: no progress {since}{quiet:,.0f} s before the daemon's last poll{at}, with {work} "
+            f"{history.engine_label(engine)}: no progress {since}{quiet:,.0f} s before the daemon's last "
+            f"poll{at}, with {work} "
             "(engine_stalled_seconds)"
         )
     if not stalled and current:
-        quiet_engines = [engine for engine in history.engines if (engine.since_progress_s or 0.0) > 0]
+        quiet_engines = [engine for engine in history.engines if (engine["seconds_since_progress"] or 0.0) > 0]
         for engine in quiet_engines:
-            quiet = engine.since_progress_s or 0.0
+            quiet = engine["seconds_since_progress"] or 0.0
             since = f"since {clock(polled - quiet)}, " if polled is not None else ""
             lines.append(
-                f"{engine.label}: no progress at all {since}{quiet:,.0f} s before the last poll{at}, while it reads "
+                f"{history.engine_label(engine)}: no progress at all {since}{quiet:,.0f} s before the last "
+                f"poll{at}, while it reads "
                 "idle (seconds_since_progress): a wedge only a request shows"
             )
     for event in events[-EVENTS_SHOWN:]:
-        when = clock(event.wall_time_s) if event.wall_time_s is not None else "(time unknown)"
-        lines.append(f"{when} the policy: {', '.join(event.actions) or 'no action'} ({event.state}): {event.reason}")
+        when = clock(event["wall_time_s"]) if event["wall_time_s"] is not None else "(time unknown)"
+        lines.append(
+            f"{when} the policy: {', '.join(event['actions']) or 'no action'} ({event['state']}): {event['reason']}"
+        )
     hidden = len(events) - EVENTS_SHOWN
     if hidden > 0:
         lines.append(f"({hidden} earlier hang decisions not shown)")
     if current and history.policy is not None:
-        lines.append(f"now ({history.policy.state}): {history.policy.reason}")
+        lines.append(f"now ({history.policy['state']}): {history.policy['reason']}")
     return lines
 
 

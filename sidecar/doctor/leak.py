@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
-from sidecar.doctor.evidence import Evidence, GpuTrend, HistoryFacts
+from sidecar.doctor.evidence import Evidence, HistoryFacts
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import MIB, clock, duration, gib
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE, MIN_TREND_R2, URGENT_OOM_S
 from sidecar.doctor.setup import Setup
+from sidecar.model.status import GpuStatus
 
 MAX_FRESH_TO_OOM_S = 7 * 86400.0  # slower than a week from a fresh start to a full card: not worth a finding
 OOM_FORECAST_S = 900.0  # the daemon's --oom-forecast default: it restarts when the time to OOM stays under this
@@ -28,7 +29,7 @@ def history_leak(evidence: Evidence, setup: Setup) -> Finding | None:
     growing = [trend for trend in history.gpus if leaking(trend)]
     forecast_restarts = dict(history.restarts).get("oom_forecast", 0)
     events = (
-        [event for event in history.policy.recent if "(oom_forecast)" in event.reason]
+        [event for event in history.policy["recent"] if "(oom_forecast)" in event["reason"]]
         if history.policy is not None
         else []
     )
@@ -52,12 +53,16 @@ def history_leak(evidence: Evidence, setup: Setup) -> Finding | None:
             f"the sidecar restarted vLLM {forecast_restarts} time(s) on its OOM forecast (restarts oom_forecast)"
         )
     for event in events[-EVENTS_SHOWN:]:
-        when = clock(event.wall_time_s) if event.wall_time_s is not None else "(time unknown)"
-        lines.append(f"{when} the policy: {', '.join(event.actions) or 'no action'} ({event.state}): {event.reason}")
+        when = clock(event["wall_time_s"]) if event["wall_time_s"] is not None else "(time unknown)"
+        lines.append(
+            f"{when} the policy: {', '.join(event['actions']) or 'no action'} ({event['state']}): {event['reason']}"
+        )
     if cadences:
         steps.extend(_restart_steps(min(cadences)))
     steps.extend(_collect(history, growing, setup))
-    urgent = any(trend.time_to_oom_s is not None and trend.time_to_oom_s < URGENT_OOM_S for trend in growing)
+    urgent = any(
+        trend["time_to_oom_seconds"] is not None and trend["time_to_oom_seconds"] < URGENT_OOM_S for trend in growing
+    )
     return Finding(
         cause=Cause.MEMORY_LEAK,
         severity=Severity.CRITICAL if urgent else Severity.WARNING,
@@ -83,62 +88,77 @@ def history_leak(evidence: Evidence, setup: Setup) -> Finding | None:
     )
 
 
-def leaking(trend: GpuTrend) -> bool:
+def leaking(trend: GpuStatus) -> bool:
     """A steady growth of vLLM's memory: positive slope, a fit the daemon trusts, fast enough to matter, and not
     another process's (with another tenant on the card and vLLM inside its budget the growth may be the tenant's,
     which is configuration_overshoot)."""
-    growth, fit = trend.growth_bytes_per_second, trend.fit_r2
+    growth, fit = trend["memory_growth_bytes_per_second"], trend["memory_growth_fit_r2"]
     if growth is None or growth <= 0 or fit is None or fit < MIN_TREND_R2:
         return False
-    if trend.other_bytes and (
-        trend.vllm_bytes is None or trend.budget_bytes is None or trend.vllm_bytes <= trend.budget_bytes
+    if trend["other_process_memory_bytes"] and (
+        trend["vllm_process_memory_bytes"] is None
+        or trend["memory_budget_bytes"] is None
+        or trend["vllm_process_memory_bytes"] <= trend["memory_budget_bytes"]
     ):
         return False
     fresh = _fresh_to_full_s(trend)
-    if trend.time_to_oom_s is not None:
+    if trend["time_to_oom_seconds"] is not None:
         return True
     return fresh is not None and fresh <= MAX_FRESH_TO_OOM_S
 
 
-def _fresh_to_full_s(trend: GpuTrend) -> float | None:
+def _fresh_to_full_s(trend: GpuStatus) -> float | None:
     """Seconds from a fresh vLLM (holding its budget) until the card is full, at this slope."""
-    growth = trend.growth_bytes_per_second
-    if growth is None or growth <= 0 or trend.total_bytes is None:
+    growth = trend["memory_growth_bytes_per_second"]
+    if growth is None or growth <= 0 or trend["memory_total_bytes"] is None:
         return None
-    start = trend.budget_bytes if trend.budget_bytes is not None else trend.used_bytes
+    start = trend["memory_budget_bytes"] if trend["memory_budget_bytes"] is not None else trend["memory_used_bytes"]
     if start is None:
         return None
-    return max(0.0, (trend.total_bytes - start) / growth)
+    return max(0.0, (trend["memory_total_bytes"] - start) / growth)
 
 
-def _describe(trend: GpuTrend, history: HistoryFacts) -> tuple[list[str], float | None]:
-    growth = trend.growth_bytes_per_second or 0.0
-    name = f" ({trend.name})" if trend.name else ""
+def _describe(trend: GpuStatus, history: HistoryFacts) -> tuple[list[str], float | None]:
+    growth = trend["memory_growth_bytes_per_second"] or 0.0
+    name = f" ({trend['name']})" if trend["name"] else ""
     lines = [
-        f"GPU {trend.gpu}{name} memory grows {growth / MIB:,.2f} MiB/s = {growth * 3600 / 2**30:,.2f} GiB/h "
-        f"(least-squares slope over the daemon's --memory-trend-window, R² {trend.fit_r2:.3f})"
+        f"GPU {trend['gpu']}{name} memory grows {growth / MIB:,.2f} MiB/s = {growth * 3600 / 2**30:,.2f} GiB/h "
+        f"(least-squares slope over the daemon's --memory-trend-window, R² {trend['memory_growth_fit_r2']:.3f})"
     ]
-    if trend.used_bytes is not None and trend.total_bytes is not None:
-        budget = f", vLLM's budget {gib(trend.budget_bytes)}" if trend.budget_bytes is not None else ""
+    if trend["memory_used_bytes"] is not None and trend["memory_total_bytes"] is not None:
+        budget = (
+            f", vLLM's budget {gib(trend['memory_budget_bytes'])}" if trend["memory_budget_bytes"] is not None else ""
+        )
         over = (
-            f" ({gib(trend.used_bytes - trend.budget_bytes)} beyond it)"
-            if trend.budget_bytes is not None and trend.used_bytes > trend.budget_bytes
+            f" ({gib(trend['memory_used_bytes'] - trend['memory_budget_bytes'])} beyond it)"
+            if trend["memory_budget_bytes"] is not None and trend["memory_used_bytes"] > trend["memory_budget_bytes"]
             else ""
         )
-        lines.append(f"GPU {trend.gpu}: {gib(trend.used_bytes)} used of {gib(trend.total_bytes)}{budget}{over}")
-    if trend.time_to_oom_s is not None:
-        when = f", at {clock(history.polled_at_s + trend.time_to_oom_s)}" if history.polled_at_s is not None else ""
         lines.append(
-            f"the daemon forecasts the card full in {duration(trend.time_to_oom_s)}{when} (time_to_oom_seconds)"
+            f"GPU {trend['gpu']}: {gib(trend['memory_used_bytes'])} used of "
+            f"{gib(trend['memory_total_bytes'])}{budget}{over}"
+        )
+    if trend["time_to_oom_seconds"] is not None:
+        when = (
+            f", at {clock(history.polled_at_s + trend['time_to_oom_seconds'])}"
+            if history.polled_at_s is not None
+            else ""
+        )
+        lines.append(
+            f"the daemon forecasts the card full in {duration(trend['time_to_oom_seconds'])}{when} "
+            "(time_to_oom_seconds)"
         )
     fresh = _fresh_to_full_s(trend)
-    if fresh is None or trend.total_bytes is None:
+    if fresh is None or trend["memory_total_bytes"] is None:
         return lines, None
-    start = trend.budget_bytes if trend.budget_bytes is not None else trend.used_bytes or 0
-    what = "its budget" if trend.budget_bytes is not None else "today's use (its budget unknown)"
+    start = (
+        trend["memory_budget_bytes"] if trend["memory_budget_bytes"] is not None else trend["memory_used_bytes"] or 0
+    )
+    what = "its budget" if trend["memory_budget_bytes"] is not None else "today's use (its budget unknown)"
     cadence = fresh - OOM_FORECAST_S
     lines.append(
-        f"restart cadence: a fresh vLLM holds {what}, {gib(start)}; ({gib(trend.total_bytes)} - {gib(start)}) / "
+        f"restart cadence: a fresh vLLM holds {what}, {gib(start)}; ({gib(trend['memory_total_bytes'])} - "
+        f"{gib(start)}) / "
         f"{growth / MIB:,.2f} MiB/s = {duration(fresh)} until the card is full; the sidecar restarts "
         f"{duration(OOM_FORECAST_S)} before that (--oom-forecast default): "
         + (
@@ -167,10 +187,12 @@ def _restart_steps(cadence_s: float) -> list[str]:
     ]
 
 
-def _collect(history: HistoryFacts, growing: list[GpuTrend], setup: Setup) -> list[str]:
+def _collect(history: HistoryFacts, growing: list[GpuStatus], setup: Setup) -> list[str]:
     version = setup.version_text or history.vllm_version or "unknown"
     slopes = ", ".join(
-        f"GPU {t.gpu} {(t.growth_bytes_per_second or 0.0) / MIB:,.2f} MiB/s R² {t.fit_r2:.3f}" for t in growing
+        f"GPU {t['gpu']} {(t['memory_growth_bytes_per_second'] or 0.0) / MIB:,.2f} MiB/s R² "
+        f"{t['memory_growth_fit_r2']:.3f}"
+        for t in growing
     )
     return [
         "the sidecar's allocator probe (VLLM_SIDECAR_PROBE_DIR in vLLM's environment, --probe-dir for the daemon): "

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.doctor import formula
-from sidecar.doctor.evidence import Evidence, GpuTrend
+from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.setup import Setup
 from sidecar.model.gpu import GpuDevice, ProcessOwner
+from sidecar.model.status import GpuStatus
 
 MIN_OVER_BUDGET_BYTES = GIB  # below max(1 GiB, 2 % of the card), beyond-budget memory is CUDA context and noise
 MIN_OVER_BUDGET_RATIO = 0.02
@@ -34,7 +35,7 @@ class GpuLook:
     others_bytes: int
     vllm_bytes: int  # vLLM's processes, or everything not known to be another process
     budget_bytes: int | None
-    trend: GpuTrend | None
+    trend: GpuStatus | None
 
     @property
     def over_budget_bytes(self) -> int:
@@ -52,7 +53,9 @@ class GpuLook:
     def growing(self) -> bool:
         trend = self.trend
         return (
-            trend is not None and (trend.growth_bytes_per_second or 0.0) > 0 and (trend.fit_r2 or 0.0) >= MIN_TREND_R2
+            trend is not None
+            and (trend["memory_growth_bytes_per_second"] or 0.0) > 0
+            and (trend["memory_growth_fit_r2"] or 0.0) >= MIN_TREND_R2
         )
 
     @property
@@ -69,7 +72,7 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
     reading = evidence.gpu.reading
     if reading is None or not reading.devices:
         return None
-    trends = {trend.gpu: trend for trend in evidence.history.gpus} if evidence.history is not None else {}
+    trends = {trend["gpu"]: trend for trend in evidence.history.gpus} if evidence.history is not None else {}
     utilization = setup.gpu_memory_utilization
     looks = [
         _look(device, utilization.value if utilization else None, trends.get(device.index))
@@ -90,7 +93,7 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
         evidence_lines.append(f"the sidecar restarted vLLM ({restarts}) according to {evidence.history.source}")
     recommendations = _recommendations(affected, setup)
     urgent = any(look.low_free for look in affected) or any(
-        look.trend is not None and look.growing and (look.trend.time_to_oom_s or URGENT_OOM_S) < URGENT_OOM_S
+        look.trend is not None and look.growing and (look.trend["time_to_oom_seconds"] or URGENT_OOM_S) < URGENT_OOM_S
         for look in affected
     )
     causes = []
@@ -109,7 +112,7 @@ def live_overshoot(evidence: Evidence, setup: Setup) -> Finding | None:
     )
 
 
-def _look(device: GpuDevice, utilization: float | None, trend: GpuTrend | None) -> GpuLook:
+def _look(device: GpuDevice, utilization: float | None, trend: GpuStatus | None) -> GpuLook:
     others = sum(p.used_memory_bytes or 0 for p in device.processes if p.owner is ProcessOwner.OTHER)
     return GpuLook(
         device=device,
@@ -154,11 +157,15 @@ def _describe(look: GpuLook, setup: Setup) -> list[str]:
     )
     if look.growing and look.trend is not None:
         trend = look.trend
-        growth = (trend.growth_bytes_per_second or 0.0) / 2**20
+        growth = (trend["memory_growth_bytes_per_second"] or 0.0) / 2**20
         when = (
-            f"; the daemon forecasts an OOM in {trend.time_to_oom_s:,.0f} s" if trend.time_to_oom_s is not None else ""
+            f"; the daemon forecasts an OOM in {trend['time_to_oom_seconds']:,.0f} s"
+            if trend["time_to_oom_seconds"] is not None
+            else ""
         )
-        lines.append(f"GPU {device.index} memory grows {growth:,.1f} MiB/s (R² {trend.fit_r2:.2f}){when}")
+        lines.append(
+            f"GPU {device.index} memory grows {growth:,.1f} MiB/s (R² {trend['memory_growth_fit_r2']:.2f}){when}"
+        )
     return lines
 
 

@@ -21,10 +21,11 @@ import httpx
 from sidecar.body_cap import BodyTooLargeError, read_capped
 from sidecar.doctor.evidence import Evidence, GpuEvidence, HistoryFacts, LiveEvidence
 from sidecar.doctor.histogram import SAMPLE_NAMES
-from sidecar.doctor.history import HistoryError, from_ledger, from_status
+from sidecar.doctor.history import HistoryError, from_ledger
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.traffic import read_traffic
+from sidecar.doctor_cli.history_reading import status_history
 from sidecar.file_cap import read_capped_file
 from sidecar.model.gpu import GpuReading
 from sidecar.parse.exposition import ExpositionError, parse_exposition
@@ -246,7 +247,7 @@ async def _history(
         document = json.loads(raw)
         if isinstance(document, dict) and "restarts" in document and "engines" not in document:
             return from_ledger(document, source)
-        return from_status(document, source)
+        return status_history(document, source)
     except (_FetchError, OSError, ValueError, HistoryError) as error:
         problems.append(f"history {history} not used: {error}")
         return None

@@ -30,6 +30,7 @@ from sidecar.exporter.admin import AdminAuth
 from sidecar.exporter.rate_limit import AdminRateLimiter
 from sidecar.exporter.server import Request, Response
 from sidecar.model.acting import ActingView
+from sidecar.model.status import StartingStatus, StatusDocument
 from sidecar.model.view import View
 from sidecar.report.document import finite, policy_document, status_document
 
@@ -161,13 +162,11 @@ class Endpoints:
 
     def _status(self) -> Response:
         view = self._latest_view()
-        if view is None:
-            body: dict[str, object] = {
-                "sidecar": {"version": self._version},
-                "state": "starting: no poll yet",
-            }
-        else:
-            body = status_document(view.snapshot, view.derived, self._vllm_url, version=self._version)
+        body: StatusDocument | StartingStatus = (
+            StartingStatus(sidecar={"version": self._version}, state="starting: no poll yet")
+            if view is None
+            else status_document(view.snapshot, view.derived, self._vllm_url, version=self._version)
+        )
         acting = self._acting_view()
         if acting is not None:
             body["policy"] = policy_document(acting)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar.model.cause import CrashCause
+from sidecar.model.status import RecentDecision
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +26,7 @@ class ActingView:
     actions: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
-    recent: tuple[dict[str, object], ...] = ()
+    recent: tuple[RecentDecision, ...] = ()
     # Every label value the counters can take. Exported at 0 before the first event: Prometheus' increase()
     # cannot see a series that is born at 1, so an alert on the first restart would never fire.
     action_kinds: tuple[str, ...] = ()

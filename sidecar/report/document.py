@@ -1,20 +1,31 @@
 """Builds the `once --json` and `/status` documents from snapshots and derived values. Pure.
 
-The shapes are part of the public contract: a value that cannot be known is `null`, never 0.
+The shapes are part of the public contract (`sidecar/model/status.py` holds them, for this writer and the doctor
+that reads them back): a value that cannot be known is `null`, never 0.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 
 from sidecar.model.acting import ActingView
 from sidecar.model.cause import CrashCause
-from sidecar.model.derived import Derived, EngineDerived, GpuDerived, ModelDerived
+from sidecar.model.derived import AllocatorDerived, Derived, EngineDerived, GpuDerived, ModelDerived
 from sidecar.model.gpu import GpuDevice
 from sidecar.model.snapshot import Snapshot
-
-JsonObject = dict[str, object]
+from sidecar.model.status import (
+    AllocatorStatus,
+    CrashCauseStatus,
+    EngineOnce,
+    EngineStatus,
+    GpuStatus,
+    ModelOnce,
+    ModelStatus,
+    OnceDocument,
+    PolicyStatus,
+    StatusDocument,
+    VllmStatus,
+)
 
 
 def finite(document: object) -> object:
@@ -33,7 +44,7 @@ def count(value: float | None) -> int | float | None:
     return int(value) if value is not None and value.is_integer() else value
 
 
-def vllm_document(snapshot: Snapshot, url: str) -> JsonObject:
+def vllm_document(snapshot: Snapshot, url: str) -> VllmStatus:
     reading = snapshot.vllm.value if snapshot.vllm.error is None else None
     return {
         "url": url,
@@ -44,7 +55,7 @@ def vllm_document(snapshot: Snapshot, url: str) -> JsonObject:
     }
 
 
-def engine_once_document(engine: EngineDerived) -> JsonObject:
+def engine_once_document(engine: EngineDerived) -> EngineOnce:
     """The instantaneous values of one engine: what a single poll can know."""
     return {
         "model_name": engine.model_name,
@@ -68,21 +79,20 @@ def engine_once_document(engine: EngineDerived) -> JsonObject:
     }
 
 
-def engine_status_document(engine: EngineDerived) -> JsonObject:
-    document = engine_once_document(engine)
-    document.update(
+def engine_status_document(engine: EngineDerived) -> EngineStatus:
+    return EngineStatus(
+        **engine_once_document(engine),
         prefix_cache_hit_ratio=engine.prefix_cache_hit_ratio,
         preemptions_per_second=engine.preemptions_per_second,
         engine_stalled_seconds=engine.engine_stalled_seconds,
         preemptions_in_window=count(engine.preemptions_in_window),
         requests_waiting_deferred_ratio=engine.requests_waiting_deferred_ratio,
         engine_unhealthy_seconds=engine.engine_unhealthy_seconds,
-        seconds_since_progress=engine.seconds_since_progress,  # idle or not: an idle wedge shows only here
+        seconds_since_progress=engine.seconds_since_progress,
     )
-    return document
 
 
-def model_once_document(model: ModelDerived) -> JsonObject:
+def model_once_document(model: ModelDerived) -> ModelOnce:
     """vLLM's own admission control for one served model (0.32+): what a single poll can know."""
     return {
         "model_name": model.model_name,
@@ -93,36 +103,42 @@ def model_once_document(model: ModelDerived) -> JsonObject:
     }
 
 
-def model_status_document(model: ModelDerived) -> JsonObject:
-    document = model_once_document(model)
-    document.update(
+def model_status_document(model: ModelDerived) -> ModelStatus:
+    return ModelStatus(
+        **model_once_document(model),
         admission_rejections_per_second=model.admission_rejections_per_second,
         admission_rejections_in_window=count(model.admission_rejections_in_window),
     )
-    return document
 
 
-def gpu_document(gpu: GpuDerived, device: GpuDevice | None) -> JsonObject:
-    document: JsonObject = {
-        "gpu": gpu.gpu,
-        "uuid": device.uuid if device is not None else None,
-        "name": device.name if device is not None else None,
-    }
-    document.update(
-        {key: value for key, value in asdict(gpu).items() if key not in ("gpu",)},
-    )
-    document["processes"] = (
-        [
+def gpu_document(gpu: GpuDerived, device: GpuDevice | None) -> GpuStatus:
+    return GpuStatus(
+        gpu=gpu.gpu,
+        uuid=device.uuid if device is not None else None,
+        name=device.name if device is not None else None,
+        memory_total_bytes=gpu.memory_total_bytes,
+        memory_used_bytes=gpu.memory_used_bytes,
+        memory_free_bytes=gpu.memory_free_bytes,
+        memory_budget_bytes=gpu.memory_budget_bytes,
+        memory_over_budget_bytes=gpu.memory_over_budget_bytes,
+        memory_growth_bytes_per_second=gpu.memory_growth_bytes_per_second,
+        memory_growth_fit_r2=gpu.memory_growth_fit_r2,
+        time_to_oom_seconds=gpu.time_to_oom_seconds,
+        vllm_process_memory_bytes=gpu.vllm_process_memory_bytes,
+        other_process_memory_bytes=gpu.other_process_memory_bytes,
+        unknown_process_memory_bytes=gpu.unknown_process_memory_bytes,
+        utilization_ratio=gpu.utilization_ratio,
+        temperature_celsius=gpu.temperature_celsius,
+        xid_errors_total=gpu.xid_errors_total,
+        last_xid=gpu.last_xid,
+        processes=[
             {"pid": p.pid, "name": p.name, "owner": p.owner.value, "used_memory_bytes": p.used_memory_bytes}
-            for p in device.processes
-        ]
-        if device is not None
-        else []
+            for p in (device.processes if device is not None else ())
+        ],
     )
-    return document
 
 
-def once_document(snapshot: Snapshot, derived: Derived, url: str) -> JsonObject:
+def once_document(snapshot: Snapshot, derived: Derived, url: str) -> OnceDocument:
     devices = _devices(snapshot)
     return {
         "vllm": vllm_document(snapshot, url),
@@ -130,11 +146,27 @@ def once_document(snapshot: Snapshot, derived: Derived, url: str) -> JsonObject:
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
         "models": [model_once_document(model) for model in derived.models],
-        "allocators": [asdict(allocator) for allocator in derived.allocators],
+        "allocators": [_allocator(allocator) for allocator in derived.allocators],
     }
 
 
-def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: str) -> JsonObject:
+def _allocator(allocator: AllocatorDerived) -> AllocatorStatus:
+    return AllocatorStatus(
+        gpu=allocator.gpu,
+        rank=allocator.rank,
+        processes=allocator.processes,
+        allocated_bytes=allocator.allocated_bytes,
+        reserved_bytes=allocator.reserved_bytes,
+        inactive_split_bytes=allocator.inactive_split_bytes,
+        fragmentation_ratio=allocator.fragmentation_ratio,
+        alloc_retries_total=allocator.alloc_retries_total,
+        ooms_total=allocator.ooms_total,
+        alloc_retries_recent=allocator.alloc_retries_recent,
+        ooms_recent=allocator.ooms_recent,
+    )
+
+
+def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: str) -> StatusDocument:
     devices = _devices(snapshot)
     return {
         "sidecar": {"version": version, "last_poll_timestamp_seconds": snapshot.wall_time_s},
@@ -148,7 +180,7 @@ def status_document(snapshot: Snapshot, derived: Derived, url: str, *, version: 
         "gpus": [gpu_document(gpu, devices.get(gpu.gpu)) for gpu in derived.gpus],
         "problems": list(derived.problems),
         "models": [model_status_document(model) for model in derived.models],
-        "allocators": [asdict(allocator) for allocator in derived.allocators],
+        "allocators": [_allocator(allocator) for allocator in derived.allocators],
     }
 
 
@@ -158,7 +190,7 @@ def _devices(snapshot: Snapshot) -> dict[int, GpuDevice]:
     return {device.index: device for device in snapshot.gpu.value.devices}
 
 
-def policy_document(acting: ActingView) -> JsonObject:
+def policy_document(acting: ActingView) -> PolicyStatus:
     """The policy part of /status: state, why, guards, counters, recent decisions. Never a secret."""
     return {
         "state": acting.state,
@@ -184,7 +216,7 @@ def policy_document(acting: ActingView) -> JsonObject:
     }
 
 
-def _crash_cause_document(cause: CrashCause | None) -> JsonObject | None:
+def _crash_cause_document(cause: CrashCause | None) -> CrashCauseStatus | None:
     """Why vLLM last died as its log said (cause null: unknown, and the summary says why); null: never read."""
     if cause is None:
         return None

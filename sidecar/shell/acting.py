@@ -22,6 +22,7 @@ from sidecar.actuators.base import Actuator, ActuatorOutcome, OutcomeStatus
 from sidecar.exporter.endpoints import Readiness
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived
+from sidecar.model.status import RecentDecision
 from sidecar.model.supervision import Restarter
 from sidecar.model.view import View
 from sidecar.notify.message import Notification, NotificationKind
@@ -105,7 +106,7 @@ class Acting:
         )
         self.ledger = self._store.load()
         self.decision: Decision | None = None
-        self.recent: deque[dict[str, object]] = deque(maxlen=50)  # decisions that did something, for /status
+        self.recent: deque[RecentDecision] = deque(maxlen=50)  # decisions that did something, for /status
         self.actions: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()

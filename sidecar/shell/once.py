@@ -7,8 +7,9 @@ import json
 
 import structlog
 
+from sidecar.model.status import OnceDocument
 from sidecar.model.view import View
-from sidecar.report.document import JsonObject, finite, once_document
+from sidecar.report.document import finite, once_document
 from sidecar.shell.daemon import (
     Poller,
     build_allocator_source,
@@ -46,16 +47,15 @@ async def poll_once(settings: ScrapeSettings) -> View:
             await asyncio.to_thread(gpu.close)
 
 
-def render_json(document: JsonObject) -> str:
+def render_json(document: OnceDocument) -> str:
     return json.dumps(finite(document), indent=2, allow_nan=False)
 
 
-def render_text(document: JsonObject, *, shows_vllm: bool = True) -> str:
+def render_text(document: OnceDocument, *, shows_vllm: bool = True) -> str:
     """A short human reading of the same document. `shows_vllm` False: something answers at the URL, but it is
     not vLLM (its problem line says what it answered); said as such, not as "NOT reachable"."""
     lines: list[str] = []
     vllm = document["vllm"]
-    assert isinstance(vllm, dict)  # noqa: S101 - built by once_document
     if not shows_vllm:
         lines.append(f"{vllm['url']} answers, but is not vLLM")
     else:
@@ -63,8 +63,7 @@ def render_text(document: JsonObject, *, shows_vllm: bool = True) -> str:
         lines.append(
             f"vLLM {vllm['url']}: {state}, version {vllm['version'] or '?'}, schema {vllm['metric_schema'] or '?'}"
         )
-    engines: list[dict[str, object]] = document["engines"]  # type: ignore[assignment]
-    gpus: list[dict[str, object]] = document["gpus"]  # type: ignore[assignment]
+    engines, gpus = document["engines"], document["gpus"]
     lines.extend(
         (
             "  engine {engine} ({model_name}): KV {kv} of {cap} blocks x {bs} tokens, running {running}, "
@@ -88,14 +87,14 @@ def render_text(document: JsonObject, *, shows_vllm: bool = True) -> str:
         f"vLLM budget {_gib(gpu['memory_budget_bytes'])} GiB"
         for gpu in gpus
     )
-    allocators: list[dict[str, object]] = document["allocators"]  # type: ignore[assignment]
+    allocators = document["allocators"]
     lines.extend(
         f"  PyTorch allocator, GPU {a['gpu']} rank {a['rank']}: {_gib(a['allocated_bytes'])} GiB allocated of "
         f"{_gib(a['reserved_bytes'])} GiB reserved, {_gib(a['inactive_split_bytes'])} GiB in split free pieces, "
         f"{a['alloc_retries_total']} retries and {a['ooms_total']} OOMs since vLLM started"
         for a in allocators
     )
-    lines.extend(f"  problem: {problem}" for problem in document["problems"])  # type: ignore[attr-defined]
+    lines.extend(f"  problem: {problem}" for problem in document["problems"])
     return "\n".join(lines)
 
 

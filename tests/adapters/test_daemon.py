@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sidecar.doctor_cli.history_reading import status_history
 from tests.adapters.daemon_process import SidecarProcess
 from tests.conftest import EXPOSITIONS
 from tests.loopback import LoopbackServer, closed_port, respond
@@ -81,6 +82,12 @@ def test_serves_metrics_health_readiness_and_status(sidecar: SidecarProcess) -> 
     status = sidecar.get("/status").json()
     assert status["engines"][0]["requests_running"] == 8
     assert status["vllm"]["version"] == "0.32.0"
+    # One schema (sidecar/model/status.py): what the daemon serves is what the doctor's reader accepts, key for key.
+    history = status_history(status, "live")
+    assert history.status is not None
+    assert set(history.status) == set(status)
+    assert set(history.engines[0]) == set(status["engines"][0])
+    assert set(history.status.get("policy") or {}) == set(status["policy"])
     assert sidecar.get("/nope").status_code == 404
     assert httpx.post(sidecar.url + "/metrics", timeout=5).status_code == 405
     head = httpx.head(sidecar.url + "/metrics", timeout=5)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from sidecar.doctor.evidence import Evidence, GpuEvidence, GpuTrend, HistoryFacts, LiveEvidence
+from sidecar.doctor.evidence import Evidence, GpuEvidence, HistoryFacts, LiveEvidence
 from sidecar.doctor.histogram import E2E_LATENCY, GENERATION_TOKENS, MAX_TOKENS_PARAM, PROMPT_TOKENS, Histogram
 from sidecar.doctor.logfacts import LogFacts, ServerArgs
 from sidecar.doctor.traffic import Traffic
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
+from sidecar.model.status import EngineStatus, GpuStatus, StatusDocument
 from sidecar.model.vllm import EngineMetrics, MetricSchema, VllmReading
 from tests.unit.builders import cache_config, engine
 
@@ -111,15 +113,44 @@ def args(**values: Any) -> ServerArgs:
     return ServerArgs(complete=False, **values)
 
 
+def gpu_status(gpu: int = 0, **values: Any) -> GpuStatus:
+    """One GPU of a /status document: 80 GiB, the rest unknown unless given (by the document's own keys)."""
+    document: dict[str, Any] = dict.fromkeys(GpuStatus.__annotations__)
+    document.update(gpu=gpu, memory_total_bytes=80 * 2**30, memory_used_bytes=0, memory_free_bytes=80 * 2**30)
+    document.update({"processes": [], **values})
+    return typing.cast("GpuStatus", document)  # every key set above
+
+
+def engine_status(**values: Any) -> EngineStatus:
+    """One engine of a /status document: engine 0 of model m, every value unknown unless given."""
+    document: dict[str, Any] = dict.fromkeys(EngineStatus.__annotations__)
+    document.update({"model_name": "m", "engine": "0", **values})
+    return typing.cast("EngineStatus", document)  # every key set above
+
+
+def status_document(
+    *, gpus: Sequence[GpuStatus] = (), engines: Sequence[EngineStatus] = (), **parts: Any
+) -> StatusDocument:
+    document: dict[str, Any] = {
+        "sidecar": {"version": "test", "last_poll_timestamp_seconds": None},
+        "sources": {},
+        "vllm": {"url": "http://vllm", "reachable": True, "healthy": True, "version": None, "metric_schema": None},
+        "engines": list(engines),
+        "gpus": list(gpus),
+        "problems": [],
+        "models": [],
+        "allocators": [],
+    }
+    document.update(parts)
+    return typing.cast("StatusDocument", document)  # every key set above
+
+
 def history(
-    *trends: GpuTrend, restarts: tuple[tuple[str, int], ...] = (), hit_ratio: float | None = None
+    *trends: GpuStatus, restarts: tuple[tuple[str, int], ...] = (), hit_ratio: float | None = None
 ) -> HistoryFacts:
+    engines = [engine_status(prefix_cache_hit_ratio=hit_ratio)] if hit_ratio is not None else []
     return HistoryFacts(
-        source="http://sidecar/status",
-        prefix_hit_ratio_window=hit_ratio,
-        preemptions_per_second=None,
-        gpus=trends,
-        restarts=restarts,
+        source="http://sidecar/status", restarts=restarts, status=status_document(gpus=trends, engines=engines)
     )
 
 

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Severity
-from sidecar.doctor.history import from_status
+from sidecar.doctor.history import HistoryError
+from sidecar.doctor_cli.history_reading import status_history
 from tests.doctor.builders import evidence, live
 
 STATUS = Path(__file__).parent / "status"
@@ -33,7 +36,7 @@ H200 = {
 def _diagnose(*allocators: dict[str, Any]) -> list[Any]:
     document: dict[str, Any] = json.loads((STATUS / "kv-pressure.json").read_text())
     document["allocators"] = list(allocators)
-    ev = evidence(live_evidence=live(error="unreachable"), history_facts=from_status(document, "/status"))
+    ev = evidence(live_evidence=live(error="unreachable"), history_facts=status_history(document, "/status"))
     return [f for f in diagnose(ev).findings if f.cause is Cause.ALLOCATOR_FRAGMENTATION]
 
 
@@ -54,7 +57,8 @@ def test_retries_without_fragmentation_and_fragmentation_without_retries_are_not
     assert _diagnose({**H200, "inactive_split_bytes": 100 << 20}) == []  # 2 %: the batch needs more room
     assert _diagnose({**H200, "alloc_retries_total": 0, "ooms_total": 0}) == []  # split, but nothing failed
     assert _diagnose() == []
-    assert _diagnose({"gpu": 0, "rank": "0"}) == []  # an entry without numbers is left out
+    with pytest.raises(HistoryError, match=r"allocators\.0\.processes: field required"):
+        _diagnose({"gpu": 0, "rank": "0"})  # an entry without its numbers is no /status the daemon wrote
 
 
 def test_retries_alone_are_a_warning_with_the_rank() -> None:

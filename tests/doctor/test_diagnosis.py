@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Diagnosis, Finding, Recommendation, Severity
-from sidecar.doctor.history import HistoryError, from_ledger, from_status
+from sidecar.doctor.history import HistoryError, from_ledger
 from sidecar.doctor.logfacts import Refusal, RefusalKind
 from sidecar.doctor.render import document, exit_code, paste, render_json, render_text
-from tests.doctor.builders import GIB, args, engine, evidence, gpu, gpus, live, log, reading, traffic
+from sidecar.doctor_cli.history_reading import status_history
+from tests.doctor.builders import (
+    GIB,
+    args,
+    engine,
+    engine_status,
+    evidence,
+    gpu,
+    gpu_status,
+    gpus,
+    live,
+    log,
+    reading,
+    status_document,
+    traffic,
+)
+
+STATUS = Path(__file__).parent / "status"
 
 
 def test_nothing_readable_is_not_a_diagnosis() -> None:
@@ -137,23 +155,23 @@ def test_recommendations_paste_as_a_flag_an_environment_variable_or_a_pod_field(
 
 
 def test_history_from_the_daemons_status_document() -> None:
-    status = {
-        "engines": [{"prefix_cache_hit_ratio": 0.4, "preemptions_per_second": 0.0},
-                    {"prefix_cache_hit_ratio": 0.1, "preemptions_per_second": 2.5}],
-        "gpus": [{"gpu": 0, "memory_growth_bytes_per_second": 1e6, "memory_growth_fit_r2": 0.9,
-                  "time_to_oom_seconds": 100.0}, {"gpu": True}, "junk"],
-        "policy": {"restarts": {"oom_forecast": 2, "engine_dead": 0, "manual": "x"}},
-    }  # fmt: skip
-    facts = from_status(status, "s")
-    assert (facts.prefix_hit_ratio_window, facts.preemptions_per_second) == (0.1, 2.5)
-    assert [(t.gpu, t.time_to_oom_s) for t in facts.gpus] == [(0, 100.0)]
+    policy = json.loads((STATUS / "kv-pressure.json").read_text())["policy"]
+    policy["restarts"] = {"oom_forecast": 2, "engine_dead": 0}
+    status = status_document(
+        engines=[engine_status(prefix_cache_hit_ratio=0.4), engine_status(engine="1", prefix_cache_hit_ratio=0.1)],
+        gpus=[gpu_status(0, memory_growth_bytes_per_second=1e6, memory_growth_fit_r2=0.9, time_to_oom_seconds=100.0)],
+        policy=policy,
+    )
+    facts = status_history(status, "s")
+    assert facts.prefix_hit_ratio_window == 0.1
+    assert [(gpu["gpu"], gpu["time_to_oom_seconds"]) for gpu in facts.gpus] == [(0, 100.0)]
     assert facts.restarts == (("oom_forecast", 2),)
 
 
 @pytest.mark.parametrize("garbage", [None, [], "text", {"engines": "no"}, {"sidecar": {}}])
 def test_garbage_history_is_an_error_line(garbage: object) -> None:
-    with pytest.raises(HistoryError, match="not the sidecar's /status document"):
-        from_status(garbage, "file.json")
+    with pytest.raises(HistoryError, match=r"^file\.json is not the sidecar's /status document: "):
+        status_history(garbage, "file.json")
 
 
 def test_history_from_the_restart_ledger() -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Finding, Severity
-from sidecar.doctor.history import from_status
-from sidecar.doctor.setup import resolve
+from sidecar.doctor.history import HistoryError
 from sidecar.doctor.versions import FLAGS, available, graph_sizes_flag, parse_version
+from sidecar.doctor_cli.history_reading import status_history
 from tests.doctor.builders import cache_config, engine, evidence, live, reading
 
 STATUS = Path(__file__).parent / "status"
@@ -29,7 +29,7 @@ def _document(name: str) -> dict[str, Any]:
 
 
 def _findings(document: dict[str, Any], **live_kwargs: Any) -> list[Finding]:
-    ev = evidence(live_evidence=live(error="unreachable", **live_kwargs), history_facts=from_status(document, "s"))
+    ev = evidence(live_evidence=live(error="unreachable", **live_kwargs), history_facts=status_history(document, "s"))
     result = diagnose(ev)
     assert result.diagnosable, "a /status document alone is enough to diagnose from"
     return list(result.findings)
@@ -122,7 +122,7 @@ def test_on_a_vllm_before_029_no_queued_requests_cap_is_recommended() -> None:
 
 def test_a_live_concurrency_finding_absorbs_the_daemons_pauses() -> None:
     preempting = engine(cache_config=cache_config(kv_cache_size_tokens=40960), preemptions_total=12.0)
-    history = from_status(_document("kv-pressure.json"), "s")
+    history = status_history(_document("kv-pressure.json"), "s")
     from tests.doctor.builders import traffic
 
     load = traffic([1000.0] * 60, [128.0] * 60)
@@ -151,30 +151,26 @@ def test_every_recommendation_from_history_exists_in_the_version_it_is_made_for(
                 assert available(recommendation.flag, parse_version(version)), (version, recommendation)
 
 
-def test_history_fields_of_the_wrong_type_are_ignored_not_fatal() -> None:
-    status = {
-        "sidecar": {"last_poll_timestamp_seconds": "yesterday"},
-        "vllm": {"version": 7, "healthy": "yes"},
-        "engines": [{"engine": "0", "engine_stalled_seconds": "long", "kv_cache_capacity_blocks": 1.5}, 3],
-        "gpus": [{"gpu": 0, "memory_total_bytes": True, "memory_growth_bytes_per_second": float("nan")}],
-        "policy": {"recent": [{"wall_time_s": None, "actions": "restart", "reason": 5}, "junk"],
-                   "probes": {"no_answer": "many", "answered": 2}, "state": ["paused"]},
-    }  # fmt: skip
-    facts = from_status(status, "s")
-    assert facts.polled_at_s is None
-    assert facts.vllm_version is None
-    assert facts.vllm_healthy is None
-    assert facts.engines[0].stalled_s is None
-    assert facts.engines[0].capacity_blocks is None
-    assert facts.gpus[0].total_bytes is None
-    assert facts.gpus[0].growth_bytes_per_second is None
-    assert facts.policy is not None
-    assert [(e.actions, e.reason) for e in facts.policy.recent] == [((), "")]
-    assert facts.policy.probes == (("answered", 2),)
-    assert facts.policy.state is None
-    ev = evidence(live_evidence=live(error="x", version=None), history_facts=facts)
-    assert resolve(ev).version is None
-    diagnose(ev)
+def test_a_document_of_the_wrong_shape_is_one_line_and_a_missing_key_reads_as_unknown() -> None:
+    """The document is checked against the schema the daemon writes it with (`sidecar.model.status`): values of
+    the wrong type are refused in one line naming the key, and a key a newer sidecar added reads as unknown in a
+    document an older one saved."""
+    status = _document("kv-pressure.json")
+    status["engines"][0]["engine_stalled_seconds"] = "long"
+    with pytest.raises(
+        HistoryError, match=r"^s is not the sidecar's /status document: engines\.0\.engine_stalled_seconds: "
+    ):
+        status_history(status, "s")
+    older = _document("kv-pressure.json")
+    del older["engines"][0]["seconds_since_progress"], older["problems"]
+    facts = status_history(older, "s")
+    assert facts.engines[0]["seconds_since_progress"] is None
+    assert facts.status is not None
+    assert facts.status["problems"] == []
+    missing_total = _document("kv-pressure.json")
+    del missing_total["gpus"][0]["memory_total_bytes"]
+    with pytest.raises(HistoryError, match=r"gpus\.0\.memory_total_bytes: field required"):
+        status_history(missing_total, "s")
 
 
 # --- the version table against vLLM's own parser --------------------------------------------------------------

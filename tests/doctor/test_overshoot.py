@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from sidecar.doctor.diagnose import diagnose
-from sidecar.doctor.evidence import GpuTrend
 from sidecar.doctor.finding import Cause, Finding, Severity
 from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.logfacts import CudaOom, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.overshoot import allocator_fragmentation, live_overshoot
 from sidecar.doctor.setup import resolve
-from tests.doctor.builders import GIB, args, evidence, gpu, gpus, history, live, log
+from tests.doctor.builders import GIB, args, evidence, gpu, gpu_status, gpus, history, live, log
 
 TENANT = (31337, 6 * GIB, "python train.py")
 
@@ -69,10 +68,17 @@ def test_batched_tokens_are_cut_to_the_cards_default_when_set_above_it() -> None
 
 
 def test_a_growing_memory_trend_from_the_daemon_is_a_leak_not_overshoot() -> None:
-    trend = GpuTrend(
-        gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.99, time_to_oom_s=250.0,
-        total_bytes=80 * GIB, used_bytes=71 * GIB, budget_bytes=72 * GIB, vllm_bytes=71 * GIB, other_bytes=0,
-    )  # fmt: skip
+    trend = gpu_status(
+        0,
+        memory_growth_bytes_per_second=32 * 2**20,
+        memory_growth_fit_r2=0.99,
+        time_to_oom_seconds=250.0,
+        memory_total_bytes=80 * GIB,
+        memory_used_bytes=71 * GIB,
+        memory_budget_bytes=72 * GIB,
+        vllm_process_memory_bytes=71 * GIB,
+        other_process_memory_bytes=0,
+    )
     ev = evidence(gpu_evidence=gpus(gpu(used=71 * GIB)), history_facts=history(trend, restarts=(("oom_forecast", 2),)))
     assert live_overshoot(ev, resolve(ev)) is None
     (finding,) = [f for f in diagnose(ev).findings if f.cause is not Cause.OTHER]
@@ -83,7 +89,9 @@ def test_a_growing_memory_trend_from_the_daemon_is_a_leak_not_overshoot() -> Non
 
 
 def test_memory_over_budget_that_keeps_growing_is_no_overshoot_and_without_a_trend_it_is() -> None:
-    growing = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.9, time_to_oom_s=100.0)
+    growing = gpu_status(
+        0, memory_growth_bytes_per_second=32 * 2**20, memory_growth_fit_r2=0.9, time_to_oom_seconds=100.0
+    )
     assert _live(gpu(used=77 * GIB), history_facts=history(growing)) is None
     finding = _live(gpu(used=77 * GIB))
     assert finding is not None
@@ -92,7 +100,7 @@ def test_memory_over_budget_that_keeps_growing_is_no_overshoot_and_without_a_tre
 
 
 def test_a_noisy_trend_is_not_evidence() -> None:
-    trend = GpuTrend(gpu=0, growth_bytes_per_second=32 * 2**20, fit_r2=0.2, time_to_oom_s=None)
+    trend = gpu_status(0, memory_growth_bytes_per_second=32 * 2**20, memory_growth_fit_r2=0.2, time_to_oom_seconds=None)
     assert _live(gpu(used=71 * GIB), history_facts=history(trend)) is None
 
 

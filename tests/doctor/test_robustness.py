@@ -8,12 +8,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.doctor.diagnose import diagnose
-from sidecar.doctor.evidence import GpuTrend
 from sidecar.doctor.histogram import PROMPT_TOKENS, Histogram
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.render import render_json, render_text
 from sidecar.doctor.traffic import Traffic
-from tests.doctor.builders import args, cache_config, engine, evidence, gpu, gpus, history, live, log, reading
+from tests.doctor.builders import (
+    args,
+    cache_config,
+    engine,
+    evidence,
+    gpu,
+    gpu_status,
+    gpus,
+    history,
+    live,
+    log,
+    reading,
+)
 
 FRAGMENTS = [
     "non-default args: {'max_model_len': ",
@@ -110,7 +121,7 @@ def test_any_numbers_in_the_evidence_give_a_diagnosis_not_an_exception(
     config = cache_config(kv_cache_size_tokens=pool, gpu_memory_utilization=utilization)
     vllm = reading(engine(cache_config=config, preemptions_total=preemptions))
     device = gpu(used=used, total=total, others=((7, other, "trainer"),))
-    trend = GpuTrend(gpu=0, growth_bytes_per_second=growth, fit_r2=0.9, time_to_oom_s=growth)
+    trend = gpu_status(0, memory_growth_bytes_per_second=growth, memory_growth_fit_r2=0.9, time_to_oom_seconds=growth)
     ev = evidence(
         live_evidence=live(version=version, max_model_len=max_model_len, vllm=vllm, load=load),
         gpu_evidence=gpus(device),
