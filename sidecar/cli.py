@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with every usage error on one line (the usage itself is one --help away)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"vllm-sidecar: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

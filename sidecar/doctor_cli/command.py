@@ -107,7 +107,7 @@ def run(flags: argparse.Namespace) -> int:
         )
         evidence = asyncio.run(gather(options))
     except (InputError, ValueError) as error:
-        print(f"vllm-sidecar doctor: {error}", file=sys.stderr)
+        print(f"vllm-sidecar: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     diagnosis = diagnose(evidence)
     if args.json:
@@ -115,5 +115,5 @@ def run(flags: argparse.Namespace) -> int:
     elif diagnosis.diagnosable:
         print(render_text(diagnosis))
     if not diagnosis.diagnosable:
-        print(f"vllm-sidecar doctor: {diagnosis.reason}", file=sys.stderr)
+        print(f"vllm-sidecar: error: {diagnosis.reason}", file=sys.stderr)
     return exit_code(diagnosis, Severity(str(args.fail_on)))

@@ -153,7 +153,7 @@ def run(flags: argparse.Namespace) -> int:
 
 
 def _usage_error(message: str) -> int:
-    print(f"{_PROG}: error: {message}", file=sys.stderr)
+    print(f"vllm-sidecar: error: {message}", file=sys.stderr)
     return EXIT_USAGE
 
 

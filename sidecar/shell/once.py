@@ -121,5 +121,5 @@ def run_once(settings: ScrapeSettings, *, as_json: bool) -> tuple[int, str, str 
     document = once_document(view.snapshot, view.derived, settings.vllm_url)
     output = render_json(document) if as_json else render_text(document, shows_vllm=shows_vllm(view))
     if view.snapshot.vllm.error is not None:
-        return 1, output, f"vllm-sidecar: cannot read vLLM: {view.snapshot.vllm.error}"
+        return 1, output, f"vllm-sidecar: error: cannot read vLLM: {view.snapshot.vllm.error}"
     return 0, output, None

@@ -95,18 +95,18 @@ def run(args: argparse.Namespace) -> int:
 
     timeout_s = float(args.timeout)
     if not timeout_s >= 0:
-        print(f"vllm-sidecar wait-gpu: error: --timeout {args.timeout}: must be >= 0 seconds", file=sys.stderr)
+        print(f"vllm-sidecar: error: --timeout {args.timeout}: must be >= 0 seconds", file=sys.stderr)
         return 2
     try:
         indices = parse_gpu_indices(args.gpus or "all")
     except ValueError as error:
-        print(f"vllm-sidecar wait-gpu: error: --gpus {args.gpus}: {error}", file=sys.stderr)
+        print(f"vllm-sidecar: error: --gpus {args.gpus}: {error}", file=sys.stderr)
         return 2
     pattern = args.vllm_process_pattern or DEFAULT_VLLM_PATTERN
     try:
         source = NvmlSource(gpu_indices=indices, vllm_process_pattern=pattern, timeout_s=10.0, retry_init_s=0.0)
     except re.error as error:
-        print(f"vllm-sidecar wait-gpu: error: --vllm-process-pattern {pattern}: {error}", file=sys.stderr)
+        print(f"vllm-sidecar: error: --vllm-process-pattern {pattern}: {error}", file=sys.stderr)
         return 2
     try:
         code, line = asyncio.run(wait_released(source, timeout_s=timeout_s))

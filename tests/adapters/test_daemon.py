@@ -329,7 +329,7 @@ def test_once_exits_non_zero_with_one_line_when_vllm_cannot_be_read() -> None:
     result = _cli("once", "--json", "--vllm-url", url, "--gpu-source", "none")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"vllm-sidecar: cannot read vLLM: vLLM unreachable at {url}/metrics: connection refused"
+        f"vllm-sidecar: error: cannot read vLLM: vLLM unreachable at {url}/metrics: connection refused"
     ]
     document = json.loads(result.stdout)
     assert document["vllm"]["reachable"] is False

@@ -37,7 +37,7 @@ def test_once_says_a_web_server_answers_but_is_not_vllm(server: LoopbackServer) 
     said = f"{server.url} answers, but is not vLLM: /metrics answered HTTP 404"
     assert result.returncode == 1
     assert result.stdout.splitlines()[:2] == [f"{server.url} answers, but is not vLLM", f"  problem: {said}"]
-    assert result.stderr == f"vllm-sidecar: cannot read vLLM: {said}\n"
+    assert result.stderr == f"vllm-sidecar: error: cannot read vLLM: {said}\n"
     assert "reachable" not in result.stdout
 
 
@@ -116,5 +116,5 @@ def test_loadtest_says_a_server_that_is_not_vllm_rather_than_ask_for_a_model(
     assert _loadtest(server.url) == 2
 
     _, err = capsys.readouterr()
-    assert err == f"vllm-sidecar loadtest: error: {server.url} answers, but is not vLLM: {said}\n"
+    assert err == f"vllm-sidecar: error: {server.url} answers, but is not vLLM: {said}\n"
     assert server.hits == ["/v1/models"]  # nothing sent

@@ -228,17 +228,17 @@ def test_environment_variables_close_to_nothing_or_known_elsewhere_are_left_alon
 def test_a_misspelt_flag_gets_the_closest_flag_of_its_command(cli: Cli) -> None:
     line = cli(["run", "--pause-kv-usge", "0.5"])
     assert line == (
-        "vllm-sidecar run: error: unknown flag --pause-kv-usge; did you mean --pause-kv-usage? "
+        "vllm-sidecar: error: unknown flag --pause-kv-usge; did you mean --pause-kv-usage? "
         "(see vllm-sidecar run --help)"
     )
     line = cli(["once", "--vllm-ulr=http://x:8000"])
     assert "unknown flag --vllm-ulr; did you mean --vllm-url?" in line
     line = cli(["run", "--frobnicate"])
-    assert line == "vllm-sidecar run: error: unknown flag --frobnicate (see vllm-sidecar run --help)"
+    assert line == "vllm-sidecar: error: unknown flag --frobnicate (see vllm-sidecar run --help)"
     line = cli(["run", "stray"])
     assert "unexpected argument 'stray'" in line
     line = cli(["run", "--interval"])  # argparse's own errors: one line too
-    assert line.startswith("vllm-sidecar run: error: argument --interval: expected one argument")
+    assert line.startswith("vllm-sidecar: error: argument --interval: expected one argument")
 
 
 # --- the OpenAI API's /v1 (or a /metrics path) in --vllm-url ----------------------------------------------------

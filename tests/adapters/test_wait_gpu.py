@@ -110,9 +110,9 @@ async def test_no_nvml_is_nothing_to_wait_for(proc_root: Path) -> None:
     [
         # No NVML on this machine: the real command says so and lets vLLM start.
         ([], 0, "vllm-sidecar wait-gpu: cannot read the GPUs (NVML not available: "),
-        (["--gpus", "0,x"], 2, "vllm-sidecar wait-gpu: error: --gpus 0,x: neither 'all' nor a list of GPU indices"),
-        (["--timeout", "nan"], 2, "vllm-sidecar wait-gpu: error: --timeout nan: must be >= 0 seconds"),
-        (["--vllm-process-pattern", "("], 2, "vllm-sidecar wait-gpu: error: --vllm-process-pattern (: "),
+        (["--gpus", "0,x"], 2, "vllm-sidecar: error: --gpus 0,x: neither 'all' nor a list of GPU indices"),
+        (["--timeout", "nan"], 2, "vllm-sidecar: error: --timeout nan: must be >= 0 seconds"),
+        (["--vllm-process-pattern", "("], 2, "vllm-sidecar: error: --vllm-process-pattern (: "),
     ],
 )
 def test_the_command_exits_with_one_line(argv: list[str], code: int, said: str) -> None:

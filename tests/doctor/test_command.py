@@ -55,7 +55,7 @@ def test_unreachable_and_no_log_is_exit_2_with_one_clear_line(capsys: pytest.Cap
     code, out, err = _doctor(capsys, "--vllm-url", url)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1
-    assert err.startswith(f"vllm-sidecar doctor: nothing to diagnose: {url}/metrics unreachable: connection refused;")
+    assert err.startswith(f"vllm-sidecar: error: nothing to diagnose: {url}/metrics unreachable: connection refused;")
     code, out, err = _doctor(capsys, "--vllm-url", url, "--json")
     document = json.loads(out)
     assert (code, document["diagnosable"], document["findings"]) == (2, False, [])
@@ -74,7 +74,7 @@ def test_unreachable_but_a_log_given_diagnoses_from_the_log(capsys: pytest.Captu
 def test_a_log_that_cannot_be_read_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str) -> None:
     code, out, err = _doctor(capsys, "--vllm-log", str(tmp_path / where))
     assert (code, out) == (2, "")
-    assert err.startswith(f"vllm-sidecar doctor: cannot read --vllm-log {tmp_path / where}: ")
+    assert err.startswith(f"vllm-sidecar: error: cannot read --vllm-log {tmp_path / where}: ")
 
 
 @pytest.mark.parametrize(
@@ -209,7 +209,7 @@ def test_a_bad_url_is_exit_2_not_a_traceback(capsys: pytest.CaptureFixture[str],
     for option in ("--vllm-url", "--history"):
         code, out, err = _doctor(capsys, option, url)
         assert (code, out) == (2, "")
-        assert err.startswith(f"vllm-sidecar doctor: {option} must be an http:// or https:// URL") or (
+        assert err.startswith(f"vllm-sidecar: error: {option} must be an http:// or https:// URL") or (
             option == "--history" and "cannot read --history" in err
         )
 

@@ -345,7 +345,7 @@ def test_bad_arguments_exit_2_with_one_line(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith("vllm-sidecar loadtest: error: ")
+    assert err.startswith("vllm-sidecar: error: ")
     assert error in err
     assert fake.seen.requests == 0
 
@@ -354,5 +354,5 @@ def test_an_unreachable_server_exits_2(capsys: pytest.CaptureFixture[str]) -> No
     url = f"http://127.0.0.1:{closed_port()}"
     assert run(parse(["--url", url, "--concurrency", "1", "--max-requests", "1"])) == 2
     _, err = capsys.readouterr()
-    assert err == f"vllm-sidecar loadtest: error: cannot reach {url}/v1/models: connection refused\n"
+    assert err == f"vllm-sidecar: error: cannot reach {url}/v1/models: connection refused\n"
     assert err.count("\n") == 1
