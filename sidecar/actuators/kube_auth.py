@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from urllib.parse import quote_plus
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -393,13 +393,11 @@ def impersonation_headers(user: Mapping[str, object], where: str) -> tuple[tuple
     return tuple(headers)
 
 
-_TOKEN_BYTES = frozenset(b"!#$&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
 def header_key_escape(key: str) -> str:
     """client-go's escape of an extra's key into a header name: every byte that is not an HTTP token
-    character (a '/' in `example.com/team`), and '%' itself, as %XX; the API server unescapes it."""
-    return "".join(chr(byte) if byte in _TOKEN_BYTES else f"%{byte:02X}" for byte in key.encode())
+    character (a '/' in `example.com/team`), and '%' itself, as %XX; the API server unescapes it. `quote`
+    keeps letters, digits and `_.-~`; the rest of the token characters are named safe."""
+    return quote(key, safe="!#$&'*+^`|")
 
 
 def _stderr_tail(stderr: bytes) -> str:

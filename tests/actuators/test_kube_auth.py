@@ -400,6 +400,8 @@ def test_extra_keys_are_escaped_as_client_go_escapes_them() -> None:
     assert header_key_escape("example.com/team") == "example.com%2Fteam"
     assert header_key_escape("100%") == "100%25"
     assert header_key_escape("a b:c") == "a%20b%3Ac"
+    assert header_key_escape("équipe~v1") == "%C3%A9quipe~v1"  # UTF-8 bytes escaped; '~' is a token character
+    assert header_key_escape("!#$&'*+-.^_`|~") == "!#$&'*+-.^_`|~"
 
 
 # --- what kubeconfig_credentials builds --------------------------------------------------------------------
