@@ -1,7 +1,8 @@
-"""Authentication lightkube 0.22 cannot do: exec credential plugins as kubectl runs them, and oidc. I/O.
+"""Authentication no Python kubeconfig loader does as a daemon needs: exec plugins as kubectl runs them, oidc. I/O.
 
 lightkube authenticates a kubeconfig's token, `tokenFile`, client certificate and username/password. For the
-other two forms kubectl accepts, these `httpx.Auth` flows do what client-go does:
+other two forms kubectl accepts, these `httpx.Auth` flows do what client-go does; kubernetes_asyncio's and the
+official client's loaders were weighed and not taken (docs/kubernetes-credentials.md, "Who carries what"):
 
 - `ExecCredentialAuth`: the exec plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`, `kubelogin`), in each
   ExecCredential version kubectl speaks (v1, v1beta1, v1alpha1). The plugin gets `KUBERNETES_EXEC_INFO`
@@ -9,10 +10,11 @@ other two forms kubectl accepts, these `httpx.Auth` flows do what client-go does
   (`tsh kube credentials` answers one) is kept until its `expirationTimestamp` (or, without one, until a
   401), a plugin still running when the request's deadline passes is killed, and a failure is one line with
   the end of what the plugin printed on stderr. lightkube's own runner takes v1beta1/v1alpha1 only, passes
-  no `KUBERNETES_EXEC_INFO`, takes no certificate and leaves a slow plugin running.
+  no `KUBERNETES_EXEC_INFO` and takes no certificate; no loader kills a plugin at the deadline or caps its output.
 - `OidcAuth`: the `oidc` auth-provider. The id-token is the bearer until its `exp` is 10 s away; then the
   refresh-token buys a new one at the issuer's token endpoint (OpenID discovery, an OAuth 2.0 refresh grant,
-  the client authenticated with HTTP Basic as RFC 6749 asks servers to accept). lightkube refuses the form.
+  the client authenticated with HTTP Basic as RFC 6749 asks servers to accept). lightkube refuses the form;
+  the loaders that run it leave the issuer's TLS unverified without an idp CA.
   kubectl writes refreshed tokens back into the kubeconfig; the sidecar keeps them in memory only.
 
 Both are async only (the sidecar's client is), and their failures are `CredentialPluginError`, which the
@@ -32,7 +34,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from urllib.parse import quote_plus
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -391,13 +393,11 @@ def impersonation_headers(user: Mapping[str, object], where: str) -> tuple[tuple
     return tuple(headers)
 
 
-_TOKEN_BYTES = frozenset(b"!#$&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-
-
 def header_key_escape(key: str) -> str:
     """client-go's escape of an extra's key into a header name: every byte that is not an HTTP token
-    character (a '/' in `example.com/team`), and '%' itself, as %XX; the API server unescapes it."""
-    return "".join(chr(byte) if byte in _TOKEN_BYTES else f"%{byte:02X}" for byte in key.encode())
+    character (a '/' in `example.com/team`), and '%' itself, as %XX; the API server unescapes it. `quote`
+    keeps letters, digits and `_.-~`; the rest of the token characters are named safe."""
+    return quote(key, safe="!#$&'*+^`|")
 
 
 def _stderr_tail(stderr: bytes) -> str:

@@ -17,17 +17,17 @@ from names `kube_names` has validated.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
-import os
 import ssl
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import httpx
-from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.client_adapter import ConnectionParams, user_cert
+from lightkube.config.models import User
 from lightkube.core.exceptions import ConfigError
 
 from sidecar.actuators.kube_auth import CredentialPluginError, ExecCredentialAuth
@@ -136,20 +136,16 @@ class KubeClient:
 
 
 def _load_certificate(context: ssl.SSLContext, certificate_pem: str, key_pem: str) -> None:
-    """An exec plugin's client certificate into the TLS context. OpenSSL loads only from files: each is
-    written to a private (0600) temporary file, loaded, and deleted at once, as lightkube does for inline data."""
-    paths: list[str] = []
-    try:
-        for pem in (certificate_pem, key_pem):
-            handle, path = tempfile.mkstemp(prefix="vllm-sidecar-exec-", suffix=".pem")
-            paths.append(path)
-            with os.fdopen(handle, "w") as file:
-                file.write(pem)
-        context.load_cert_chain(paths[0], paths[1])
-    finally:
-        for path in paths:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+    """An exec plugin's client certificate into the TLS context, as lightkube loads a kubeconfig's inline one:
+    OpenSSL reads only files, so its `user_cert` writes each to a private temporary file, deleted when dropped."""
+    inline = User(client_cert_data=_base64(certificate_pem), client_key_data=_base64(key_pem))
+    files = user_cert(inline, str)
+    assert files is not None  # noqa: S101 - the data is set
+    context.load_cert_chain(*files)
+
+
+def _base64(pem: str) -> str:
+    return base64.b64encode(pem.encode()).decode()
 
 
 def _response(status_code: int, reason_phrase: str, raw: bytes) -> KubeResponse:

@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import re
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from sidecar.actuators.kube_auth import (
 )
 from sidecar.actuators.kube_client import KubeClient, KubeTransportError
 from sidecar.actuators.kube_credentials import CredentialsError, KubeCredentials, kubeconfig_credentials
+from tests.security.certs import issue, make_ca
 
 from .test_kubernetes_unit import write_kubeconfig
 
@@ -213,6 +215,33 @@ async def test_a_plugin_still_running_at_the_deadline_is_killed(tmp_path: Path) 
     await kube.close()
 
 
+@pytest.mark.parametrize("loadable", [True, False])
+async def test_a_plugins_client_certificate_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loadable: bool
+) -> None:
+    """OpenSSL loads a certificate and key only from files: they are written to private temporary files and
+    gone once loaded, or once loading failed, not at the sidecar's exit."""
+    pair = issue(make_ca(tmp_path / "ca"), tmp_path / "leaf", "sidecar")
+    certificate, key = pair.cert.read_text(), pair.key.read_text() if loadable else "not a key"
+    status = {"clientCertificateData": certificate, "clientKeyData": key}
+    answer = {"apiVersion": V1, "kind": "ExecCredential", "status": status}
+    (tmp_path / "answer.json").write_text(json.dumps(answer))
+    script = plugin_script(tmp_path, f'cat "{tmp_path}/answer.json"')
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    recorder = Recorder("t")
+    kube = client(ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(script))), recorder)
+    if loadable:
+        await kube.request("GET", "/x")
+        assert "Authorization" not in recorder.requests[0].headers  # the certificate is in the handshake
+    else:
+        with pytest.raises(KubeTransportError, match="answered a client certificate that cannot be loaded"):
+            await kube.request("GET", "/x")
+    assert list(temporary.iterdir()) == []
+    await kube.close()
+
+
 # --- oidc -----------------------------------------------------------------------------------------------
 
 ISSUER = "https://idp.example/realms/ml"
@@ -371,6 +400,8 @@ def test_extra_keys_are_escaped_as_client_go_escapes_them() -> None:
     assert header_key_escape("example.com/team") == "example.com%2Fteam"
     assert header_key_escape("100%") == "100%25"
     assert header_key_escape("a b:c") == "a%20b%3Ac"
+    assert header_key_escape("équipe~v1") == "%C3%A9quipe~v1"  # UTF-8 bytes escaped; '~' is a token character
+    assert header_key_escape("!#$&'*+-.^_`|~") == "!#$&'*+-.^_`|~"
 
 
 # --- what kubeconfig_credentials builds --------------------------------------------------------------------
