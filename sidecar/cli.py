@@ -76,11 +76,7 @@ def _tool(name: str) -> ModuleType:
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
-    for action in parser._actions:  # argparse offers no public way to reach a subparser
-        if isinstance(action, argparse._SubParsersAction):
-            found = action.choices.get(name)
-            return found if isinstance(found, argparse.ArgumentParser) else None
-    return None
+    return dict(_commands(parser)).get(name)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -94,8 +90,22 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             where.error(f"unexpected argument {extras[0]!r}")
         flags = [flag for action in where._actions for flag in action.option_strings]
         match = closest(unknown, flags)
+        owners = [name for name, other in _commands(parser) if other is not where and _has_flag(other, unknown)]
+        if match is None and owners:  # `once --listen`: the daemon's option, not a typo
+            where.error(f"{unknown} is an option of {' and '.join(owners)}, not of {argv[0]}")
         where.error(f"unknown flag {unknown}" + (f"; did you mean {match}?" if match is not None else ""))
     return namespace
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    for action in parser._actions:  # argparse offers no public way to reach a subparser
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices.items())
+    return []
+
+
+def _has_flag(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return any(flag in action.option_strings for action in parser._actions)
 
 
 def _check_environment(parser: argparse.ArgumentParser, command: str) -> None:

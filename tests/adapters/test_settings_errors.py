@@ -241,6 +241,12 @@ def test_a_misspelt_flag_gets_the_closest_flag_of_its_command(cli: Cli) -> None:
     assert line.startswith("vllm-sidecar: error: argument --interval: expected one argument")
 
 
+def test_another_commands_option_is_named_as_such(cli: Cli) -> None:
+    line = cli(["once", "--actuator", "systemd"])  # the daemon's: once polls and prints
+    assert line == "vllm-sidecar: error: --actuator is an option of run, not of once (see vllm-sidecar once --help)"
+    assert "--listen is an option of run and sim, not of doctor" in cli(["doctor", "--listen", "x"])
+
+
 # --- the OpenAI API's /v1 (or a /metrics path) in --vllm-url ----------------------------------------------------
 
 
