@@ -102,7 +102,7 @@ def kv_pressure(evidence: Evidence) -> str | None:
             e for e in history.policy["recent"] if "pause_admission" in e["actions"] and "KV cache" in e["reason"]
         ]
         if paused:
-            said.append(f"the sidecar paused admission {len(paused)} time(s) for KV cache usage")
+            said.append(f"the sidecar paused admission {plural(len(paused), 'time')} for KV cache usage")
     return "; ".join(said) or None
 
 

@@ -182,7 +182,7 @@ def history_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         return None
     pauses = sum(1 for event in policy["recent"] if "pause_admission" in event["actions"])
     lines = [
-        f"the sidecar paused admission {pauses} time(s) in its recent decisions for KV pressure: "
+        f"the sidecar paused admission {plural(pauses, 'time')} in its recent decisions for KV pressure: "
         + ", ".join(
             f"{name} {len(found)}"
             for name, found in (("kv_cache_usage", kv), ("preemptions", preempt), ("waiting_queue", queue))

@@ -47,7 +47,7 @@ def history_hang(evidence: Evidence, setup: Setup) -> Finding | None:
         last = f" (last: {policy['last_probe']})" if policy is not None and policy["last_probe"] else ""
         lines.append(f"the daemon's 1-token probe completions: {answers}{last}")
     if restarts:
-        lines.append(f"the sidecar restarted vLLM {restarts} time(s) for a hang (restarts engine_hung)")
+        lines.append(f"the sidecar restarted vLLM {plural(restarts, 'time')} for a hang (restarts engine_hung)")
         onset = _onset(history, stalled)
         last_restart = policy["last_restart_timestamp_seconds"] if policy is not None else None
         if onset is not None and last_restart is not None and onset >= last_restart:
@@ -65,7 +65,7 @@ def history_hang(evidence: Evidence, setup: Setup) -> Finding | None:
         cause=Cause.ENGINE_HANG,
         severity=severity,
         summary=f"a vLLM engine {what}: it made no progress, which /health does not show"
-        + (f"; restarted {restarts} time(s)" if restarts else ""),
+        + (f"; restarted {plural(restarts, 'time')}" if restarts else ""),
         evidence=tuple(lines),
         recommendations=tuple(_recommendations(setup.version)),
         steps=tuple(_steps(setup.version, probed=bool(counted(policy["probes"])) if policy else False)),

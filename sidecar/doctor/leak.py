@@ -14,6 +14,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import MIB, clock, duration, gib
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE, MIN_TREND_R2, URGENT_OOM_S
 from sidecar.doctor.setup import Setup
+from sidecar.model.text import plural
 from sidecar.model.status import GpuStatus
 
 MAX_FRESH_TO_OOM_S = 7 * 86400.0  # slower than a week from a fresh start to a full card: not worth a finding
@@ -50,7 +51,7 @@ def history_leak(evidence: Evidence, setup: Setup) -> Finding | None:
         )
     if forecast_restarts:
         lines.append(
-            f"the sidecar restarted vLLM {forecast_restarts} time(s) on its OOM forecast (restarts oom_forecast)"
+            f"the sidecar restarted vLLM {plural(forecast_restarts, 'time')} on its OOM forecast (restarts oom_forecast)"
         )
     for event in events[-EVENTS_SHOWN:]:
         when = clock(event["wall_time_s"]) if event["wall_time_s"] is not None else "(time unknown)"

@@ -57,7 +57,7 @@ def test_a_hang_the_daemon_paused_probed_and_restarted_for_is_an_engine_hang_wit
     assert any("16 requests running" in line for line in hang.evidence)
     restart = next(e for e in document["policy"]["recent"] if "restart" in e["actions"])
     assert any(line.endswith(restart["reason"]) and "drain, restart" in line for line in hang.evidence)
-    assert "the sidecar restarted vLLM 1 time(s) for a hang (restarts engine_hung)" in hang.evidence
+    assert "the sidecar restarted vLLM 1 time for a hang (restarts engine_hung)" in hang.evidence
     assert any(line.startswith("the daemon's 1-token probe completions: no_answer") for line in hang.evidence)
     assert any("cannot show" in line for line in hang.evidence), "/health stayed 200"
     assert polled - stalled < restart["wall_time_s"], "the fixture's stall began before the restart"
@@ -104,7 +104,7 @@ def test_pauses_for_kv_pressure_are_a_concurrency_misjudgement_with_the_headroom
     seqs = math.floor(capacity * limit / per_request)
     assert _flags(finding) == {"--max-num-seqs": seqs, "--max-num-queued-reqs": 2 * seqs}
     pauses = sum("pause_admission" in e["actions"] for e in document["policy"]["recent"])
-    assert finding.evidence[0].startswith(f"the sidecar paused admission {pauses} time(s)")
+    assert finding.evidence[0].startswith(f"the sidecar paused admission {pauses} time{'s' if pauses != 1 else ''} ")
     assert f"the KV cache holds {capacity:,} / {per_request:,.1f} = {capacity / per_request:,.1f} requests" in " ".join(
         finding.evidence
     )

@@ -85,7 +85,7 @@ def test_a_growing_memory_trend_from_the_daemon_is_a_leak_not_overshoot() -> Non
     assert (finding.cause, finding.severity) == (Cause.MEMORY_LEAK, Severity.CRITICAL)
     assert _flags(finding) == [("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]
     assert any("memory grows 32.00 MiB/s = 112.50 GiB/h" in line for line in finding.evidence)
-    assert any("restarted vLLM 2 time(s) on its OOM forecast" in line for line in finding.evidence)
+    assert any("restarted vLLM 2 times on its OOM forecast" in line for line in finding.evidence)
 
 
 def test_memory_over_budget_that_keeps_growing_is_no_overshoot_and_without_a_trend_it_is() -> None:

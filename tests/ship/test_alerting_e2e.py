@@ -169,7 +169,9 @@ def test_a_hung_engine_raises_the_shipped_alerts_and_the_sidecar_notifies(
     assert restarted["labels"]["severity"] == "info"
     assert restarted["labels"]["job"] == "vllm-sidecar"
     # increase() extrapolates (1.002...): the description must still read as a whole number of restarts.
-    assert "restarted vLLM (reason engine_hung) 1 time(s)" in restarted["annotations"]["description"]
+    assert (
+        "restarted vLLM (reason engine_hung) 1 time in the last 15 minutes" in restarted["annotations"]["description"]
+    )
     exhausted = firing["VllmRestartBudgetExhausted"]
     assert exhausted["labels"]["severity"] == "critical"
     assert "(remaining 0)" in exhausted["annotations"]["description"]
