@@ -14,8 +14,8 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import MIB, clock, duration, gib
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE, MIN_TREND_R2, URGENT_OOM_S
 from sidecar.doctor.setup import Setup
-from sidecar.model.text import plural
 from sidecar.model.status import GpuStatus
+from sidecar.model.text import plural
 
 MAX_FRESH_TO_OOM_S = 7 * 86400.0  # slower than a week from a fresh start to a full card: not worth a finding
 OOM_FORECAST_S = 900.0  # the daemon's --oom-forecast default: it restarts when the time to OOM stays under this
@@ -51,7 +51,8 @@ def history_leak(evidence: Evidence, setup: Setup) -> Finding | None:
         )
     if forecast_restarts:
         lines.append(
-            f"the sidecar restarted vLLM {plural(forecast_restarts, 'time')} on its OOM forecast (restarts oom_forecast)"
+            f"the sidecar restarted vLLM {plural(forecast_restarts, 'time')} on its OOM forecast "
+            "(restarts oom_forecast)"
         )
     for event in events[-EVENTS_SHOWN:]:
         when = clock(event["wall_time_s"]) if event["wall_time_s"] is not None else "(time unknown)"
