@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.doctor_cli.incident_reading import read_incident
 from sidecar.model.incident import MANIFEST_FILE
 from sidecar.sources.stack_dump import find_py_spy
 from tests.adapters.daemon_process import SidecarProcess
@@ -112,3 +113,6 @@ async def test_an_incident_is_kept_before_the_restart_and_named_after_it(vllm: L
     assert end["incident"] == str(folder)
     assert status["policy"]["last_incident"]["path"] == str(folder)
     assert status["policy"]["last_incident"]["cause"] == "engine_dead"
+    # What `doctor --incident` reads of it: where the stopped engine core waited.
+    lines = read_incident(folder).lines
+    assert any(f"engine_core {tree.engine_pid} " in line and ENGINE_FUNCTION in line for line in lines), lines
