@@ -85,16 +85,22 @@ def _stack_line(folder: Path, name: str, role: str | None, pid: int | None) -> s
 
 
 def top_frames(dump: str) -> list[str]:
-    """`<frame> [<thread>]` for each thread of a py-spy dump: its innermost frame, the first listed."""
-    tops: list[str] = []
-    thread: str | None = None
+    """`<frame> [<thread>]` for each thread of a py-spy dump: its innermost frame (the first listed), and under
+    it the innermost frame of a package (a path with a folder: vllm/..., not threading.py), which says more."""
+    threads: list[tuple[str, list[str]]] = []
     for line in dump.splitlines():
         if line.startswith("Thread "):
-            thread = line.split(":", 1)[1].strip().strip('"') if ":" in line else line
+            name = line.split(":", 1)[1].strip().strip('"') if ":" in line else line.strip()
+            threads.append((name, []))
+        elif threads and line.startswith((" ", "\t")) and line.strip():
+            threads[-1][1].append(line.strip())
+    tops = []
+    for name, frames in threads:
+        if not frames:
             continue
-        if thread is not None and line.startswith((" ", "\t")) and line.strip():
-            tops.append(f"{line.strip()} [{thread or 'thread'}]")
-            thread = None
+        own = next((frame for frame in frames if "/" in frame.rpartition("(")[2]), frames[0])
+        shown = frames[0] if own == frames[0] else f"{frames[0]} under {own}"
+        tops.append(f"{shown} [{name}]")
     return tops
 
 

@@ -111,7 +111,8 @@ Thread 1078 (active)
 
 def test_the_notes_say_where_each_thread_of_a_stack_waited() -> None:
     assert top_frames(DUMP) == [
-        "wait (threading.py:355) [MainThread]",
+        "wait (threading.py:355) under run_busy_loop (vllm/v1/engine/core.py:882) [MainThread]",
         "poll (zmq/sugar/socket.py:1060) [Thread-1 (process_input_sockets)]",
         "execute_model (vllm/v1/worker/cpu_model_runner.py:91) [Thread 1078 (active)]",
     ]
+    assert top_frames("Process 1: x\n") == []
