@@ -21,11 +21,18 @@ import structlog
 
 from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.log_source import LogRead, Wanted
+from sidecar.actuators.none import NoActuator
 from sidecar.model.incident import LOG_FILE, MANIFEST_FILE, IncidentRef, Kind, Trigger
+from sidecar.notify.message import Notification, NotificationKind
 from sidecar.parse.vllm_process import ProcessRole, VllmProcess, VllmProcesses
+from sidecar.policy.decision import Action, ActionKind, Decision, PolicyState
+from sidecar.policy.machine import Policy
+from sidecar.policy.settings import PolicySettings
 from sidecar.report.incident import MANIFEST_RESERVE_BYTES
+from sidecar.shell.acting import Acting
 from sidecar.shell.incident import NOT_SEEN, IncidentRecorder, IncidentSettings, MetricsRead, StackDumper
 from sidecar.shell.incident_files import Piece, plan
+from sidecar.shell.state_file import StateFile
 from sidecar.sources.stack_dump import NO_PERMISSION, NO_PY_SPY, StackDump, dump_stack, find_py_spy
 from sidecar.sources.vllm_processes import find_vllm_processes
 from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, SERVER_FUNCTION, FakeVllmTree
@@ -239,3 +246,54 @@ def test_over_the_size_limit_the_stacks_come_first_and_a_log_keeps_its_newest_li
     ]
     roomy = plan(pieces[3:], MANIFEST_RESERVE_BYTES + 14)
     assert dict(roomy.files)["status-history.json"] == b'[\n{"n": 2}\n]\n'  # the newest that fits
+
+
+async def test_a_crash_the_sidecar_did_not_restart_is_an_incident_its_notification_names(tmp_path: Path) -> None:
+    """vLLM died and came back on its own: the vllm_recovered notification names the folder at once, which is
+    then written off the tick, with the log and history and no stacks (the processes that died are gone)."""
+    notes: list[Notification] = []
+    incidents = recorder(tmp_path, py_spy=None)
+    acting = Acting(
+        policy=Policy(PolicySettings()),
+        actuator=NoActuator(),
+        ledger_file=StateFile(tmp_path / "ledger.json"),
+        notify=notes.append,
+        logger=structlog.get_logger(),
+        dry_run=False,
+        incidents=incidents,
+    )
+    back = Action(kind=ActionKind.NOTIFY_VLLM_RECOVERED, reason="vLLM is healthy again: its /health failed for 30 s")
+    acting._apply(
+        Decision(
+            state=PolicyState.NORMAL,
+            previous_state=PolicyState.DOWN,
+            admission_paused=False,
+            pause_reason=None,
+            actions=(back,),
+            reason=back.reason,
+            would_restart_but=None,
+            blocked_by=None,
+            restart_reason=None,
+            cooldown_remaining_s=None,
+            restarts_in_budget_window=0,
+            manual_pause=False,
+            now_s=100.0,
+            wall_time_s=time.time(),
+        )
+    )
+    (note,) = notes
+    assert note.kind is NotificationKind.VLLM_RECOVERED
+    assert note.incident is not None
+    assert "-vllm_died" in note.incident
+    folder = Path(note.incident)
+    deadline = time.monotonic() + 20
+    while not (folder / MANIFEST_FILE).exists():
+        assert time.monotonic() < deadline, "the incident was not written"
+        await asyncio.sleep(0.05)
+    document = manifest(folder)
+    assert (document["cause"], document["trigger"]) == ("vllm_died", "after_crash")
+    assert document["decision"]["reason"] == back.reason  # type: ignore[index]
+    await acting.close()
+    shown = acting.view().last_incident
+    assert shown is not None
+    assert shown.path == note.incident
