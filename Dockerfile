@@ -32,10 +32,11 @@ COPY sidecar/__init__.py sidecar/
 RUN python3 -c "import runpy, sys; v = runpy.run_path('sidecar/__init__.py')['__version__']; \
 sys.exit(None if sys.argv[1] in ('', v) else f'VERSION={sys.argv[1]} but the package is {v}')" "${VERSION}"
 # Dependencies get their own layer, keyed only on pyproject.toml and the version, so a code change does not
-# download them again. The stub README keeps README edits from invalidating it.
+# download them again. The stub README keeps README edits from invalidating it. The incidents extra is py-spy
+# (a static binary), which reads vLLM's stacks where the deployment allows it (deploy/kubernetes/add-incidents).
 RUN python3 -m venv /opt/vllm-sidecar \
     && touch README.md \
-    && /opt/vllm-sidecar/bin/python -m pip install . \
+    && /opt/vllm-sidecar/bin/python -m pip install '.[incidents]' \
     && /opt/vllm-sidecar/bin/python -m pip uninstall --yes vllm-sidecar \
     && rm -rf build ./*.egg-info
 COPY README.md ./
@@ -57,7 +58,8 @@ RUN /opt/vllm-sidecar/bin/python -m pip wheel --no-deps --wheel-dir /src/dist . 
     && /opt/vllm-sidecar/bin/python -m pip uninstall --yes pip setuptools wheel \
     && /opt/vllm-sidecar/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/vllm-sidecar/lib \
        /opt/vllm-sidecar-probe/vllm_sidecar_probe \
-    && /opt/vllm-sidecar/bin/vllm-sidecar --version
+    && /opt/vllm-sidecar/bin/vllm-sidecar --version \
+    && /opt/vllm-sidecar/bin/py-spy --version
 
 FROM ${BASE_IMAGE}
 ARG VERSION=""

@@ -34,6 +34,11 @@ class DoctorSettings(ReportSettings):
     history: str | None = Field(
         None, description="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir"
     )
+    incident: Path | None = Field(
+        None,
+        description="an incident folder the daemon kept (<state-dir>/incidents/...): its log, metrics and /status "
+        "history instead of a live vLLM and --history",
+    )
     gpu_source: Literal["nvml", "sim", "none"] = Field(
         "nvml", description="nvml; sim: the simulator's /sim/gpu at --vllm-url; none"
     )
@@ -104,6 +109,7 @@ def run(flags: argparse.Namespace) -> int:
             gpu_indices=_gpu_indices(str(args.gpus)),
             vllm_process_pattern=str(args.vllm_process_pattern),
             timeout_s=args.request_timeout,
+            incident=Path(args.incident) if args.incident is not None else None,
         )
         evidence = asyncio.run(gather(options))
     except (InputError, ValueError) as error:

@@ -26,8 +26,10 @@ from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.traffic import read_traffic
 from sidecar.doctor_cli.history_reading import status_history
+from sidecar.doctor_cli.incident_reading import read_incident
 from sidecar.file_cap import read_capped_file
 from sidecar.model.gpu import GpuReading
+from sidecar.model.incident import METRICS_FILE
 from sidecar.parse.exposition import ExpositionError, parse_exposition
 from sidecar.parse.vllm import KEPT_SAMPLES, read_vllm
 from sidecar.sources.fetch import HttpxFetcher, connection_error_reason
@@ -59,6 +61,7 @@ class Options:
     vllm_process_pattern: str
     timeout_s: float
     max_body_bytes: int = 16 * 2**20
+    incident: Path | None = None  # an incident folder: its log, metrics and history instead of the live reads
 
 
 STDIN = "-"
@@ -90,6 +93,8 @@ def _tail(stream: BinaryIO) -> bytes:
 
 
 async def gather(options: Options) -> Evidence:
+    if options.incident is not None:
+        return await asyncio.to_thread(_from_incident, options.incident, options.vllm_log)
     log = read_log(options.vllm_log) if options.vllm_log is not None else None
     history_path = _history_path(options.history)
     problems: list[str] = []
@@ -106,6 +111,42 @@ async def gather(options: Options) -> Evidence:
         log=log,
         log_path=str(options.vllm_log) if options.vllm_log is not None else None,
         history=history,
+        problems=tuple(problems),
+    )
+
+
+def _from_incident(folder: Path, vllm_log: Path | None) -> Evidence:
+    """The evidence an incident folder kept: its log (unless --vllm-log names another), the /metrics vLLM served
+    then, the daemon's /status history; no live read, which would show the vLLM started since."""
+    incident = read_incident(folder)
+    problems = list(incident.lines)
+    log_path = vllm_log or incident.log
+    source = f"incident {folder}"
+    if incident.metrics is not None:
+        live = metrics_evidence(
+            source,
+            incident.metrics,
+            version=incident.version,
+            max_model_len=None,
+            problems=problems,
+            source=str(folder / METRICS_FILE),
+        )
+    else:
+        live = LiveEvidence(
+            url=source,
+            reachable=False,
+            error="the incident holds no /metrics of vLLM",
+            version=incident.version,
+            max_model_len=None,
+            reading=None,
+            traffic=None,
+        )
+    return Evidence(
+        live=live,
+        gpu=GpuEvidence(source="none", reading=None, error=None),
+        log=read_log(log_path) if log_path is not None else None,
+        log_path=str(log_path) if log_path is not None else None,
+        history=incident.history,
         problems=tuple(problems),
     )
 
@@ -146,28 +187,40 @@ async def _live(client: httpx.AsyncClient, base: str, options: Options, problems
             reading=None,
             traffic=None,
         )
+    return metrics_evidence(
+        base,
+        metrics,
+        version=version_text if isinstance(version_text, str) else None,
+        max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+        problems=problems,
+    )
+
+
+def metrics_evidence(
+    base: str, metrics: bytes, *, version: str | None, max_model_len: int | None, problems: list[str], source: str = ""
+) -> LiveEvidence:
+    """What a /metrics body says: read live from `base`, or kept in `source` (an incident's metrics.txt)."""
     try:
         exposition = parse_exposition(metrics.decode("utf-8"), KEPT_SAMPLES | SAMPLE_NAMES)
     except (ExpositionError, UnicodeDecodeError) as error:
         return LiveEvidence(
             url=base,
             reachable=True,
-            error=f"{base}/metrics is not a Prometheus text exposition: {error}",
-            version=version_text if isinstance(version_text, str) else None,
-            max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+            error=f"{source or base + '/metrics'} is not a Prometheus text exposition: {error}",
+            version=version,
+            max_model_len=max_model_len,
             reading=None,
             traffic=None,
         )
-    version_value = version_text if isinstance(version_text, str) else None
-    reading = read_vllm(exposition, url=base, version=version_value)
+    reading = read_vllm(exposition, url=base, version=version)
     problems.extend(reading.problems)
     traffic = read_traffic(exposition, problems) if reading.engines else None
     return LiveEvidence(
         url=base,
         reachable=True,
         error=None,
-        version=version_value,
-        max_model_len=max_model_len if isinstance(max_model_len, int) else None,
+        version=version,
+        max_model_len=max_model_len,
         reading=reading,
         traffic=traffic,
     )

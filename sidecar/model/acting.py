@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar.model.cause import CrashCause
+from sidecar.model.incident import IncidentRef
 from sidecar.model.status import RecentDecision
 
 
@@ -38,3 +39,4 @@ class ActingView:
     last_probe: str | None = None  # "<outcome>: <what came back>"
     last_probe_duration_s: float | None = None
     crash_cause: CrashCause | None = None  # the last cause of a death read from vLLM's log, or why it is unknown
+    last_incident: IncidentRef | None = None  # the last incident folder written

@@ -161,6 +161,14 @@ class CrashCauseStatus(TypedDict):
     read_timestamp_seconds: float
 
 
+class IncidentStatus(TypedDict):
+    """The last incident folder the sidecar wrote (docs/incidents.md)."""
+
+    path: str
+    cause: str  # the restart reason, or "vllm_died"
+    timestamp_seconds: float
+
+
 class PolicyStatus(TypedDict):
     state: str
     admission_paused: bool
@@ -182,6 +190,7 @@ class PolicyStatus(TypedDict):
     last_probe: str | None
     last_probe_duration_seconds: float | None
     crash_cause: CrashCauseStatus | None
+    last_incident: IncidentStatus | None
 
 
 class StatusDocument(TypedDict):

@@ -37,15 +37,17 @@ MAX_MESSAGE_CHARS = 1024  # the API server truncates longer Event messages; cut 
 
 
 def event_message(notification: Notification) -> str:
-    """`[dry run] would: <summary> (reason <reason>)`, then `. <cause line>` when vLLM's log said why it died;
-    at most 1024 characters."""
+    """`[dry run] would: <summary> (reason <reason>)`, then `. <cause line>` when vLLM's log said why it died,
+    and `. incident <folder>` when one was kept; at most 1024 characters, the folder always whole."""
     would = "[dry run] would: " if notification.dry_run else ""
     message = f"{would}{notification.summary} (reason {notification.reason})"
     if notification.cause is not None:
         message += ". " + " ".join(notification.cause.line().split())
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[: MAX_MESSAGE_CHARS - 1] + "…"
-    return message
+    incident = f". incident {notification.incident}" if notification.incident is not None else ""
+    room = MAX_MESSAGE_CHARS - len(incident)
+    if len(message) > room:
+        message = message[: room - 1] + "…"
+    return message + incident
 
 
 class EventNotificationSink:

@@ -29,3 +29,5 @@ class Notification:
     # Why vLLM died, from its own log (restart_begin for a dead engine, restart_end, vllm_recovered); None
     # for the other kinds, and until the explain step has read the log.
     cause: CrashCause | None = None
+    # The incident folder kept for it (restart_end, restart_failure, vllm_recovered; docs/incidents.md), or None.
+    incident: str | None = None

@@ -5,9 +5,11 @@ Two bodies, both `application/json`:
 - the generic document, `{"source": "vllm-sidecar", "kind", "summary", "reason", "time", "dry_run",
   "details", "host", "pod", "cause"}` (`time` is RFC 3339 in UTC, from the notification's wall time;
   `cause` is null, or why vLLM died as its log says: `{"cause", "severity", "summary", "evidence",
-  "recommendations": [{"flag", "value", "why"}], "steps", "source", "read_at"}`, `cause` null when unknown);
+  "recommendations": [{"flag", "value", "why"}], "steps", "source", "read_at"}`, `cause` null when unknown;
+  `incident`: null, or the incident folder kept for it, docs/incidents.md);
 - the Slack-compatible one, `{"text": "..."}`: one line, an emoji per kind, a dry run reads "would"; a
-  second line with the cause and the flags to change when the notification carries one.
+  second line with the cause and the flags to change when the notification carries one, and a last line
+  `incident <folder>` when it names one.
   Slack incoming webhooks (and Mattermost, Rocket.Chat, Teams' Slack-compatible connectors) accept it.
 
 Signature (only when a key is configured). The sender adds two headers:
@@ -96,6 +98,7 @@ class JsonDocument(TypedDict):
     host: str
     pod: str | None
     cause: CauseDocument | None
+    incident: str | None
 
 
 class SlackDocument(TypedDict):
@@ -120,6 +123,7 @@ def json_document(notification: Notification, origin: Origin) -> JsonDocument:
         host=origin.host,
         pod=origin.pod,
         cause=cause_document(notification.cause) if notification.cause is not None else None,
+        incident=notification.incident,
     )
 
 
@@ -148,6 +152,8 @@ def slack_document(notification: Notification, origin: Origin) -> SlackDocument:
     text = " ".join(line.split())
     if notification.cause is not None:
         text += "\n" + " ".join(notification.cause.line().split())
+    if notification.incident is not None:
+        text += "\nincident " + " ".join(notification.incident.split())
     return SlackDocument(text=_slack_escape(text))
 
 

@@ -213,6 +213,13 @@ def policy_document(acting: ActingView) -> PolicyStatus:
         "last_probe": acting.last_probe,
         "last_probe_duration_seconds": acting.last_probe_duration_s,
         "crash_cause": _crash_cause_document(acting.crash_cause),
+        "last_incident": None
+        if acting.last_incident is None
+        else {
+            "path": acting.last_incident.path,
+            "cause": acting.last_incident.cause,
+            "timestamp_seconds": acting.last_incident.wall_time_s,
+        },
     }
 
 

@@ -19,9 +19,11 @@ from typing import Protocol
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.base import Actuator, ActuatorOutcome, OutcomeStatus
+from sidecar.actuators.log_source import Wanted
 from sidecar.exporter.endpoints import Readiness
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived
+from sidecar.model.incident import IncidentRef, Trigger
 from sidecar.model.status import RecentDecision
 from sidecar.model.supervision import Restarter
 from sidecar.model.view import View
@@ -39,6 +41,7 @@ from sidecar.policy.machine import Policy
 from sidecar.policy.observation import Observation
 from sidecar.policy.presence import Presence
 from sidecar.policy.probe import ProbeOutcome
+from sidecar.shell.incident import IncidentRecorder
 from sidecar.shell.ledger_store import LedgerStore
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.probe import ProbeAnswer
@@ -65,6 +68,9 @@ _NO_PROBER = ProbeAnswer(outcome=ProbeOutcome.INCONCLUSIVE, detail="no probe sen
 
 
 _PROBES = (ActionKind.PROBE_ENGINE, ActionKind.WARM_UP_ENGINE)
+# The notifications that name the incident of their restart: it is written by the time they go out.
+_AFTER_RESTART = (ActionKind.NOTIFY_RESTART_DONE, ActionKind.NOTIFY_RESTART_FAILED)
+CRASH_CAUSE = "vllm_died"  # an incident's cause when vLLM died and came back without the sidecar
 
 
 class Prober(Protocol):
@@ -87,6 +93,7 @@ class Acting:
         wall_clock: Callable[[], float] = time.time,
         boot_id: str | None = None,  # None: trust only wall times in the persisted ledger
         prober: Prober | None = None,
+        incidents: IncidentRecorder | None = None,  # None: no incident folders (dry-run, --incidents-keep 0)
     ) -> None:
         self.policy = policy
         self.actuator = actuator
@@ -119,6 +126,9 @@ class Acting:
         self.last_probe: ProbeAnswer | None = None
         self._probe_kind: tuple[ActionKind, object] | None = None  # what the last probe was sent for
         self._presence = Presence()
+        self._incidents = incidents
+        self._restart_incident: IncidentRef | None = None  # taken before the restart in progress
+        self._incident_tasks: set[asyncio.Task[IncidentRef | None]] = set()
 
     # --- ticks ----------------------------------------------------------------------------------------
     def observe(self, view: View) -> Decision:
@@ -228,6 +238,7 @@ class Acting:
         verb = "would " if self.dry_run else ""
         self._log.warning("action", action=str(action.kind), dry_run=self.dry_run, reason=f"{verb}{action.reason}")
         kind = _NOTIFIED.get(action.kind)
+        incident = self._incident_for(action, decision)
         if kind is not None:
             if kind is NotificationKind.RESTART_FAILURE:
                 self.failures[_RESTART_FAILURE] += 1
@@ -239,17 +250,44 @@ class Acting:
                     wall_time_s=decision.wall_time_s,
                     dry_run=self.dry_run,
                     details={"state": str(decision.state)},
+                    incident=incident,
                 )
             )
         if action.kind is ActionKind.RESTART:
             reason = decision.restart_reason or RestartReason.MANUAL
             if self.actuator.name != "none":  # with no adapter nothing can be in flight (and the dir may be read-only)
                 self._store.note_in_flight(reason, action.reason)  # before the adapter acts: a kill from here on counts
-            self._restart_task = asyncio.get_running_loop().create_task(self._restart(reason, action.reason))
+            self._restart_task = asyncio.get_running_loop().create_task(
+                self._restart(reason, action.reason, str(decision.state))
+            )
 
-    async def _restart(self, reason: RestartReason, why: str) -> None:
+    def _incident_for(self, action: Action, decision: Decision) -> str | None:
+        """The incident folder a notification names: its restart's, or one begun now after a crash."""
+        if action.kind in _AFTER_RESTART:
+            incident, self._restart_incident = self._restart_incident, None
+            return incident.path if incident is not None else None
+        if action.kind is not ActionKind.NOTIFY_VLLM_RECOVERED or self._incidents is None:
+            return None
+        # vLLM died and is back: its processes are gone, its log and the sidecar's history are not. Written
+        # off the tick (bounded like any capture); the notification names the folder being written.
+        ref = self._incidents.reserve(CRASH_CAUSE, decision.wall_time_s)
+        capture = self._incidents.capture(
+            ref, trigger=Trigger.AFTER_CRASH, state=str(decision.state), reason=action.reason, wanted=Wanted.DIED
+        )
+        task = asyncio.get_running_loop().create_task(capture)
+        self._incident_tasks.add(task)
+        task.add_done_callback(self._incident_tasks.discard)
+        return ref.path
+
+    async def _restart(self, reason: RestartReason, why: str, state: str) -> None:
         # A dead or hung engine has nothing to finish, and a stopped one cannot answer a stop: kill, then start.
         hard = reason in (RestartReason.ENGINE_DEAD, RestartReason.ENGINE_HUNG)
+        if self._incidents is not None:  # before the restart ends what it keeps; bounded by --incident-timeout
+            ref = self._incidents.reserve(str(reason), self._wall_clock())
+            wanted = Wanted.DIED if reason is RestartReason.ENGINE_DEAD else Wanted.LAST
+            self._restart_incident = await self._incidents.capture(
+                ref, trigger=Trigger.BEFORE_RESTART, state=state, reason=why, wanted=wanted
+            )
         outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run, hard=hard)
         self._log.warning(
             "restart_outcome",
@@ -325,6 +363,7 @@ class Acting:
             probe_outcomes=tuple(str(outcome) for outcome in ProbeOutcome),
             last_probe=None if self.last_probe is None else f"{self.last_probe.outcome}: {self.last_probe.detail}",
             last_probe_duration_s=None if self.last_probe is None else self.last_probe.duration_s,
+            last_incident=self._incidents.last if self._incidents is not None else None,
         )
 
     @property
@@ -332,6 +371,9 @@ class Acting:
         return self._restart_task is not None and not self._restart_task.done()
 
     async def close(self) -> None:
+        for incident in list(self._incident_tasks):
+            incident.cancel()
+        await asyncio.gather(*self._incident_tasks, return_exceptions=True)
         if self._probe_task is not None and not self._probe_task.done():
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

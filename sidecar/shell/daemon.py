@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import signal
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -36,9 +37,11 @@ from sidecar.model.supervision import Restarter, Supervision
 from sidecar.model.view import View
 from sidecar.notify.dispatcher import Notifier
 from sidecar.policy.machine import Policy
+from sidecar.report.document import policy_document, status_document
 from sidecar.shell.acting import Acting, AdminBridge
 from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_settings, read_api_key
 from sidecar.shell.crash_cause import CrashCauseStep
+from sidecar.shell.incident_setup import build_recorder
 from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
 from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
@@ -55,6 +58,7 @@ from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 
 SHUTDOWN_GRACE_S = 2.0
+STATUS_HISTORY_VIEWS = 30  # the /status history an incident keeps: a minute at the default interval
 NO_NVML_HINT = "give --gpu-source none to run without GPU memory readings"  # `run` and `once`, no NVIDIA driver
 
 
@@ -254,6 +258,16 @@ class Daemon:
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
         self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
+        self._views: deque[View] = deque(maxlen=STATUS_HISTORY_VIEWS)  # for an incident's /status history
+        vllm_source = VllmHttpSource(
+            fetcher=self._vllm_fetcher,
+            base_url=settings.vllm_url,
+            timeout_s=settings.poll_timeout_s,
+            max_body_bytes=settings.max_response_bytes,
+        )
+        self.incidents = build_recorder(
+            settings, logger=self._log, log_source=parts.vllm_log, vllm=vllm_source, status_history=self._status_history
+        )
         self.acting = Acting(
             policy=Policy(policy_settings(settings)),
             actuator=parts.actuator,
@@ -268,19 +282,15 @@ class Daemon:
                 timeout_s=settings.probe_timeout,
                 api_key=read_api_key(settings.vllm_api_key_file),
             ),
+            incidents=self.incidents,
         )
         self.poller = Poller(
-            vllm=VllmHttpSource(
-                fetcher=self._vllm_fetcher,
-                base_url=settings.vllm_url,
-                timeout_s=settings.poll_timeout_s,
-                max_body_bytes=settings.max_response_bytes,
-            ),
+            vllm=vllm_source,
             gpu=self._gpu,
             allocator=build_allocator_source(settings),
             derive=derive_settings(settings),
             logger=self._log,
-            on_view=self.acting.observe,
+            on_view=self._on_view,
             supervision=parts.actuator.supervision,
             supervision_timeout_s=settings.poll_timeout_s,
             start_watch=VllmStartWatch(urlsplit(settings.vllm_url).port or _default_port(settings.vllm_url)),
@@ -330,6 +340,18 @@ class Daemon:
             raise
         if unknown is not None:
             self._log.info("restart_right_unknown", actuator=self._settings.actuator, detail=unknown)
+
+    def _on_view(self, view: View) -> None:
+        self._views.append(view)
+        self.acting.observe(view)  # the policy decides on the view just published
+
+    def _status_history(self) -> list[object]:
+        """The /status documents of the last polls, oldest first; the newest with the policy's part."""
+        url, version = self._settings.vllm_url, __version__
+        documents = [status_document(view.snapshot, view.derived, url, version=version) for view in self._views]
+        if documents:
+            documents[-1]["policy"] = policy_document(self.acting_view())
+        return list(documents)
 
     def acting_view(self) -> ActingView:
         """Acting's view, with the last cause of a death read from vLLM's log."""
@@ -392,6 +414,8 @@ class Daemon:
             probe_dir=str(self._settings.probe_dir) if self._settings.probe_dir is not None else None,
             actuator=self.acting.actuator.name,
             dry_run=self._settings.dry_run,
+            incidents=self.incidents.files.root.as_posix() if self.incidents is not None else None,
+            py_spy=self.incidents is not None and self.incidents.has_py_spy,
         )
         await self._stop.wait()
         self._log.info("stopping")

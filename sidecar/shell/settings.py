@@ -589,6 +589,41 @@ class Settings(ScrapeSettings):
             "replaces the journal or the pod's log"
         ),
     )
+    incidents_keep: int = _setting(
+        10,
+        "incident folders kept (0: none)",
+        group=TELLING,
+        ge=0,
+        le=1000,
+        why=(
+            "how many incident folders `<state-dir>/incidents/` keeps, the newest (see [incidents.md](incidents.md)); "
+            "`0` takes none. Written only when the sidecar acts (not in dry-run, nor with `--actuator none`)"
+        ),
+    )
+    incident_timeout: float = _setting(
+        5.0,
+        "longest an incident holds a restart back",
+        group=TELLING,
+        unit="seconds",
+        ge=0.5,
+        le=60,
+        why=(
+            "seconds an incident may take in all before a restart (vLLM's stacks, its log, writing the folder); "
+            "what is not in by then is listed as not captured and the restart goes on"
+        ),
+    )
+    incident_max_bytes: int = _setting(
+        1024 * 1024,
+        "largest incident folder",
+        group=TELLING,
+        unit="bytes",
+        ge=64 * 1024,
+        le=1024 * 1024 * 1024,
+        why=(
+            "bytes one incident folder may hold; the stacks come first, then the log's newest lines, the /status "
+            "history and the metrics. `--incidents-keep` x this is the most the incidents take on disk"
+        ),
+    )
     # --- the sidecar's own server ---
     admin_token_file: Path | None = _setting(
         None,

@@ -68,6 +68,9 @@ class VllmHttpSource:
         self._last_read_ok = False
         self._load_offered: bool | None = None  # /load answered (True) or 404 (False); None: not known yet
         self._picker = vllm_sample_picker()
+        # The last /metrics body read, and when (this source's clock): an incident keeps it (sidecar.shell.incident).
+        # A reference to the text already decoded, so it costs no copy, and at most one body of memory.
+        self.last_metrics: tuple[str, float] | None = None
 
     async def read(self) -> SourceResult[VllmReading]:
         """Fetch /metrics and /version concurrently and interpret them."""
@@ -104,6 +107,7 @@ class VllmHttpSource:
         if version_task is not None:
             self._version = await version_task
             self._version_asked_at = started
+        self.last_metrics = (text, started)
         reading = read_vllm(exposition, url=self.base_url, version=self._version)
         if self._load_offered is not False and _reads_idle(reading):
             load = await self._server_load()

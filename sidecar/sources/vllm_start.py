@@ -12,16 +12,12 @@ shared process namespace) there is no sign, and nobody else starting it is what 
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.parse.vllm_process import serves_port as serves_port  # noqa: PLC0414 - re-exported, as before
 from sidecar.sources.proc import read_proc_text
-
-VLLM_DEFAULT_PORT = 8000
-_SERVER = re.compile(r"(?:^|[/\s])vllm\s+serve(?:\s|$)|vllm\.entrypoints\.openai\.api_server")
-_PORT = re.compile(r"(?:^|\s)--port(?:=|\s+)(\d+)(?:\s|$)")
 
 
 def boot_clock_s() -> float:
@@ -34,14 +30,6 @@ class StartedServer:
     pid: int
     started_boot_s: float
     command: str  # its command line, shortened for a log line
-
-
-def serves_port(command: str, port: int) -> bool:
-    """Whether `command` is a vLLM OpenAI server for `port`. Pure."""
-    if not _SERVER.search(command):
-        return False
-    given = _PORT.search(command)
-    return (int(given.group(1)) if given else VLLM_DEFAULT_PORT) == port
 
 
 class VllmStartWatch:

@@ -45,6 +45,7 @@ def note(
     dry_run: bool = False,
     details: dict[str, str] | None = None,
     cause: CrashCause | None = None,
+    incident: str | None = None,
 ) -> Notification:
     return Notification(
         kind=kind,
@@ -54,6 +55,7 @@ def note(
         dry_run=dry_run,
         details=details if details is not None else {"kv_cache_usage_ratio": "0.93"},
         cause=cause,
+        incident=incident,
     )
 
 

@@ -59,6 +59,17 @@ async def test_the_event_says_why_vllm_died_and_stays_bounded() -> None:
     assert len(events.emitted[1][1]) == MAX_MESSAGE_CHARS
 
 
+async def test_the_event_names_the_incident_whole_even_when_the_message_is_cut() -> None:
+    events = FakeEvents()
+    sink = EventNotificationSink(events)
+    folder = "/var/lib/vllm-sidecar/incidents/20231114T221320Z-engine_hung"
+    await sink.send(note(NotificationKind.RESTART_END, summary="vLLM healthy again", incident=folder))
+    await sink.send(note(summary="x" * 5000, cause=OOM_CAUSE, incident=folder))
+    assert events.emitted[0][1] == f"vLLM healthy again (reason kv_cache_usage). incident {folder}"
+    assert len(events.emitted[1][1]) == MAX_MESSAGE_CHARS
+    assert events.emitted[1][1].endswith(f"…. incident {folder}")
+
+
 async def test_an_emit_that_raises_is_retryable() -> None:
     result = await EventNotificationSink(FakeEvents(error=PermissionError("events is forbidden"))).send(note())
     assert result.status is DeliveryStatus.RETRYABLE

@@ -41,7 +41,20 @@ def test_json_document_has_the_documented_shape() -> None:
         "host": "gpu-node-7",
         "pod": "vllm-0",
         "cause": None,
+        "incident": None,
     }
+
+
+INCIDENT = "/var/lib/vllm-sidecar/incidents/20231114T221320Z-engine_hung"
+
+
+def test_json_and_slack_name_the_incident_folder() -> None:
+    restarted = note(NotificationKind.RESTART_END, summary="vLLM healthy again", cause=OOM_CAUSE, incident=INCIDENT)
+    assert json_document(restarted, ORIGIN)["incident"] == INCIDENT
+    lines = slack_document(restarted, ORIGIN)["text"].split("\n")
+    assert len(lines) == 3
+    assert lines[1].startswith("cause configuration_overshoot")
+    assert lines[2] == f"incident {INCIDENT}"
 
 
 def test_json_document_carries_why_vllm_died_with_the_flags_to_change() -> None:

@@ -54,7 +54,7 @@ VENV = "opt/vllm-sidecar"
 PLUGIN_FOLDER = "opt/vllm-sidecar-probe"  # this distribution for vLLM's PYTHONPATH: --target, no dependencies
 PROBE_PATCH = REPO_ROOT / "deploy" / "kubernetes" / "add-probe" / "probe.yaml"
 # Measured 57 MB (venv of the package and its dependencies, byte-compiled; 36 MB before aiohttp and lightkube came
-# in with issue 15). Room for dependency growth, not for
+# in with issue 15), before py-spy's 8 MB binary (the incidents extra). Room for dependency growth, not for
 # a pip cache, a compiler or a second copy of the venv.
 MAX_APP_LAYER_BYTES = 70_000_000
 SIM_OVERRIDES = ("--model-name", "image-test-model", "--num-gpu-blocks", "777", "--block-size", "16")

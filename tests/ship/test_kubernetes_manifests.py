@@ -38,6 +38,7 @@ from tests.ship.kube_manifests import (
     BASE_DIR,
     COMPONENT_DIR,
     EXISTING_DEPLOYMENT,
+    INCIDENTS_COMPONENT_DIR,
     KUBERNETES_DIR,
     PLUGIN_INIT,
     PLUGIN_NAME,
@@ -134,6 +135,31 @@ def existing_with_probe(tmp_path_factory: pytest.TempPathFactory) -> list[Manife
         _unavailable(str(error))
 
 
+@pytest.fixture(scope="module")
+def with_incidents(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
+    """The complete example with add-incidents."""
+    folder = tmp_path_factory.mktemp("incidents")
+    try:
+        return render_overlay(folder, namespace="vllm", resources=[BASE_DIR], components=[INCIDENTS_COMPONENT_DIR])
+    except KubectlMissingError as error:
+        _unavailable(str(error))
+
+
+@pytest.fixture(scope="module")
+def existing_with_incidents(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
+    """A user's own Deployment (no Namespace in the overlay) with add-sidecar and add-incidents."""
+    folder = tmp_path_factory.mktemp("existing-incidents")
+    try:
+        return render_overlay(
+            folder,
+            namespace="team-a",
+            resources=[EXISTING_DEPLOYMENT],
+            components=[COMPONENT_DIR, INCIDENTS_COMPONENT_DIR],
+        )
+    except KubectlMissingError as error:
+        _unavailable(str(error))
+
+
 def _existing_named(name: str) -> Manifest:
     document: Manifest = yaml.safe_load(EXISTING_DEPLOYMENT.read_text())
     pod_spec(document)["containers"][0]["name"] = name
@@ -181,6 +207,16 @@ def test_manifests_pass_the_kubernetes_schemas_strictly(
     """Every rendered object but the ServiceMonitor (a CRD, which has no schema here: see its own test)."""
     validator = _kubernetes_validate()
     for document in [*base, *existing, *existing_with_probe]:
+        if document["kind"] != "ServiceMonitor":
+            validator.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_add_incidents_passes_the_kubernetes_schemas_strictly(
+    with_incidents: list[Manifest], existing_with_incidents: list[Manifest], version: str
+) -> None:
+    validator = _kubernetes_validate()
+    for document in [*with_incidents, *existing_with_incidents]:
         if document["kind"] != "ServiceMonitor":
             validator.validate(document, version, strict=True)
 
@@ -417,6 +453,56 @@ def test_component_adds_only_the_sidecar_to_an_existing_deployment(
     # The RBAC comes along, into the overlay's namespace.
     assert sorted(d["kind"] for d in existing) == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
     assert find(existing, "RoleBinding")["subjects"][0]["namespace"] == "team-a"
+
+
+# --- incidents (add-incidents) ----------------------------------------------------------------------------
+
+
+def test_add_incidents_shares_the_process_namespace_and_grants_only_sys_ptrace(
+    base: list[Manifest], with_incidents: list[Manifest], existing_with_incidents: list[Manifest]
+) -> None:
+    before, after = find(base, "Deployment"), find(with_incidents, "Deployment")
+    assert "shareProcessNamespace" not in pod_spec(before)
+    assert pod_spec(after)["shareProcessNamespace"] is True
+    security = container(after, SIDECAR)["securityContext"]
+    assert security == {
+        **container(before, SIDECAR)["securityContext"],
+        "runAsNonRoot": False,
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
+    }
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    # Nothing else of the pod changes: vLLM's container, the init container, the volumes.
+    for name in ("containers", "initContainers"):
+        others = [item for item in pod_spec(after)[name] if item["name"] != SIDECAR]
+        assert others == [item for item in pod_spec(before)[name] if item["name"] != SIDECAR]
+    assert pod_spec(after)["volumes"] == pod_spec(before)["volumes"]
+    # SYS_PTRACE is outside "baseline": the base's Namespace enforces "privileged", still warning on baseline.
+    labels = find(with_incidents, "Namespace")["metadata"]["labels"]
+    assert labels == {
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/warn": "baseline",
+        "pod-security.kubernetes.io/audit": "baseline",
+    }
+    # On a user's own Deployment, with no Namespace rendered, the same pod change and nothing more.
+    mine = find(existing_with_incidents, "Deployment", "mistral-7b")
+    assert pod_spec(mine)["shareProcessNamespace"] is True
+    assert container(mine, SIDECAR)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sorted(d["kind"] for d in existing_with_incidents) == ["Deployment", "Role", "RoleBinding", "ServiceAccount"]
+
+
+def test_the_default_incidents_fit_the_sidecars_state_volume(base: list[Manifest]) -> None:
+    """--incidents-keep x --incident-max-bytes, the most the incidents take, fits the emptyDir's sizeLimit (a
+    volume over it gets the pod evicted), with room for the restart ledger."""
+    deployment = find(base, "Deployment")
+    state, _ = mount_volume(deployment, container(deployment, SIDECAR), Path("/var/lib/vllm-sidecar/x"))
+    limit = state["emptyDir"]["sizeLimit"]
+    assert limit.endswith("Mi")
+    fields = Settings.model_fields
+    incidents_bytes = fields["incidents_keep"].default * fields["incident_max_bytes"].default
+    assert incidents_bytes + 2**20 <= int(limit[:-2]) * 2**20
 
 
 def _probe_patch() -> Manifest:
