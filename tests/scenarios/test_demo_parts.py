@@ -10,6 +10,7 @@ import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,14 @@ from rich.console import Console
 
 from sidecar.demo import story
 from sidecar.demo.control import ControlServer, write_token
-from sidecar.demo.load import LoadShape
+from sidecar.demo.load import LoadCounters, LoadShape, drive
 from sidecar.demo.runner import LINGER_S, Demo, DemoOptions
 from sidecar.demo.supervisor import SimSupervisor
 from sidecar.demo.view import policy_panel
+from sidecar.exporter.server import HttpServer, Request, Response
 from sidecar.shell.settings import Settings
 from sidecar.sim.config import SCENARIOS
+from sidecar.sim.scenarios import LoadShape as Schedule
 
 
 def test_every_scenario_has_its_story_in_the_help() -> None:
@@ -142,6 +145,32 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+async def test_a_stop_counts_the_requests_in_flight_as_interrupted() -> None:
+    async def never(request: Request) -> Response:
+        await asyncio.sleep(3600)
+        return Response.text(HTTPStatus.OK, "never")
+
+    server = HttpServer(host="127.0.0.1", port=0, handler=never)
+    await server.start()
+    counters, stop = LoadCounters(), asyncio.Event()
+    shape = LoadShape(schedule=Schedule(concurrency=3), prompt_tokens=(10, 20), output_tokens=(4, 4))
+    url = f"http://127.0.0.1:{server.port}"
+    load = asyncio.create_task(
+        drive(vllm_url=url, readiness_url=None, model="m", shape=shape, counters=counters, stop=stop)
+    )
+    try:
+        for _ in range(100):
+            if counters.sent == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert counters.oldest_in_flight_s(time.monotonic()) is not None
+        stop.set()
+        await asyncio.wait_for(load, 10)
+    finally:
+        await server.stop()
+    assert (counters.sent, counters.failed, counters.interrupted, counters.in_flight) == (3, 0, 3, 0)
+
+
 async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tmp_path: Path) -> None:
     events: list[str] = []
     crashing = SimSupervisor(
@@ -156,6 +185,7 @@ async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tm
     crashing.supervise(now)
     assert crashing.crashes == 1
     assert events[-1] == "vLLM CRASHED: exited with code 3: ValueError: no room"
+    assert crashing.first_crash == (now, "ValueError: no room")
     assert "started again in 5 s" in crashing.state(now)
     crashing.supervise(now + 5.0)
     assert crashing.process is not process, "started again after the delay, as Restart=on-failure"
@@ -169,6 +199,7 @@ async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tm
     assert first.exit_code() is not None
     assert line.startswith(f"stopped pid {first.pid} (exit ")
     assert (serving.crashes, serving.restarts_by_sidecar) == (0, 1)
+    assert serving.first_restart_s is not None
     assert serving.process is not None
     assert serving.process.exit_code() is None
     serving.supervise(time.monotonic())
