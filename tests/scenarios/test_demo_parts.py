@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -19,7 +20,9 @@ from rich.console import Console
 from sidecar.demo import story
 from sidecar.demo.control import ControlServer, write_token
 from sidecar.demo.load import LoadCounters, LoadShape, drive
-from sidecar.demo.runner import LINGER_S, Demo, DemoOptions
+from sidecar.demo.runner import Demo, DemoOptions
+from sidecar.demo.sidecar_log import SidecarLog
+from sidecar.demo.story import LINGER_S, TWIN_LINGER_S, TWIN_WAIT_S
 from sidecar.demo.supervisor import SimSupervisor
 from sidecar.demo.view import policy_panel
 from sidecar.exporter.server import HttpServer, Request, Response
@@ -96,6 +99,8 @@ def test_the_exit_line_has_the_contracts_words() -> None:
             "demo stopped: 12 requests sent, 9 ok, 2 failed; vLLM crashed 1 time, restarted by the sidecar 2 times; "
             f"logs in {demo.workdir}"
         )
+        demo.counters.interrupted = 1
+        assert "12 requests sent, 9 ok, 2 failed, 1 interrupted by the stop; vLLM crashed" in demo.exit_line()
 
 
 def _status(state: str, reason: str, blocked: str | None = None) -> dict[str, object]:
@@ -103,7 +108,8 @@ def _status(state: str, reason: str, blocked: str | None = None) -> dict[str, ob
 
 
 def test_the_demo_stops_itself_once_vllm_is_back_from_the_sidecars_restart() -> None:
-    with _demo(DemoOptions()) as demo:
+    with _demo(DemoOptions(scenario="healthy")) as demo:  # a scenario without the vLLM without a sidecar
+        assert demo.twin is None
         demo._follow_policy(_status("draining", "restart (oom_forecast) begins"), 100.0, 0)
         assert not demo._should_stop(200.0), "no restart by the sidecar yet"
         demo._follow_policy(_status("paused", "an answer from before the restart"), 101.0, 0)
@@ -119,17 +125,53 @@ def test_the_demo_stops_itself_once_vllm_is_back_from_the_sidecars_restart() -> 
         assert not demo._should_stop(1000.0), "--keep-running"
 
 
-def test_a_held_back_restart_is_told_once_not_on_every_poll() -> None:
-    with _demo(DemoOptions()) as demo:
-        for uptime in (33, 34, 35):
-            blocked = f"vLLM up only {uptime} s < 40 s before a forecast-driven restart"
-            demo._follow_policy(_status("paused", f"would restart (oom_forecast): ...; but {blocked}", blocked), 1.0, 0)
-        demo._follow_policy(_status("paused", "paused", None), 2.0, 0)
-        demo._follow_policy(_status("paused", "would restart; but cooldown 5 s", "cooldown 5 s"), 3.0, 0)
-        told = [event for event in demo.events if "would restart" in event]
-        assert len(told) == 2
-        assert told[0].endswith("sidecar would restart (oom_forecast): ...; but vLLM up only 33 s < 40 s before a "
-                                "forecast-driven restart")  # fmt: skip
+def test_the_leak_demo_waits_for_the_crash_of_the_vllm_without_the_sidecar() -> None:
+    oom = "torch.OutOfMemoryError: CUDA out of memory."
+    with _demo(DemoOptions(scenario="leak")) as demo:
+        assert demo.twin is not None
+        demo._follow_policy(_status("cooldown", "cooldown"), 104.0, 1)
+        assert not demo._should_stop(104.0 + LINGER_S), "the vLLM without the sidecar has not crashed yet"
+        assert "stops in" not in demo._ending(104.0 + LINGER_S)
+        demo.twin.sim.first_crash = (120.0, oom)
+        assert not demo._should_stop(120.0 + TWIN_LINGER_S - 0.5)
+        assert demo._should_stop(120.0 + TWIN_LINGER_S)
+        assert demo._ending(121.0) == "the story is over: the demo stops in 4 s (--keep-running: stay)"
+    with _demo(DemoOptions(scenario="leak")) as demo:
+        demo._follow_policy(_status("cooldown", "cooldown"), 104.0, 1)
+        assert demo._should_stop(104.0 + TWIN_WAIT_S), "it waits for that crash a minute at most"
+    with _demo(DemoOptions(scenario="burst")) as demo:  # the sidecar pauses; nothing to restart
+        assert demo.twin is not None
+        demo.twin.sim.first_crash = (30.0, oom)
+        assert demo._should_stop(30.0 + TWIN_LINGER_S)
+    with _demo(DemoOptions(scenario="hang")) as demo:  # the one without the sidecar only hangs
+        demo._follow_policy(_status("cooldown", "cooldown"), 50.0, 1)
+        assert demo._should_stop(50.0 + LINGER_S)
+
+
+def test_the_sidecars_lines_come_before_the_restart_they_asked_for(tmp_path: Path) -> None:
+    records: list[dict[str, object]] = [
+        {"event": "policy_state", "previous": "paused", "state": "restarting", "reason": "engine hung: no drain"},
+        {
+            "event": "action",
+            "action": "drain",
+            "reason": "restart (engine_hung) begins: ...; admission paused, no drain",
+        },
+        {"event": "action", "action": "restart", "reason": "engine hung: no drain"},
+        {"event": "probe_sent", "kind": "probe", "reason": "not told: a line still being written"},
+    ]
+    log = tmp_path / "sidecar.log"
+    whole = "".join(json.dumps({**record, "timestamp": "2030-01-01T00:00:00Z"}) + "\n" for record in records[:3])
+    log.write_text(whole + json.dumps(records[3])[:20])
+    with _demo(DemoOptions(scenario="hang")) as demo:
+        demo._sidecar_log = SidecarLog(log, demo._started_wall)
+        demo._event("the sidecar's restart adapter asks the demo to restart vLLM (engine_hung)")
+        texts = [line.split(" s  ", 1)[1] for line in demo.events]
+    assert texts == [
+        "sidecar policy: paused -> restarting: engine hung: no drain",
+        "sidecar decides: restart at once, no drain (the engine's requests cannot finish)",
+        "sidecar decides: restart",
+        "the sidecar's restart adapter asks the demo to restart vLLM (engine_hung)",
+    ]
 
 
 @contextlib.contextmanager
