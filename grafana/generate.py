@@ -431,7 +431,7 @@ GPU_MEMORY = Row(
         Panel(
             title="Memory growth",
             what="Least-squares slope of used memory over --memory-trend-window (needs "
-            f"{DERIVE.min_trend_points} polls over {DERIVE.min_trend_span_s:g} s).",
+            f"{DERIVE.min_trend_points} polls over {DERIVE.min_trend_span_s:g} s), since the slope last changed.",
             queries=(Query(sel(names.GPU_GROWTH, GPU), LEGEND_GPU),),
             unit="Bps",
             width=6,

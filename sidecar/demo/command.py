@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Literal
 
 from pydantic import Field
 
 from sidecar.config.config_file import SettingsError
-from sidecar.config.settings_cli import settings_flags
+from sidecar.config.settings_cli import EPILOG, settings_flags
 from sidecar.config.tool_settings import ToolSettings, load_tool_settings
 from sidecar.sim.config import Scenario
+
+HELP_WIDTH = 100
 
 
 class DemoSettings(ToolSettings):
@@ -25,22 +28,33 @@ class DemoSettings(ToolSettings):
     restart_delay: float = Field(5.0, description="seconds before the demo restarts a simulator that died")
     keep_running: bool = Field(
         False,
-        description="do not stop 10 s after vLLM is back from the sidecar's first restart; run until Ctrl-C or "
-        "--duration",
+        description="do not stop once the story is over (vLLM back from the sidecar's first restart, the one "
+        "without it crashed); run until Ctrl-C or --duration",
     )
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The scenarios' timelines as `story.help_epilog` lays them out; the options as every command shows them."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sidecar.demo.story import help_epilog  # noqa: PLC0415 - keeps `vllm-sidecar --help` light
 
-    parser.description = (
-        "Starts the simulated vLLM and the sidecar on loopback ports, sends load, and shows what the sidecar sees, "
-        "decides and why. The default scenario, leak, ends with the sidecar's planned, drained restart of vLLM "
-        "before the leak would have crashed it; then the demo stops."
-    )
-    parser.epilog = help_epilog()
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     settings_flags(DemoSettings, parser)
+    description = (
+        "Starts the simulated vLLM and the sidecar on loopback ports, and beside them the same simulated vLLM "
+        "without a sidecar, sends both the same load, and shows what the sidecar sees, decides and why, and what "
+        "happens to each. The default scenario, leak, ends with the sidecar's planned, drained restart of its vLLM "
+        "and the CUDA OOM crash of the other; then the demo stops. On a terminal the screen fits its size; piped "
+        "or redirected, each event is one line."
+    )
+    # After settings_flags, which sets the epilog every command shares and a formatter that would rewrap ours.
+    parser.description = textwrap.fill(description, HELP_WIDTH)
+    parser.epilog = f"{help_epilog(HELP_WIDTH)}\n\n{textwrap.fill(EPILOG, HELP_WIDTH)}"
+    parser.formatter_class = _Formatter
 
 
 def run(flags: argparse.Namespace) -> int:

@@ -1,10 +1,10 @@
 """The demo's traffic: a few workers sending completions the way a router would. Does network I/O.
 
 Like a router or a Kubernetes Service, it sends only while the sidecar's /readyz says 200, so when the
-policy pauses admission the demo's load really stops. Each scenario's load is the one its preset was
-calibrated against (`sidecar.sim.scenarios.scenario_load`: concurrency over time, prompt and output
-lengths, shared prefixes); where a scenario shares no prefix, half the prompts share one of a few, so the
-prefix cache has something to hit.
+policy pauses admission the demo's load really stops (the vLLM without a sidecar gets its load unasked). Each
+scenario's load is the one its preset was calibrated against (`sidecar.sim.scenarios.scenario_load`:
+concurrency over time, prompt and output lengths, shared prefixes); where a scenario shares no prefix, half the
+prompts share one of a few, so the prefix cache has something to hit.
 """
 
 from __future__ import annotations
@@ -28,13 +28,20 @@ class LoadCounters:
     sent: int = 0
     succeeded: int = 0
     failed: int = 0
+    refused: int = 0  # of the failed: nothing listening (vLLM down or starting again)
+    interrupted: int = 0  # in flight when the demo stopped: cut off by the stop, not failed by vLLM
     held_by_readiness: int = 0
     last_error: str = ""
     by_status: dict[str, int] = field(default_factory=dict)
+    started_s: dict[int, float] = field(default_factory=dict)  # each request in flight: when it was sent
 
     @property
     def in_flight(self) -> int:
-        return self.sent - self.succeeded - self.failed
+        return self.sent - self.succeeded - self.failed - self.interrupted
+
+    def oldest_in_flight_s(self, now_s: float) -> float | None:
+        """How long the oldest request in flight has waited (a hung vLLM answers none); None: none in flight."""
+        return now_s - min(self.started_s.values()) if self.started_s else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,9 +94,16 @@ def _prompt(rng: random.Random, shape: LoadShape, serial: int) -> str:
 
 
 async def drive(
-    *, vllm_url: str, readiness_url: str, model: str, shape: LoadShape, counters: LoadCounters, stop: asyncio.Event
+    *,
+    vllm_url: str,
+    readiness_url: str | None,
+    model: str,
+    shape: LoadShape,
+    counters: LoadCounters,
+    stop: asyncio.Event,
 ) -> None:
-    """Run the shape's workers until `stop` is set; worker i sends while the schedule wants more than i."""
+    """Run the shape's workers until `stop` is set; worker i sends while the schedule wants more than i (and
+    `readiness_url`, if any, answers 200). A request the stop cuts off counts as interrupted, not failed."""
     rng = random.Random(shape.seed)  # noqa: S311 - load shapes, not secrets
     serials = itertools.count()
     began = time.monotonic()
@@ -100,7 +114,7 @@ async def drive(
                 if index >= shape.schedule.concurrency_at(time.monotonic() - began):
                     await _pause(stop, 0.25)  # not wanted yet (a ramp) or now (a quiet spell)
                     continue
-                if not await _admitting(client, readiness_url):
+                if readiness_url is not None and not await _admitting(client, readiness_url):
                     counters.held_by_readiness += 1
                     await _pause(stop, 0.5)
                     continue
@@ -112,16 +126,28 @@ async def drive(
                     "ignore_eos": True,
                 }
                 counters.sent += 1
+                counters.started_s[serial] = time.monotonic()
                 try:
                     response = await client.post(vllm_url + "/v1/completions", json=body)
+                except asyncio.CancelledError:
+                    counters.interrupted += 1  # the demo is stopping: it cut the request off
+                    raise
                 except httpx.HTTPError as error:
+                    if stop.is_set():  # the server went down with the demo's stop
+                        counters.interrupted += 1
+                        continue
                     counters.failed += 1
+                    counters.refused += isinstance(error, httpx.ConnectError)
                     counters.last_error = type(error).__name__
                     await _pause(stop, 1.0)  # vLLM is down or restarting: don't spin
                     continue
+                finally:
+                    counters.started_s.pop(serial, None)
                 key = str(response.status_code)
                 counters.by_status[key] = counters.by_status.get(key, 0) + 1
-                if response.status_code == httpx.codes.OK:
+                if stop.is_set() and response.status_code != httpx.codes.OK:
+                    counters.interrupted += 1  # answered with the server's shutdown
+                elif response.status_code == httpx.codes.OK:
                     counters.succeeded += 1
                 else:
                     counters.failed += 1

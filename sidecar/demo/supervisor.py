@@ -28,8 +28,10 @@ class ChildProcess:
         self.started_s = time.monotonic()
         self._log: TextIO = log_path.open("a")
         # argv is built by the demo from this interpreter and fixed words: nothing from outside reaches a shell.
+        # A process group of its own: Ctrl-C in the terminal reaches the demo alone, which stops the load before
+        # its children (a simulator that got the SIGINT too would answer the requests in flight as failed).
         self.process = subprocess.Popen(  # noqa: S603
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0
         )
 
     @property
@@ -73,11 +75,22 @@ class ChildProcess:
 
 
 class SimSupervisor:
-    def __init__(self, argv: list[str], workdir: Path, *, restart_delay_s: float, event: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        workdir: Path,
+        *,
+        restart_delay_s: float,
+        event: Callable[[str], None],
+        name: str = "vLLM",
+        log_prefix: str = "sim",
+    ) -> None:
         self._argv = argv
         self._workdir = workdir
         self._restart_delay_s = restart_delay_s
         self._event = event
+        self._name = name  # how its events call it
+        self._log_prefix = log_prefix  # its logs are <prefix>-<start>.log
         self._process: ChildProcess | None = None
         self._starts = 0
         self._died_s: float | None = None
@@ -85,6 +98,8 @@ class SimSupervisor:
         self._closed = False  # stopped for good: nothing starts again
         self.crashes = 0
         self.restarts_by_sidecar = 0
+        self.first_crash: tuple[float, str] | None = None  # when (monotonic) and the cause of the first crash
+        self.first_restart_s: float | None = None  # when the sidecar's first restart was asked
 
     @property
     def process(self) -> ChildProcess | None:
@@ -94,12 +109,12 @@ class SimSupervisor:
         if self._closed:
             raise RuntimeError("the demo is stopping")
         self._starts += 1
-        self._process = ChildProcess(self._argv, self._workdir / f"sim-{self._starts}.log")
+        self._process = ChildProcess(self._argv, self._workdir / f"{self._log_prefix}-{self._starts}.log")
         self._died_s = None
         return self._process
 
     def state(self, now_s: float) -> str:
-        """One phrase for the header: running (pid, uptime), stopping, or dead and when it comes back."""
+        """One phrase for the screen: running (uptime), restarting, or dead and when it comes back."""
         process = self._process
         if self._restarting:
             return "restarting (asked by the sidecar)"
@@ -107,7 +122,7 @@ class SimSupervisor:
             return "not started"
         code = process.exit_code()
         if code is None:
-            return f"running (pid {process.pid}, up {now_s - process.started_s:.0f} s)"
+            return f"running, up {now_s - process.started_s:.0f} s"
         if self._died_s is None:
             return f"dead (exit {code})"
         back_in = max(0.0, self._died_s + self._restart_delay_s - now_s)
@@ -123,33 +138,42 @@ class SimSupervisor:
             return
         if self._died_s is None:
             self._died_s = now_s
-            self.crashes += 1
-            self._event(f"vLLM CRASHED: exited with code {code}: {process.cause()}")
+            self._crashed(now_s, code, process)
         elif now_s - self._died_s >= self._restart_delay_s:
-            self._event("starting vLLM again (the demo stands in for systemd Restart=on-failure)")
+            self._event(f"starting {self._name} again (the demo stands in for systemd Restart=on-failure)")
             process.stop()
             self.start()
+
+    def _crashed(self, now_s: float, code: int, process: ChildProcess) -> None:
+        self.crashes += 1
+        cause = process.cause()
+        if self.first_crash is None:
+            self.first_crash = (now_s, cause)
+        self._event(f"{self._name} CRASHED: exited with code {code}: {cause}")
 
     async def restart(self, reason: str) -> str:
         """A clean restart asked by the sidecar's restart adapter; the one line the adapter reports."""
         if self._restarting or self._closed:
             raise RuntimeError("the demo is stopping" if self._closed else "a restart is already in progress")
         self._restarting = True
+        if self.first_restart_s is None:
+            self.first_restart_s = time.monotonic()
         try:
-            self._event(f"the sidecar's restart adapter asks the demo to restart vLLM ({reason[:160]})")
+            # The reason's first words (the restart's cause): the sidecar's lines just before gave the rest.
+            cause = reason.split(":", 1)[0][:80]
+            self._event(f"the sidecar's restart adapter asks the demo to restart {self._name} ({cause})")
             old = self._process
             said = ""
             if old is not None:
                 already = old.exit_code()
                 if already is not None and self._died_s is None:  # it died on its own before we noticed
-                    self.crashes += 1
-                    self._event(f"vLLM CRASHED: exited with code {already}: {old.cause()}")
+                    self._crashed(time.monotonic(), already, old)
                 code = await old.stop_async()
                 said = f"pid {old.pid} had exited already ({code}); " if already is not None else ""
                 said = said or f"stopped pid {old.pid} (exit {code}); "
             new = self.start()
             self.restarts_by_sidecar += 1
-            self._event(f"vLLM restarted for the sidecar: {said}started pid {new.pid}")
+            self._event(f"{self._name} restarted for the sidecar: {said}started pid {new.pid}")
             return f"{said}started the simulated vLLM again as pid {new.pid}"
         finally:
             self._restarting = False

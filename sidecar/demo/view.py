@@ -1,6 +1,7 @@
-"""The demo's live view: the daemon's /status document rendered for a terminal. Pure: data in, rich out.
+"""The demo's detailed widgets: the daemon's /status document as tables and a panel, for a terminal with room
+(`screen` picks them, or `compact`'s one-liners). Pure: data in, rich out.
 
-It shows what the sidecar sees (KV usage, hit ratio, blocks per request, GPU headroom, forecast time to
+They show what the sidecar sees (KV usage, hit ratio, blocks per request, GPU headroom, forecast time to
 OOM), what its policy decides and why (its state, the reason, and the restart a guard holds back: "would
 restart, but ..."), and what happened (source failures, problems, vLLM dying and coming back), and nothing
 the daemon did not report: a value it does not know reads "-", never 0.
@@ -11,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -26,41 +26,38 @@ class Header:
     sim_url: str
     sidecar_url: str
     elapsed_s: float
-    vllm_state: str  # "running (pid 12, up 30 s)", "dead (exit 1)", "restarting (asked by the sidecar)", ...
     story: str = ""  # what this scenario does, when
     settings: str = ""  # what the demo changed from the daemon's defaults, and how restarts happen
-    crashes: int = 0
-    restarts_by_sidecar: int = 0
     ending: str = ""  # when and why the demo will stop by itself
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
     """A JSON number from /status, or None for null, a bool or anything else: shown as "-"."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _num(value: object, pattern: str = "{:.1f}") -> str:
-    number = _number(value)
-    return "-" if number is None else pattern.format(number)
+    known = number(value)
+    return "-" if known is None else pattern.format(known)
 
 
 def _ratio_bar(value: object, width: int = 20) -> Text:
-    number = _number(value)
-    if number is None:
+    ratio = number(value)
+    if ratio is None:
         return Text("-")
-    filled = round(max(0.0, min(1.0, number)) * width)
-    style = "red" if number >= 0.9 else "yellow" if number >= 0.8 else "green"
-    return Text("█" * filled + "░" * (width - filled) + f" {number:6.1%}", style=style)
+    filled = round(max(0.0, min(1.0, ratio)) * width)
+    style = "red" if ratio >= 0.9 else "yellow" if ratio >= 0.8 else "green"
+    return Text("█" * filled + "░" * (width - filled) + f" {ratio:6.1%}", style=style)
 
 
-def _duration(value: object) -> str:
-    seconds = _number(value)
+def duration(value: object) -> str:
+    seconds = number(value)
     if seconds is None:
         return "-"
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.1f} min"
+    if seconds >= 600:  # below, seconds: a forecast counting down moves every poll
+        return f"{seconds / 60:.0f} min"
     return f"{seconds:.0f} s"
 
 
@@ -88,7 +85,7 @@ def engines_table(engines: Sequence[Mapping[str, object]]) -> Table:
             _num(engine.get("kv_cache_request_headroom")),
             _num(engine.get("kv_cache_fragmentation_ratio"), "{:.1%}"),
             _num(engine.get("prefix_cache_hit_ratio"), "{:.1%}"),
-            _duration(engine.get("engine_stalled_seconds")),
+            duration(engine.get("engine_stalled_seconds")),
         )
     if not engines:
         table.add_row("(no engine data: vLLM not readable)", *[""] * 8)
@@ -96,8 +93,8 @@ def engines_table(engines: Sequence[Mapping[str, object]]) -> Table:
 
 
 def _gib(value: object, pattern: str = "{:.1f} GiB") -> str:
-    number = _number(value)
-    return "-" if number is None else pattern.format(number / GIB)
+    size = number(value)
+    return "-" if size is None else pattern.format(size / GIB)
 
 
 def gpus_table(gpus: Sequence[Mapping[str, object]]) -> Table:
@@ -114,10 +111,10 @@ def gpus_table(gpus: Sequence[Mapping[str, object]]) -> Table:
     ):
         table.add_column(column, justify="left" if column in ("gpu", "used") else "right")
     for gpu in gpus:
-        used, total = _number(gpu.get("memory_used_bytes")), _number(gpu.get("memory_total_bytes"))
-        over = _number(gpu.get("memory_over_budget_bytes"))
-        growth = _number(gpu.get("memory_growth_bytes_per_second"))
-        tto = _number(gpu.get("time_to_oom_seconds"))
+        used, total = number(gpu.get("memory_used_bytes")), number(gpu.get("memory_total_bytes"))
+        over = number(gpu.get("memory_over_budget_bytes"))
+        growth = number(gpu.get("memory_growth_bytes_per_second"))
+        tto = number(gpu.get("time_to_oom_seconds"))
         table.add_row(
             str(gpu.get("gpu")),
             _ratio_bar(used / total if used is not None and total else None),
@@ -126,14 +123,14 @@ def gpus_table(gpus: Sequence[Mapping[str, object]]) -> Table:
             Text("-") if over is None else Text(_gib(over, "{:+.2f} GiB"), style="red" if over > 0 else "green"),
             _gib(gpu.get("other_process_memory_bytes")),
             "-" if growth is None else f"{growth / MIB:+.1f} MiB/s",
-            Text(_duration(tto), style="bold red" if tto is not None and tto < 900 else ""),
+            Text(duration(tto), style="bold red" if tto is not None and tto < 900 else ""),
         )
     if not gpus:
         table.add_row("(no GPU data)", *[""] * 7)
     return table
 
 
-_STATE_STYLES = {
+STATE_STYLES = {
     "normal": "bold green",
     "starting": "bold",
     "pressure": "bold yellow",
@@ -155,7 +152,7 @@ def policy_panel(policy: Mapping[str, object] | None) -> Panel:
     blocked = policy.get("would_restart_but")
     body = Text.assemble(
         "state: ",
-        (state.upper(), _STATE_STYLES.get(state, "bold")),
+        (state.upper(), STATE_STYLES.get(state, "bold")),
         "   admission: ",
         ("PAUSED" if paused else "admitting", "bold red" if paused else "green"),
         f" (/readyz: {policy.get('readiness')})",
@@ -165,47 +162,3 @@ def policy_panel(policy: Mapping[str, object] | None) -> Panel:
         (str(blocked), "bold yellow") if blocked else ("- (no restart held back)", "dim"),
     )
     return Panel(body, title="the sidecar's policy (live, from its /status)", expand=True)
-
-
-def render(header: Header, status: Mapping[str, object] | None, events: Sequence[str]) -> RenderableType:
-    """The whole screen for one refresh."""
-    running = header.vllm_state.startswith("running")
-    title = Text.assemble(
-        ("vllm-sidecar demo", "bold"),
-        f"  scenario {header.scenario}  |  vLLM (simulated) {header.sim_url}: ",
-        (header.vllm_state, "green" if running else "bold red"),
-        f"  |  sidecar {header.sidecar_url}  |  {header.elapsed_s:.0f} s",
-    )
-    counts = Text.assemble(
-        "vLLM crashed ",
-        (str(header.crashes), "bold red" if header.crashes else "green"),
-        " times, restarted by the sidecar ",
-        (str(header.restarts_by_sidecar), "bold"),
-        " times",
-    )
-    parts: list[RenderableType] = [title]
-    if header.story:
-        parts.append(Text(f"scenario: {header.story}", style="cyan"))
-    if header.settings:
-        parts.append(Text(header.settings, style="dim"))
-    parts.append(counts)
-    policy = status.get("policy") if status is not None else None
-    parts.append(policy_panel(policy if isinstance(policy, dict) else None))
-    if status is None:
-        parts.append(Text("waiting for the sidecar's first poll..."))
-    else:
-        engines = status.get("engines")
-        gpus = status.get("gpus")
-        parts.append(engines_table(engines if isinstance(engines, list) else []))
-        parts.append(gpus_table(gpus if isinstance(gpus, list) else []))
-        problems = status.get("problems")
-        problem_lines = [str(problem) for problem in problems] if isinstance(problems, list) else []
-        if problem_lines:
-            parts.append(Panel("\n".join(problem_lines), title="problems the sidecar reports", expand=True))
-        else:
-            parts.append(Text("problems the sidecar reports: none", style="dim"))
-    # One line per event, cut at the edge, so the screen keeps its height; demo.log has them whole.
-    shown = Text("\n".join(events[-9:]) or "none yet", no_wrap=True, overflow="ellipsis")
-    parts.append(Panel(shown, title="what happened (whole lines in demo.log)", expand=True))
-    parts.append(Text(header.ending or "Ctrl-C stops the demo (load, sidecar and simulator).", style="dim"))
-    return Group(*parts)

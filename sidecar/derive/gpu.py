@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from sidecar.derive.settings import DeriveSettings
-from sidecar.derive.trend import fit_line
+from sidecar.derive.trend import fit_line, fit_since_change
 from sidecar.model.derived import GpuDerived
 from sidecar.model.gpu import GpuDevice, ProcessOwner
 from sidecar.model.snapshot import Snapshot
@@ -79,7 +79,10 @@ def derive_gpu(
     r2 = None
     time_to_oom = None
     if fit is not None and fit.points >= settings.min_trend_points and fit.span_s >= settings.min_trend_span_s:
-        growth, r2 = fit.slope_per_s, fit.r2
+        # The window shows a trend; its growth now is the slope since it last changed (a pause that stopped the
+        # leaking requests), or a forecast from the old slope stands still while free memory falls.
+        current = fit_since_change(used_history, fit, settings.min_trend_points)
+        growth, r2 = current.slope_per_s, current.r2
         if growth > 0 and r2 >= settings.min_trend_r2:
             time_to_oom = max(0.0, (device.memory_total_bytes - device.memory_used_bytes) / growth)
     by_owner = _memory_by_owner(device)

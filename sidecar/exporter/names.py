@@ -203,7 +203,7 @@ GPU_GROWTH = MetricSpec(
     "vllm_sidecar_gpu_memory_growth_bytes_per_second",
     Kind.GAUGE,
     GPU,
-    "Trend of used GPU memory: least-squares slope over the memory-trend window.",
+    "Trend of used GPU memory: least-squares slope over the memory-trend window, since the slope last changed.",
 )
 GPU_TIME_TO_OOM = MetricSpec(
     "vllm_sidecar_gpu_time_to_oom_seconds",

@@ -45,7 +45,7 @@ class GpuDerived:
     memory_free_bytes: int
     memory_budget_bytes: int | None  # vLLM's gpu_memory_utilization x total
     memory_over_budget_bytes: int | None  # used - budget: memory outside vLLM's reservation when positive
-    memory_growth_bytes_per_second: float | None  # least-squares slope of used memory over the trend window
+    memory_growth_bytes_per_second: float | None  # least-squares slope of used memory since it last changed
     memory_growth_fit_r2: float | None
     time_to_oom_seconds: float | None  # (total - used) / growth, when growth is positive and the fit holds
     vllm_process_memory_bytes: int | None

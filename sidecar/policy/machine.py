@@ -341,7 +341,10 @@ class Policy:
         if candidate.reason is RestartReason.OOM_FORECAST:
             uptime, needed = self._uptime(now_s), self.settings.min_uptime_for_forecast_restart_s
             if uptime < needed:
-                text = f"vLLM up only {seconds(uptime)} < {seconds(needed)} before a forecast-driven restart"
+                # Whole seconds down: 39.6 s rounded would read "40 s < 40 s".
+                text = (
+                    f"vLLM up only {seconds(math.floor(uptime))} < {seconds(needed)} before a forecast-driven restart"
+                )
                 return Guard.MIN_UPTIME, text
         return None
 

@@ -53,6 +53,16 @@ def test_memory_leak_restarts_in_a_planned_way_once_vllm_is_old_enough() -> None
     assert [r.reason for r in replay.ledger.records] == [RestartReason.OOM_FORECAST]
 
 
+def test_the_uptime_guard_reads_whole_seconds_down() -> None:
+    # 599.6 s rounded would read "600 s < 600 s": a guard contradicting itself.
+    def tick(t: float) -> Observation:
+        return obs(t, engine(running=4), gpus=(gpu(time_to_oom_s=None if t < 580 else 300.0),))
+
+    replay = Replay()
+    replay.run([*(tick(t) for t in ticks(0, 598)), tick(599.6)])
+    assert replay.at(599.6).would_restart_but == "vLLM up only 599 s < 600 s before a forecast-driven restart"
+
+
 def test_a_hung_engine_is_restarted_without_waiting_for_a_drain_it_cannot_finish() -> None:
     def tick(t: float) -> Observation:
         return obs(t, engine(running=4, stalled_s=max(0.0, t - 10)))

@@ -1,7 +1,11 @@
-"""`vllm-sidecar demo` in a real terminal (tmux): the default demo draws changing numbers and the policy with its
-reason, and its story ends with the sidecar's planned, drained restart before the leak crashed vLLM; Ctrl-C then
-stops everything (the demo would stop by itself 10 s later: `test_demo_parts` covers that decision, and this
-test saves the wait); a bad scenario name is refused."""
+"""`vllm-sidecar demo` in a real terminal (tmux) and through a pipe.
+
+In tmux at 80x24 (and 120x40 for a while, the window resized under it) every frame fits: no line wider than the
+terminal, the policy's decision and the newest event of demo.log on screen; the default story ends with the
+sidecar's planned, drained restart and the crash of the same vLLM without it, both outcomes on the last frame.
+Through a pipe each event is one line, in order, nothing redrawn; Ctrl-C (SIGINT to the demo's process group,
+as a terminal sends it) counts what was in flight as interrupted, not failed. A bad scenario name is refused.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,43 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-HEADER = re.compile(r"vLLM \(simulated\) (http://127\.0\.0\.1:\d+).*sidecar (http://127\.0\.0\.1:\d+)")
-LOAD = re.compile(r"load: (\d+) sent, (\d+) ok")
+EVENT_ROW = re.compile(r"^\s*\d+ s  \S")
+DECISION = re.compile(r"(?:sidecar policy|state): (?:[A-Z]+|-)")
+STARTED = re.compile(
+    r"started the (?:simulated vLLM \(\w+ scenario\)|sidecar|same vLLM without a sidecar) on (\S+?):?$"
+)
 EXIT_LINE = re.compile(
-    r"^demo stopped: (\d+) requests sent, (\d+) ok, (\d+) failed; "
-    r"vLLM crashed (\d+) times, restarted by the sidecar (\d+) times; logs in (\S+)$",
+    r"^demo stopped: (\d+) requests sent, (\d+) ok, (\d+) failed(?:, (\d+) interrupted by the stop)?; "
+    r"vLLM crashed (\d+) times?, restarted by the sidecar (\d+) times?; logs in (\S+)$",
     re.MULTILINE,
 )
-POLICY_LINES = re.compile(r"state: [A-Z]+ (?:.*\n)+?.*why: \S(?:.*\n)+?.*would restart, but: \S")
+FINAL_EXIT = re.compile(
+    r"demo stopped: \d+ requests sent, \d+ ok, 0 failed(, \d+ interrupted by the stop)?; "
+    r"vLLM crashed 0 times, restarted by the sidecar 1 time; logs in "
+)
+WITHOUT = re.compile(r"without the sidecar: crashed at (\d+) s: CUDA out of memory; (\d+) ok, (\d+) failed")
+WITH = re.compile(r"with the sidecar: +restarted at (\d+) s; (\d+) ok, 0 failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    width: int
+    height: int
+    screen: str  # the pane, wrapped rows joined: a line wider than the terminal shows as one
+    log_before: list[str]  # demo.log just before the frame was drawn
+    log_after: list[str]
 
 
 @pytest.fixture
@@ -40,93 +63,132 @@ def tmux() -> Iterator[str]:
     subprocess.run(["tmux", "kill-session", "-t", session], check=False, capture_output=True)
 
 
-def _start(session: str, *args: str) -> None:
-    # The pane's shell may export COLUMNS from the pane's first size; rich prefers it to the live pty size.
-    demo = " ".join([sys.executable, "-m", "sidecar", "demo", *args])
-    command = f"env -u COLUMNS -u LINES {demo}; echo demo-exit=$?; sleep 60"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "170", "-y", "50", command], check=True)
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
 
 
-def _screen(session: str) -> str:
-    # -J joins lines the terminal wrapped, so the exit line reads as the one line it is.
-    return subprocess.run(
-        ["tmux", "capture-pane", "-p", "-J", "-t", session], check=True, capture_output=True, text=True
-    ).stdout
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
-def _wait_for(session: str, pattern: re.Pattern[str], timeout_s: float, seen: list[str] | None = None) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        screen = _screen(session)
-        if seen is not None:
-            seen.append(screen)
-        found = pattern.search(screen)
-        if found is not None:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"{pattern.pattern!r} never appeared on screen:\n{_screen(session)}")
+def _capture(session: str, demo_log: Path, width: int, height: int) -> Capture:
+    before = _lines(demo_log)
+    time.sleep(2.5)  # a refresh at least (one a second, a slow /status answer included)
+    screen = _tmux("capture-pane", "-p", "-J", "-t", session)
+    return Capture(width, height, screen, before, _lines(demo_log))
 
 
-def _sidecar_records(logs: Path) -> list[dict[str, object]]:
-    records = []
-    for line in (logs / "sidecar.log").read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+def _check_frame(capture: Capture) -> None:
+    rows = capture.screen.rstrip("\n").splitlines()
+    wide = [row for row in rows if len(row) > capture.width]
+    assert not wide, f"wider than {capture.width}: {wide}\n{capture.screen}"
+    assert DECISION.search(capture.screen), f"no decision:\n{capture.screen}"
+    if not capture.log_before:
+        return
+    events = [row.rstrip() for row in rows if EVENT_ROW.match(row)]
+    assert events, f"no event on screen:\n{capture.screen}"
+    newest = [i for i, line in enumerate(capture.log_after) if line.startswith(events[-1].rstrip("…"))]
+    assert newest, f"{events[-1]!r} is not in demo.log"
+    assert newest[-1] >= len(capture.log_before) - 1, (
+        f"the newest event on screen is {events[-1]!r}, demo.log had {capture.log_before[-1]!r}:\n{capture.screen}"
+    )
+
+
+def test_the_default_demo_fits_the_terminal_and_ends_with_both_outcomes(tmux: str, tmp_path: Path) -> None:
+    rc_file = tmp_path / "rc"
+    demo = " ".join([sys.executable, "-m", "sidecar", "demo", "--duration", "150"])  # bounds a broken run only
+    # The pane's shell may export COLUMNS from the pane's first size; rich prefers it to the live pty size. The
+    # demo's working directory goes under tmp_path (TMPDIR), so the test finds demo.log from the first frame.
+    command = f"env -u COLUMNS -u LINES TMPDIR={tmp_path} {demo}; echo $? > {rc_file}; sleep 600"
+    _tmux("new-session", "-d", "-s", tmux, "-x", "80", "-y", "24", command)
+    started = time.monotonic()
+    while not list(tmp_path.glob("vllm-sidecar-demo-*/demo.log")):
+        assert time.monotonic() - started < 30, _tmux("capture-pane", "-p", "-t", tmux)
+        time.sleep(0.2)
+    logs = next(tmp_path.glob("vllm-sidecar-demo-*"))
+    demo_log = logs / "demo.log"
+    first = _capture(tmux, demo_log, 80, 24)
+    captures = [first]
+    while not rc_file.exists() and time.monotonic() - started < 170:
+        if len(captures) == 6:  # a while at 120x40, the screen refitted at once, then back
+            _tmux("resize-window", "-t", tmux, "-x", "120", "-y", "40")
+            captures += [_capture(tmux, demo_log, 120, 40) for _ in range(3)]
+            _tmux("resize-window", "-t", tmux, "-x", "80", "-y", "24")
+        captures.append(_capture(tmux, demo_log, 80, 24))
+    assert rc_file.read_text().strip() == "0"
+    last = Capture(80, 24, _tmux("capture-pane", "-p", "-J", "-t", tmux), _lines(demo_log), _lines(demo_log))
+    for capture in [*captures, last]:
+        _check_frame(capture)
+    assert any(c.width == 120 and "┃" in c.screen for c in captures), "the tables at 120x40"
+    assert "vllm-sidecar demo · scenario leak" in first.screen
+    assert "with the sidecar:" in first.screen
+    assert "without the sidecar:" in first.screen
+    assert any(re.search(r"time to OOM \d+ s", c.screen) for c in captures), "a forecast on screen"
+
+    screen = last.screen
+    without, with_sidecar = WITHOUT.search(screen), WITH.search(screen)
+    assert without is not None, screen
+    assert with_sidecar is not None, screen
+    assert int(with_sidecar.group(1)) < int(without.group(1)), "the sidecar restarted vLLM before the other crashed"
+    assert int(without.group(3)) > 0, "the crash failed requests"
+    # The exit line is the last frame's footer, wrapped at the width: its rows read as one line again.
+    exit_line = " ".join(row.strip() for row in screen[screen.index("demo stopped:") :].splitlines())
+    assert FINAL_EXIT.match(exit_line), exit_line
+
+    story = _lines(demo_log)
+    _gone(*(found.group(1) for line in story if (found := STARTED.search(line))))
+    records = [json.loads(line) for line in (logs / "sidecar.log").read_text().splitlines() if line.startswith("{")]
+    restarts = [r for r in records if r.get("event") == "action" and r.get("action") == "restart"]
+    assert len(restarts) == 1
+    assert str(restarts[0]["reason"]).startswith("drained: 0 requests running; restarting vLLM (oom_forecast)")
+    for sim_log in logs.glob("sim-[0-9]*.log"):
+        assert "CUDA out of memory" not in sim_log.read_text(), f"the sidecar's vLLM crashed: {sim_log}"
+    assert "CUDA out of memory" in (logs / "sim-without-1.log").read_text()
+    assert any("the simulated GPU when the sidecar asked: GPU 0:" in line for line in story)
+
+
+def test_through_a_pipe_each_event_is_one_line_and_ctrl_c_interrupts(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    time.sleep(12)  # the load runs: requests are in flight
+    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "\x1b" not in stdout, "no terminal codes"
+    assert "\r" not in stdout, "nothing redrawn"
+    lines = stdout.splitlines()
+    assert lines[0].startswith("vllm-sidecar demo: scenario leak: GPU memory grows")
+    events = [line for line in lines if EVENT_ROW.match(line)]
+    logs = Path(EXIT_LINE.search(stdout).group(7))  # type: ignore[union-attr]
+    assert events == _lines(logs / "demo.log"), "one line per event, as demo.log has them"
+    assert len(set(events)) == len(events)
+    stamps = [int(line.split(" s  ", 1)[0]) for line in events]
+    assert stamps == sorted(stamps)
+    texts = "\n".join(events)
+    order = ["started the simulated vLLM", "started the same vLLM without", "started the sidecar", "-> normal"]
+    assert [texts.index(step) for step in order] == sorted(texts.index(step) for step in order)
+    assert lines[-3].startswith("without the sidecar: ")
+    assert lines[-2].startswith("with the sidecar: ")
+    exit_line = EXIT_LINE.fullmatch(lines[-1])
+    assert exit_line is not None, lines[-1]
+    sent, ok, failed, interrupted = (int(exit_line.group(i) or 0) for i in range(1, 5))
+    assert failed == 0, "a Ctrl-C fails no request"
+    assert interrupted > 0, "the requests in flight were cut off by the stop"
+    assert sent == ok + interrupted
+    assert re.search(r"\d+ interrupted by the stop$", lines[-3]), "the other vLLM's too"
 
 
 def _gone(*urls: str) -> None:
+    assert urls
     for url in urls:
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health", timeout=1)
-
-
-def test_the_default_demo_ends_with_a_planned_drained_restart_before_the_crash(tmux: str) -> None:
-    _start(tmux, "--duration", "150")  # only bounds a broken run: the story is over about 55 s in
-    header = _wait_for(tmux, HEADER, 30)
-    sim_url, sidecar_url = header.group(1), header.group(2)
-    _wait_for(tmux, re.compile(r"sim-llama #0 .*\n(?:.*\n)*.*" + LOAD.pattern), 30)
-    screen_before = _screen(tmux)
-    assert POLICY_LINES.search(screen_before), "the policy's state, reason and held-back restart are on screen"
-    assert "--forecast-min-uptime 40 (default 600)" in screen_before, "the shortened settings are on screen"
-    assert "sidecar.demo.restart" in screen_before, "and how the sidecar restarts the simulator"
-    time.sleep(4)
-    screen_after = _screen(tmux)
-    assert screen_after != screen_before
-    sent_before = int(LOAD.search(screen_before).group(1))  # type: ignore[union-attr]
-    sent_after = int(LOAD.search(screen_after).group(1))  # type: ignore[union-attr]
-    assert sent_after > sent_before, "the load counter did not move"
-    assert re.search(r"\d+\.\d%", screen_after), "no KV or memory percentage on screen"
-    assert "GiB" in screen_after
-
-    screens: list[str] = []
-    _wait_for(tmux, re.compile(r"the sidecar's restart is over"), 120, screens)
-    assert any(re.search(r"would restart, but: vLLM up only \d+ s < 40 s", s) for s in screens), (
-        "the restart held back by the shortened uptime guard was on screen, with its reason"
-    )
-    assert any("state: DRAINING" in s for s in screens)
-    assert "the demo stops in" in _screen(tmux)
-    subprocess.run(["tmux", "send-keys", "-t", tmux, "C-c"], check=True)
-    exit_line = _wait_for(tmux, EXIT_LINE, 30)
-    sent, ok, failed, crashed, restarted = (int(exit_line.group(i)) for i in range(1, 6))
-    assert (crashed, restarted) == (0, 1), exit_line.group(0)
-    assert sent >= ok + failed
-    assert ok > 0
-    _wait_for(tmux, re.compile(r"demo-exit=0"), 15)
-    _gone(sim_url, sidecar_url)
-
-    logs = Path(exit_line.group(6))
-    restarts = [r for r in _sidecar_records(logs) if r.get("event") == "action" and r.get("action") == "restart"]
-    assert len(restarts) == 1
-    assert str(restarts[0]["reason"]).startswith("drained: 0 requests running; restarting vLLM (oom_forecast)")
-    for sim_log in logs.glob("sim-*.log"):
-        assert "CUDA out of memory" not in sim_log.read_text(), f"vLLM crashed: {sim_log}"
-    story = (logs / "demo.log").read_text()
-    assert "the simulated GPU when the sidecar asked: GPU 0:" in story
-    assert re.search(r"vLLM restarted for the sidecar: stopped pid \d+ \(exit 0\); started pid \d+", story)
-    assert "CRASHED" not in story
 
 
 def test_an_unknown_scenario_is_refused_with_the_names_it_accepts() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,16 @@ from rich.console import Console
 
 from sidecar.demo import story
 from sidecar.demo.control import ControlServer, write_token
-from sidecar.demo.load import LoadShape
-from sidecar.demo.runner import LINGER_S, Demo, DemoOptions
+from sidecar.demo.load import LoadCounters, LoadShape, drive
+from sidecar.demo.runner import Demo, DemoOptions
+from sidecar.demo.sidecar_log import SidecarLog
+from sidecar.demo.story import LINGER_S, TWIN_LINGER_S, TWIN_WAIT_S
 from sidecar.demo.supervisor import SimSupervisor
 from sidecar.demo.view import policy_panel
+from sidecar.exporter.server import HttpServer, Request, Response
 from sidecar.shell.settings import Settings
 from sidecar.sim.config import SCENARIOS
+from sidecar.sim.scenarios import LoadShape as Schedule
 
 
 def test_every_scenario_has_its_story_in_the_help() -> None:
@@ -93,6 +99,8 @@ def test_the_exit_line_has_the_contracts_words() -> None:
             "demo stopped: 12 requests sent, 9 ok, 2 failed; vLLM crashed 1 time, restarted by the sidecar 2 times; "
             f"logs in {demo.workdir}"
         )
+        demo.counters.interrupted = 1
+        assert "12 requests sent, 9 ok, 2 failed, 1 interrupted by the stop; vLLM crashed" in demo.exit_line()
 
 
 def _status(state: str, reason: str, blocked: str | None = None) -> dict[str, object]:
@@ -100,7 +108,8 @@ def _status(state: str, reason: str, blocked: str | None = None) -> dict[str, ob
 
 
 def test_the_demo_stops_itself_once_vllm_is_back_from_the_sidecars_restart() -> None:
-    with _demo(DemoOptions()) as demo:
+    with _demo(DemoOptions(scenario="healthy")) as demo:  # a scenario without the vLLM without a sidecar
+        assert demo.twin is None
         demo._follow_policy(_status("draining", "restart (oom_forecast) begins"), 100.0, 0)
         assert not demo._should_stop(200.0), "no restart by the sidecar yet"
         demo._follow_policy(_status("paused", "an answer from before the restart"), 101.0, 0)
@@ -116,17 +125,53 @@ def test_the_demo_stops_itself_once_vllm_is_back_from_the_sidecars_restart() -> 
         assert not demo._should_stop(1000.0), "--keep-running"
 
 
-def test_a_held_back_restart_is_told_once_not_on_every_poll() -> None:
-    with _demo(DemoOptions()) as demo:
-        for uptime in (33, 34, 35):
-            blocked = f"vLLM up only {uptime} s < 40 s before a forecast-driven restart"
-            demo._follow_policy(_status("paused", f"would restart (oom_forecast): ...; but {blocked}", blocked), 1.0, 0)
-        demo._follow_policy(_status("paused", "paused", None), 2.0, 0)
-        demo._follow_policy(_status("paused", "would restart; but cooldown 5 s", "cooldown 5 s"), 3.0, 0)
-        told = [event for event in demo.events if "would restart" in event]
-        assert len(told) == 2
-        assert told[0].endswith("sidecar would restart (oom_forecast): ...; but vLLM up only 33 s < 40 s before a "
-                                "forecast-driven restart")  # fmt: skip
+def test_the_leak_demo_waits_for_the_crash_of_the_vllm_without_the_sidecar() -> None:
+    oom = "torch.OutOfMemoryError: CUDA out of memory."
+    with _demo(DemoOptions(scenario="leak")) as demo:
+        assert demo.twin is not None
+        demo._follow_policy(_status("cooldown", "cooldown"), 104.0, 1)
+        assert not demo._should_stop(104.0 + LINGER_S), "the vLLM without the sidecar has not crashed yet"
+        assert "stops in" not in demo._ending(104.0 + LINGER_S)
+        demo.twin.sim.first_crash = (120.0, oom)
+        assert not demo._should_stop(120.0 + TWIN_LINGER_S - 0.5)
+        assert demo._should_stop(120.0 + TWIN_LINGER_S)
+        assert demo._ending(121.0) == "the story is over: the demo stops in 4 s (--keep-running: stay)"
+    with _demo(DemoOptions(scenario="leak")) as demo:
+        demo._follow_policy(_status("cooldown", "cooldown"), 104.0, 1)
+        assert demo._should_stop(104.0 + TWIN_WAIT_S), "it waits for that crash a minute at most"
+    with _demo(DemoOptions(scenario="burst")) as demo:  # the sidecar pauses; nothing to restart
+        assert demo.twin is not None
+        demo.twin.sim.first_crash = (30.0, oom)
+        assert demo._should_stop(30.0 + TWIN_LINGER_S)
+    with _demo(DemoOptions(scenario="hang")) as demo:  # the one without the sidecar only hangs
+        demo._follow_policy(_status("cooldown", "cooldown"), 50.0, 1)
+        assert demo._should_stop(50.0 + LINGER_S)
+
+
+def test_the_sidecars_lines_come_before_the_restart_they_asked_for(tmp_path: Path) -> None:
+    records: list[dict[str, object]] = [
+        {"event": "policy_state", "previous": "paused", "state": "restarting", "reason": "engine hung: no drain"},
+        {
+            "event": "action",
+            "action": "drain",
+            "reason": "restart (engine_hung) begins: ...; admission paused, no drain",
+        },
+        {"event": "action", "action": "restart", "reason": "engine hung: no drain"},
+        {"event": "probe_sent", "kind": "probe", "reason": "not told: a line still being written"},
+    ]
+    log = tmp_path / "sidecar.log"
+    whole = "".join(json.dumps({**record, "timestamp": "2030-01-01T00:00:00Z"}) + "\n" for record in records[:3])
+    log.write_text(whole + json.dumps(records[3])[:20])
+    with _demo(DemoOptions(scenario="hang")) as demo:
+        demo._sidecar_log = SidecarLog(log, demo._started_wall)
+        demo._event("the sidecar's restart adapter asks the demo to restart vLLM (engine_hung)")
+        texts = [line.split(" s  ", 1)[1] for line in demo.events]
+    assert texts == [
+        "sidecar policy: paused -> restarting: engine hung: no drain",
+        "sidecar decides: restart at once, no drain (the engine's requests cannot finish)",
+        "sidecar decides: restart",
+        "the sidecar's restart adapter asks the demo to restart vLLM (engine_hung)",
+    ]
 
 
 @contextlib.contextmanager
@@ -140,6 +185,32 @@ def _demo(options: DemoOptions) -> Iterator[Demo]:
 
 def _python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
+
+
+async def test_a_stop_counts_the_requests_in_flight_as_interrupted() -> None:
+    async def never(request: Request) -> Response:
+        await asyncio.sleep(3600)
+        return Response.text(HTTPStatus.OK, "never")
+
+    server = HttpServer(host="127.0.0.1", port=0, handler=never)
+    await server.start()
+    counters, stop = LoadCounters(), asyncio.Event()
+    shape = LoadShape(schedule=Schedule(concurrency=3), prompt_tokens=(10, 20), output_tokens=(4, 4))
+    url = f"http://127.0.0.1:{server.port}"
+    load = asyncio.create_task(
+        drive(vllm_url=url, readiness_url=None, model="m", shape=shape, counters=counters, stop=stop)
+    )
+    try:
+        for _ in range(100):
+            if counters.sent == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert counters.oldest_in_flight_s(time.monotonic()) is not None
+        stop.set()
+        await asyncio.wait_for(load, 10)
+    finally:
+        await server.stop()
+    assert (counters.sent, counters.failed, counters.interrupted, counters.in_flight) == (3, 0, 3, 0)
 
 
 async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tmp_path: Path) -> None:
@@ -156,6 +227,7 @@ async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tm
     crashing.supervise(now)
     assert crashing.crashes == 1
     assert events[-1] == "vLLM CRASHED: exited with code 3: ValueError: no room"
+    assert crashing.first_crash == (now, "ValueError: no room")
     assert "started again in 5 s" in crashing.state(now)
     crashing.supervise(now + 5.0)
     assert crashing.process is not process, "started again after the delay, as Restart=on-failure"
@@ -169,6 +241,7 @@ async def test_the_supervisor_counts_crashes_apart_from_the_sidecars_restarts(tm
     assert first.exit_code() is not None
     assert line.startswith(f"stopped pid {first.pid} (exit ")
     assert (serving.crashes, serving.restarts_by_sidecar) == (0, 1)
+    assert serving.first_restart_s is not None
     assert serving.process is not None
     assert serving.process.exit_code() is None
     serving.supervise(time.monotonic())
