@@ -126,4 +126,7 @@ def _tuned(field: FieldInfo, flag: str, kwargs: dict[str, Any]) -> dict[str, Any
         return {**kwargs, "choices": list(listed), "metavar": None, "help": help_text}
     if listed:  # a Literal: pydantic refuses another value, in the one-line error every setting gets
         return {**kwargs, "metavar": "{" + ",".join(listed) + "}", "help": help_text}
-    return {**kwargs, "metavar": metavar(field), "help": help_text}
+    placeholder = metavar(field)
+    if placeholder == "TEXT" and flag.endswith("url"):  # a tool's --url, --vllm-url, --readiness-url
+        placeholder = "URL"
+    return {**kwargs, "metavar": placeholder, "help": help_text}

@@ -32,7 +32,9 @@ class DoctorSettings(ReportSettings):
         "logs ... | vllm-sidecar doctor --vllm-log -); works with vLLM not running",
     )
     history: str | None = Field(
-        None, description="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir"
+        None,
+        description="the sidecar daemon's history: its /status URL, a saved /status JSON, or its --state-dir",
+        json_schema_extra={"metavar": "URL|FILE|DIR"},
     )
     incident: Path | None = Field(
         None,
