@@ -352,6 +352,13 @@ class SimUnderExec:
         except FileNotFoundError:
             return []
 
+    def restarts_begun(self) -> list[str]:
+        """The restart command's calls, each written when it starts (before its delay)."""
+        try:
+            return (self.folder / "begun.log").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
     def log_tail(self) -> str:
         try:
             return "\n--- simulator log ---\n" + "\n".join((self.folder / "sim.log").read_text().splitlines()[-20:])

@@ -4,7 +4,8 @@
     python tests/chaos/restart_sim.py FOLDER --start    # the test's first start
 
 FOLDER holds `sim.json` (the simulator's arguments, written by the test), `sim.pid`, `sim.log`, and
-`restarts.log`, one line per restart this command performed: the witness a test counts restarts with,
+`restarts.log`, one line per restart this command performed: the witness a test counts restarts with (and
+`begun.log`, one line per call, written before the delay),
 independent of anything the sidecar says. With `--delay-s` it waits before acting, like a slow platform (a
 systemd job stopping a vLLM with hung connections); it runs in its own session, so it finishes even when the
 sidecar that started it is killed.
@@ -72,6 +73,8 @@ def main() -> int:
     if args.start:
         _start(folder)
         return 0
+    with (folder / "begun.log").open("a") as begun:  # the adapter has called: a test may kill its sidecar now
+        begun.write(f"{time.time():.3f}\n")
     time.sleep(args.delay_s)
     _stop(folder / "sim.pid")
     pid = _start(folder)

@@ -180,7 +180,9 @@ def test_killed_while_the_adapter_restarts_the_restart_still_counts_against_the_
     first = second = None
     try:
         first = _sidecar(sim, state, tmp_path / "first.log", drain_timeout_s=1)
-        wait_until(lambda: _state(first) == "restarting", 30, "the first sidecar to call the adapter", sim.log_tail)
+        # The command's own witness, not the state: the state reads "restarting" while the incident is taken
+        # (up to --incident-timeout) before the adapter is called.
+        wait_until(lambda: len(sim.restarts_begun()) == 1, 30, "the first sidecar to call the adapter", sim.log_tail)
         first.process.kill()
         first.process.wait(timeout=10)
         assert_clean_log(first.log_path)
