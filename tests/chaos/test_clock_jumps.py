@@ -92,6 +92,9 @@ def test_wall_clock_jumps_neither_stall_polling_nor_reset_or_block_the_restart_b
                 # The stand-in serves no /v1: the probe proves nothing, the stall alone decides.
                 *("--hung-without-probe-after", "1"),
                 *("--startup-timeout", "30"),
+                # No incident folders: the stand-in vLLM is this test's own process, whose stacks py-spy would
+                # read before each restart (up to --incident-timeout), a delay this test is not about.
+                *("--incidents-keep", "0"),
             ],
             tmp_path / f"{name}.log",
             env={
