@@ -254,6 +254,10 @@ def test_vllm_restarted_underneath_is_left_to_its_supervisor_and_the_counter_res
         readyz = sidecar.get("/readyz").status_code
         final_policy = policy(sidecar)
         metrics = scrape(sidecar)
+        # The policy tells vLLM's return once it has seen it healthy again; on a busy box that can come a poll
+        # or two after the values above agree (one CI run read the log before it). Bounded.
+        told = "the sidecar to tell of vLLM's return"
+        wait_until(lambda: bool(named(read_events(sidecar.log_path), "action")), 30, told)
         events = read_events(sidecar.log_path)
         assert_survived(sidecar)
     finally:
