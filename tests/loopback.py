@@ -109,3 +109,22 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def vllm_stand_in(metrics: bytes) -> LoopbackServer:
+    """A loopback vLLM 0.32 that serves `metrics` (a recorded exposition), its version, and /health 200."""
+    server = LoopbackServer()
+    server.routes.update(
+        {"/metrics": respond(body=metrics), "/version": respond(body=b'{"version":"0.32.0"}'), "/health": respond()}
+    )
+    return server
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Await `predicate` on the loop, bounded: a real process is being waited for."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)

@@ -19,21 +19,14 @@ import pytest
 from sidecar.doctor_cli.history_reading import status_history
 from tests.adapters.daemon_process import SidecarProcess
 from tests.conftest import EXPOSITIONS
-from tests.loopback import LoopbackServer, closed_port, respond
+from tests.loopback import LoopbackServer, closed_port, respond, vllm_stand_in
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-under-load.prom").read_bytes()
 
 
 @pytest.fixture
 def vllm() -> Iterator[LoopbackServer]:
-    server = LoopbackServer()
-    server.routes.update(
-        {
-            "/metrics": respond(body=CAPTURE),
-            "/version": respond(body=b'{"version":"0.32.0"}'),
-            "/health": respond(),
-        }
-    )
+    server = vllm_stand_in(CAPTURE)
     yield server
     server.close()
 

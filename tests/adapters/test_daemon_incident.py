@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from tests.adapters.daemon_process import SidecarProcess
 from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, FakeVllmTree
 from tests.cause.logs import STARTED, oom_death
 from tests.conftest import EXPOSITIONS, required_in_ci
-from tests.loopback import LoopbackServer, respond
+from tests.loopback import LoopbackServer, respond, until, vllm_stand_in
 from tests.notify.receiver import Receiver
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
@@ -32,23 +31,9 @@ OLD = "20200101T000000Z-manual"
 
 @pytest.fixture
 def vllm() -> Iterator[LoopbackServer]:
-    server = LoopbackServer()
-    server.routes.update(
-        {
-            "/metrics": respond(body=CAPTURE),
-            "/version": respond(body=b'{"version":"0.32.0"}'),
-            "/health": respond(),
-        }
-    )
+    server = vllm_stand_in(CAPTURE)
     yield server
     server.close()
-
-
-async def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 def _documents(receiver: Receiver) -> list[dict[str, Any]]:
@@ -80,13 +65,11 @@ async def test_an_incident_is_kept_before_the_restart_and_named_after_it(vllm: L
             )
             try:
                 await asyncio.to_thread(sidecar.wait_ready)
-                await _until(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal", 20, "normal")
+                await until(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal", 20, "normal")
                 vllm.routes.update({"/health": respond(503), "/metrics": respond(503)})  # the engine died
-                await _until(marker.is_file, 30, "the exec adapter's restart")
+                await until(marker.is_file, 30, "the exec adapter's restart")
                 vllm.routes.update({"/health": respond(), "/metrics": respond(body=CAPTURE)})
-                await _until(
-                    lambda: "restart_end" in [d["kind"] for d in _documents(receiver)], 30, "the restart's end"
-                )
+                await until(lambda: "restart_end" in [d["kind"] for d in _documents(receiver)], 30, "the restart's end")
                 status = sidecar.get("/status").json()
             finally:
                 sidecar.kill()

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from tests.adapters.daemon_process import SidecarProcess
 from tests.cause.logs import OOM_CAUSE, STARTED, oom_death
 from tests.conftest import EXPOSITIONS
-from tests.loopback import LoopbackServer, respond
+from tests.loopback import LoopbackServer, respond, until, vllm_stand_in
 from tests.notify.receiver import Receiver
 
 CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
@@ -25,23 +24,9 @@ CAPTURE = (EXPOSITIONS / "vllm-0.32.0-cpu-after-load.prom").read_bytes()
 
 @pytest.fixture
 def vllm() -> Iterator[LoopbackServer]:
-    server = LoopbackServer()
-    server.routes.update(
-        {
-            "/metrics": respond(body=CAPTURE),
-            "/version": respond(body=b'{"version":"0.32.0"}'),
-            "/health": respond(),
-        }
-    )
+    server = vllm_stand_in(CAPTURE)
     yield server
     server.close()
-
-
-async def _until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def _sidecar(vllm: LoopbackServer, tmp_path: Path, receiver: Receiver, log: Path) -> SidecarProcess:
@@ -60,11 +45,11 @@ async def _sidecar(vllm: LoopbackServer, tmp_path: Path, receiver: Receiver, log
 
 
 async def _engine_dies_and_is_restarted(vllm: LoopbackServer, sidecar: SidecarProcess, tmp_path: Path) -> None:
-    await _until(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal", 20, "the policy to settle")
+    await until(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal", 20, "the policy to settle")
     # The engine died inside a server that still answers: 503s (with /metrics failing too, /health is asked
     # every poll rather than trusted for a few seconds)
     vllm.routes.update({"/health": respond(503), "/metrics": respond(503)})
-    await _until((tmp_path / "restarted").is_file, 20, "the exec adapter's restart")
+    await until((tmp_path / "restarted").is_file, 20, "the exec adapter's restart")
     vllm.routes.update({"/health": respond(), "/metrics": respond(body=CAPTURE)})  # what the restart brought back
 
 
@@ -79,7 +64,7 @@ async def test_the_restart_notifications_and_status_say_why_vllm_died(vllm: Loop
         sidecar = await _sidecar(vllm, tmp_path, receiver, log)
         try:
             await _engine_dies_and_is_restarted(vllm, sidecar, tmp_path)
-            await _until(
+            await until(
                 lambda: "restart_end" in [d["kind"] for d in _documents(receiver)], 30, "the restart's end notification"
             )
             status = sidecar.get("/status").json()
