@@ -16,6 +16,7 @@ from sidecar.exporter.names import Kind, MetricSpec
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import AllocatorDerived
 from sidecar.model.gpu import ProcessOwner
+from sidecar.model.remediation import OUTCOMES, StepState
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.view import View
 
@@ -153,3 +154,16 @@ def _add_acting(acting: ActingView, add: Callable[..., None]) -> None:
     add(names.RESTART_BUDGET_REMAINING, float(acting.restart_budget_remaining))
     for outcome in sorted({*acting.probe_outcomes, *acting.probes}):
         add(names.PROBES, float(acting.probes.get(outcome, 0)), outcome)
+    for trigger in sorted({*acting.incident_triggers, *acting.incidents}):
+        add(names.INCIDENTS, float(acting.incidents.get(trigger, 0)), trigger)
+    for kind in sorted({*acting.incident_kinds, *acting.incident_parts_missing}):
+        add(names.INCIDENT_PARTS_MISSING, float(acting.incident_parts_missing.get(kind, 0)), kind)
+    remediation = acting.remediation
+    if remediation is not None:
+        # Every allowed flag's outcomes from 0, so increase() sees the first one.
+        pairs = {(a.flag, outcome) for a in remediation.allowed for outcome in OUTCOMES}
+        for flag, outcome in sorted(pairs | set(remediation.outcomes)):
+            add(names.REMEDIATIONS, float(remediation.outcomes.get((flag, outcome), 0)), flag, outcome)
+        add(names.REMEDIATION_PENDING, 1.0 if any(s.state is StepState.PENDING for s in remediation.steps) else 0.0)
+        for flag, value in sorted(remediation.flags.items()):
+            add(names.REMEDIATION_FLAG_VALUE, value, flag)

@@ -6,7 +6,21 @@ from dataclasses import dataclass, field
 
 from sidecar.model.cause import CrashCause
 from sidecar.model.incident import IncidentRef
+from sidecar.model.remediation import Allowance, Step
 from sidecar.model.status import RecentDecision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemediationView:
+    """--remediate: what may change, what the flags file holds, the recent steps and their outcomes."""
+
+    allowed: tuple[Allowance, ...]
+    flags_file: str
+    flags: dict[str, float]  # what vLLM's next start gets from the sidecar
+    steps: tuple[Step, ...]  # the newest, oldest first
+    outcomes: dict[tuple[str, str], int]  # (flag, outcome) -> count since the sidecar started
+    last_refusal: str | None
+    problem: str | None  # why the record or the log cannot be used, when one cannot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,3 +54,8 @@ class ActingView:
     last_probe_duration_s: float | None = None
     crash_cause: CrashCause | None = None  # the last cause of a death read from vLLM's log, or why it is unknown
     last_incident: IncidentRef | None = None  # the last incident folder written
+    incidents: dict[str, int] = field(default_factory=dict)  # incident folders written, by trigger
+    incident_triggers: tuple[str, ...] = ()
+    incident_parts_missing: dict[str, int] = field(default_factory=dict)  # by kind
+    incident_kinds: tuple[str, ...] = ()
+    remediation: RemediationView | None = None  # None: --remediate is off

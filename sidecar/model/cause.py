@@ -18,6 +18,9 @@ class FlagChange:
     value: int | float | str  # "" for a switch that takes no value (--enforce-eager)
     why: str  # the arithmetic
     pasted: str  # ready to paste: "--gpu-memory-utilization 0.87", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    # The value the start that died ran with, where its log states it (or implies it: a default absent from
+    # vLLM's non-default arguments); None when unknown. The change's direction is known only with it.
+    current: int | float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +33,13 @@ class CrashCause:
     source: str  # where the log was read: "journal of vllm.service (system), invocation 2a14…", "file /x.log"
     read_wall_time_s: float  # when it was read (Unix seconds)
     steps: tuple[str, ...] = ()  # what to do that is no flag value: a relative change, what to look for
+    # Of the start read: whether it crashed (a CUDA OOM, a refused start, a dead engine), and the values it ran
+    # with of the flags the sidecar may change (--remediate), where its log states them.
+    crashed: bool = False
+    ran_with: tuple[tuple[str, float], ...] = ()
+
+    def value_of(self, flag: str) -> float | None:
+        return next((value for name, value in self.ran_with if name == flag), None)
 
     @property
     def known(self) -> bool:

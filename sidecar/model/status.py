@@ -169,6 +169,31 @@ class IncidentStatus(TypedDict):
     timestamp_seconds: float
 
 
+class RemediationStepStatus(TypedDict):
+    flag: str
+    change: str  # "--max-model-len 2048 -> 992"
+    before: float
+    after: float
+    cause: str
+    why: str  # the doctor's arithmetic
+    state: str  # pending, confirmed, reverted
+    outcome: str
+    timestamp_seconds: float
+    resolved_timestamp_seconds: float | None
+    held: bool
+
+
+class RemediationStatus(TypedDict):
+    """--remediate (docs/remediation.md): what may change, what vLLM's next start gets, the recent steps."""
+
+    allowed: list[str]  # "--max-model-len 1024..32768"
+    flags_file: str
+    flags: dict[str, float]
+    steps: list[RemediationStepStatus]  # the newest, oldest first
+    last_refusal: str | None
+    problem: str | None
+
+
 class PolicyStatus(TypedDict):
     state: str
     admission_paused: bool
@@ -191,6 +216,7 @@ class PolicyStatus(TypedDict):
     last_probe_duration_seconds: float | None
     crash_cause: CrashCauseStatus | None
     last_incident: IncidentStatus | None
+    remediation: RemediationStatus | None  # null: --remediate is off
 
 
 class StatusDocument(TypedDict):

@@ -41,6 +41,7 @@ _RECORD_LEVEL: dict[NotificationKind, str] = {
     NotificationKind.RESTART_FAILURE: "error",
     NotificationKind.BUDGET_EXHAUSTED: "error",
     NotificationKind.VLLM_RECOVERED: "warning",
+    NotificationKind.REMEDIATION: "warning",
 }
 _MAX_EXPONENT = 30  # 2^30 x any sane base is far past any cap; keeps the float finite for absurd attempt counts
 

@@ -29,9 +29,15 @@ EVENT_REASONS: dict[NotificationKind, str] = {
     NotificationKind.RESTART_FAILURE: "RestartFailed",
     NotificationKind.BUDGET_EXHAUSTED: "RestartBudgetExhausted",
     NotificationKind.VLLM_RECOVERED: "VllmRecovered",
+    NotificationKind.REMEDIATION: "FlagsRemediated",
 }
 WARNING_KINDS = frozenset(
-    {NotificationKind.RESTART_FAILURE, NotificationKind.BUDGET_EXHAUSTED, NotificationKind.VLLM_RECOVERED}
+    {
+        NotificationKind.RESTART_FAILURE,
+        NotificationKind.BUDGET_EXHAUSTED,
+        NotificationKind.VLLM_RECOVERED,
+        NotificationKind.REMEDIATION,
+    }
 )
 MAX_MESSAGE_CHARS = 1024  # the API server truncates longer Event messages; cut them here, visibly
 

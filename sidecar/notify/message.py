@@ -16,6 +16,7 @@ class NotificationKind(StrEnum):
     RESTART_FAILURE = "restart_failure"
     BUDGET_EXHAUSTED = "budget_exhausted"
     VLLM_RECOVERED = "vllm_recovered"  # vLLM died (or was gone) and came back without the sidecar restarting it
+    REMEDIATION = "remediation"  # a flag of vLLM's next start set, confirmed, reverted or refused (--remediate)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -54,6 +54,7 @@ EMOJI: dict[NotificationKind, str] = {
     NotificationKind.RESTART_FAILURE: "\N{CROSS MARK}",
     NotificationKind.BUDGET_EXHAUSTED: "\N{OCTAGONAL SIGN}",
     NotificationKind.VLLM_RECOVERED: "\N{WARNING SIGN}\N{VARIATION SELECTOR-16}",
+    NotificationKind.REMEDIATION: "\N{WRENCH}",
 }
 
 

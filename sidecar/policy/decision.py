@@ -42,6 +42,7 @@ class RestartReason(StrEnum):
     OOM_FORECAST = "oom_forecast"
     PRESSURE_EVENTS = "pressure_events"
     MANUAL = "manual"
+    FLAGS_CHANGED = "flags_changed"  # the sidecar changed a flag of vLLM's next start (--remediate)
 
 
 class PauseRule(StrEnum):

@@ -201,6 +201,24 @@ class Policy:
             reason = actions[-1].reason
         return self._finish(moment, actions, reason, reason)
 
+    def restart_for_flags(self, text: str, now_s: float, wall_s: float, ledger: RestartLedger) -> Decision:
+        """A restart that applies flags the sidecar changed for vLLM's next start (--remediate). Asked only for a
+        vLLM that does not serve (its start failed), so there is nothing to drain. Like a manual restart it
+        bypasses budget, cooldown and grace (the changes have their own daily budget) and is recorded in the
+        ledger; it supersedes a restart whose vLLM is not healthy yet (that start failed), and is refused while
+        a restart is draining or with the adapter: the caller asks again on a later tick."""
+        moment = _Moment(now_s=now_s, wall_s=wall_s, ledger=ledger, was_paused=self._admission.paused)
+        actions: list[Action] = []
+        if self._procedure.active and not self._procedure.awaiting_health:
+            reason = f"restart for changed flags refused: a restart is in progress ({self._procedure.stage})"
+        else:
+            self._procedure.abandon()
+            self._procedure.clear_latch()
+            self._admission.procedure = f"restarting vLLM ({RestartReason.FLAGS_CHANGED}): {text}"
+            actions = self._procedure.begin(RestartReason.FLAGS_CHANGED, text, now_s)
+            reason = actions[-1].reason
+        return self._finish(moment, actions, reason, reason)
+
     def _count_streaks(self, obs: Observation, fresh: bool) -> None:
         if not fresh:  # a streak broken by missing data is no evidence about now
             self._waiting_streaks, self._oom_streaks = {}, {}

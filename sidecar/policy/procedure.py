@@ -73,6 +73,14 @@ class Procedure:
     def active(self) -> bool:
         return self.stage is not Stage.IDLE
 
+    @property
+    def awaiting_health(self) -> bool:
+        return self.stage is Stage.AWAITING_HEALTH
+
+    def abandon(self) -> None:
+        """Stop waiting for the restart in progress to bring vLLM up (another restart takes over)."""
+        self.stage = Stage.IDLE
+
     def begin(self, reason: RestartReason, text: str, now_s: float) -> list[Action]:
         self.stage, self.reason, self.text, self._since_s = Stage.DRAINING, reason, text, now_s
         self._began_s = now_s
@@ -83,6 +91,7 @@ class Procedure:
         undrainable = {
             RestartReason.ENGINE_DEAD: "engine dead, nothing to drain",
             RestartReason.ENGINE_HUNG: "engine hung, nothing will finish: no drain",
+            RestartReason.FLAGS_CHANGED: "vLLM not serving, nothing to drain",
         }.get(reason)
         waits = f"waiting up to {seconds(self._settings.drain_timeout_s)} for running requests to finish"
         drain = Action(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from sidecar.model.acting import ActingView
+from sidecar.model.acting import ActingView, RemediationView
 from sidecar.model.cause import CrashCause
 from sidecar.model.derived import AllocatorDerived, Derived, EngineDerived, GpuDerived, ModelDerived
 from sidecar.model.gpu import GpuDevice
@@ -23,6 +23,7 @@ from sidecar.model.status import (
     ModelStatus,
     OnceDocument,
     PolicyStatus,
+    RemediationStatus,
     StatusDocument,
     VllmStatus,
 )
@@ -220,6 +221,35 @@ def policy_document(acting: ActingView) -> PolicyStatus:
             "cause": acting.last_incident.cause,
             "timestamp_seconds": acting.last_incident.wall_time_s,
         },
+        "remediation": _remediation_document(acting.remediation),
+    }
+
+
+def _remediation_document(view: RemediationView | None) -> RemediationStatus | None:
+    if view is None:
+        return None
+    return {
+        "allowed": [allowance.words() for allowance in view.allowed],
+        "flags_file": view.flags_file,
+        "flags": dict(view.flags),
+        "steps": [
+            {
+                "flag": step.flag,
+                "change": step.diff(),
+                "before": step.before,
+                "after": step.after,
+                "cause": step.cause,
+                "why": step.why,
+                "state": str(step.state),
+                "outcome": step.outcome,
+                "timestamp_seconds": step.wall_time_s,
+                "resolved_timestamp_seconds": step.resolved_wall_time_s,
+                "held": step.held,
+            }
+            for step in view.steps
+        ],
+        "last_refusal": view.last_refusal,
+        "problem": view.problem,
     }
 
 

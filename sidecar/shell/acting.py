@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
@@ -23,7 +23,7 @@ from sidecar.actuators.log_source import Wanted
 from sidecar.exporter.endpoints import Readiness
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived
-from sidecar.model.incident import IncidentRef, Trigger
+from sidecar.model.incident import IncidentRef, Kind, Trigger
 from sidecar.model.status import RecentDecision
 from sidecar.model.supervision import Restarter
 from sidecar.model.view import View
@@ -129,6 +129,8 @@ class Acting:
         self._incidents = incidents
         self._restart_incident: IncidentRef | None = None  # taken before the restart in progress
         self._incident_tasks: set[asyncio.Task[IncidentRef | None]] = set()
+        # Awaited before each restart of the sidecar's own, after its incident (--remediate sets flags here).
+        self.before_restart: Callable[[RestartReason], Awaitable[None]] | None = None
 
     # --- ticks ----------------------------------------------------------------------------------------
     def observe(self, view: View) -> Decision:
@@ -155,6 +157,11 @@ class Acting:
         return self._apply(
             self.policy.manual(action, self._clock(), self._wall_clock(), self.ledger, detail=f"from {caller}")
         )
+
+    def restart_for_flags(self, text: str) -> bool:
+        """Restart vLLM to apply flags changed for its next start; False when the policy refused (busy)."""
+        decision = self._apply(self.policy.restart_for_flags(text, self._clock(), self._wall_clock(), self.ledger))
+        return any(action.kind is ActionKind.DRAIN for action in decision.actions)
 
     def readiness(self) -> Readiness:
         """200 only while vLLM was seen healthy within the last polls (`Presence`) and admission is not paused.
@@ -281,13 +288,15 @@ class Acting:
 
     async def _restart(self, reason: RestartReason, why: str, state: str) -> None:
         # A dead or hung engine has nothing to finish, and a stopped one cannot answer a stop: kill, then start.
-        hard = reason in (RestartReason.ENGINE_DEAD, RestartReason.ENGINE_HUNG)
+        hard = reason in (RestartReason.ENGINE_DEAD, RestartReason.ENGINE_HUNG, RestartReason.FLAGS_CHANGED)
         if self._incidents is not None:  # before the restart ends what it keeps; bounded by --incident-timeout
             ref = self._incidents.reserve(str(reason), self._wall_clock())
             wanted = Wanted.DIED if reason is RestartReason.ENGINE_DEAD else Wanted.LAST
             self._restart_incident = await self._incidents.capture(
                 ref, trigger=Trigger.BEFORE_RESTART, state=state, reason=why, wanted=wanted
             )
+        if self.before_restart is not None:
+            await self.before_restart(reason)
         outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run, hard=hard)
         self._log.warning(
             "restart_outcome",
@@ -364,6 +373,10 @@ class Acting:
             last_probe=None if self.last_probe is None else f"{self.last_probe.outcome}: {self.last_probe.detail}",
             last_probe_duration_s=None if self.last_probe is None else self.last_probe.duration_s,
             last_incident=self._incidents.last if self._incidents is not None else None,
+            incidents=dict(self._incidents.kept) if self._incidents is not None else {},
+            incident_triggers=tuple(str(trigger) for trigger in Trigger) if self._incidents is not None else (),
+            incident_parts_missing=dict(self._incidents.missing) if self._incidents is not None else {},
+            incident_kinds=tuple(str(kind) for kind in Kind) if self._incidents is not None else (),
         )
 
     @property

@@ -17,6 +17,7 @@ with a line saying what the log does show.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sidecar.actuators.log_source import LogRead, Wanted
@@ -27,7 +28,9 @@ from sidecar.doctor.formula import gib
 from sidecar.doctor.log_parser import log_lines, parse_log
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.render import paste
+from sidecar.doctor.setup import Fact, Setup, resolve
 from sidecar.model.cause import CrashCause, FlagChange
+from sidecar.model.remediation import REMEDIABLE
 from sidecar.model.text import plural
 
 MAX_STARTS = 2  # the newest two starts are all any choice above looks at
@@ -48,22 +51,29 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
         return CrashCause.unknown("vLLM's log is empty", source=read.where, wall_time_s=wall_time_s)
     start = _choose(starts, wanted)
     source = ", ".join(part for part in (read.where, start.label, plural(start.facts.lines_read, "line")) if part)
-    finding = _cause(start.facts, source)
+    evidence = _evidence(start.facts, source)
+    finding = _cause(evidence)
     ended = (f"how it ended: {start.ended}",) if start.ended else ()
+    setup = resolve(evidence)
+    ran_with = tuple((flag, float(value)) for flag in REMEDIABLE if (value := _today(flag, setup)) is not None)
     if finding is None:
         said = f" ({start.ended})" if start.ended else ""
-        return CrashCause.unknown(_what_it_shows(start.facts) + said, source=source, wall_time_s=wall_time_s)
+        unknown = CrashCause.unknown(_what_it_shows(start.facts) + said, source=source, wall_time_s=wall_time_s)
+        return dataclasses.replace(unknown, crashed=crashed(start.facts), ran_with=ran_with)
     return CrashCause(
         cause=finding.cause.value,
         severity=finding.severity.value,
         summary=finding.summary,
         evidence=tuple(_cut(line) for line in finding.evidence) + ended,
         recommendations=tuple(
-            FlagChange(flag=r.flag, value=r.value, why=r.why, pasted=paste(r)) for r in finding.recommendations
+            FlagChange(flag=r.flag, value=r.value, why=r.why, pasted=paste(r), current=_today(r.flag, setup))
+            for r in finding.recommendations
         ),
         source=source,
         read_wall_time_s=wall_time_s,
         steps=finding.steps,
+        crashed=crashed(start.facts),
+        ran_with=ran_with,
     )
 
 
@@ -107,7 +117,7 @@ def _choose(starts: list[_Start], wanted: Wanted) -> _Start:
     return before if before.failed is not False else newest
 
 
-def _cause(facts: LogFacts, source: str) -> Finding | None:
+def _evidence(facts: LogFacts, source: str) -> Evidence:
     live = LiveEvidence(
         url="",
         reachable=False,
@@ -117,11 +127,24 @@ def _cause(facts: LogFacts, source: str) -> Finding | None:
         reading=None,
         traffic=None,
     )
-    evidence = Evidence(
+    return Evidence(
         live=live, gpu=GpuEvidence(source="none", reading=None, error=None), log=facts, log_path=source, history=None
     )
+
+
+def _cause(evidence: Evidence) -> Finding | None:
     findings = diagnose(evidence).findings  # most severe first
     return next((finding for finding in findings if finding.severity is not Severity.INFO), None)
+
+
+def _today(flag: str, setup: Setup) -> int | float | None:
+    fact: Fact[int] | Fact[float] | None = {
+        "--gpu-memory-utilization": setup.gpu_memory_utilization,
+        "--max-model-len": setup.max_model_len,
+        "--max-num-seqs": setup.max_num_seqs,
+        "--max-num-batched-tokens": setup.max_num_batched_tokens,
+    }.get(flag)
+    return fact.value if fact is not None else None
 
 
 def _what_it_shows(facts: LogFacts) -> str:

@@ -43,6 +43,7 @@ from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_s
 from sidecar.shell.crash_cause import CrashCauseStep
 from sidecar.shell.incident_setup import build_recorder
 from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
+from sidecar.shell.remediation_setup import build_remediator
 from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
@@ -284,6 +285,13 @@ class Daemon:
             ),
             incidents=self.incidents,
         )
+        self.remediator = build_remediator(
+            settings, logger=self._log, log_source=parts.vllm_log, notify=self.crash_cause.notify
+        )
+        if self.remediator is not None:
+            self.acting.before_restart = self.remediator.before_restart
+            self.remediator.restart = self.acting.restart_for_flags
+            self.remediator.busy = lambda: self.acting.restart_in_flight
         self.poller = Poller(
             vllm=vllm_source,
             gpu=self._gpu,
@@ -344,6 +352,10 @@ class Daemon:
     def _on_view(self, view: View) -> None:
         self._views.append(view)
         self.acting.observe(view)  # the policy decides on the view just published
+        if self.remediator is not None:
+            snapshot = view.snapshot  # alive as the policy reads it: /health, else (not asked) a readable /metrics
+            healthy = snapshot.vllm.ok if snapshot.vllm_healthy is None else snapshot.vllm_healthy
+            self.remediator.observe(healthy=healthy, now_s=snapshot.monotonic_s)
 
     def _status_history(self) -> list[object]:
         """The /status documents of the last polls, oldest first; the newest with the policy's part."""
@@ -355,7 +367,8 @@ class Daemon:
 
     def acting_view(self) -> ActingView:
         """Acting's view, with the last cause of a death read from vLLM's log."""
-        return dataclasses.replace(self.acting.view(), crash_cause=self.crash_cause.last)
+        remediation = self.remediator.view() if self.remediator is not None else None
+        return dataclasses.replace(self.acting.view(), crash_cause=self.crash_cause.last, remediation=remediation)
 
     def liveness(self) -> Liveness:
         """Alive while ticks keep completing; a wedged loop or scheduler turns /healthz to 503."""
@@ -456,6 +469,8 @@ class Daemon:
             self._log.warning("sd_notify_failed", problem=problem)
 
     async def _close(self) -> None:
+        if self.remediator is not None:
+            await self.remediator.close()
         await self.acting.close()
         await self.crash_cause.close()  # what it holds goes to the notifier, which then gets its 2 s
         await self.notifier.stop(timeout_s=2.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,9 @@ class IncidentRecorder:
         self._clock = clock
         self.files = IncidentFiles(settings.state_dir / INCIDENTS_DIR, keep=settings.keep, logger=logger)
         self.last: IncidentRef | None = None
+        self.kept: Counter[str] = Counter()  # incidents written, by trigger
+        # Parts not kept, by kind; a crash's stacks are not counted: its processes are gone, nothing could.
+        self.missing: Counter[str] = Counter()
 
     @property
     def has_py_spy(self) -> bool:
@@ -143,6 +147,10 @@ class IncidentRecorder:
             timeout_s=settings.timeout_s,
             max_bytes=settings.max_bytes,
         )
+        self.kept[str(trigger)] += 1
+        for part in planned.not_captured:
+            if not (trigger is Trigger.AFTER_CRASH and part["kind"] == Kind.STACKS):
+                self.missing[part["kind"]] += 1
         left_s = max(0.0, settings.timeout_s - (self._clock() - started))
         write = asyncio.ensure_future(asyncio.to_thread(self.files.write, incident, planned, document))
         done, _ = await asyncio.wait({write}, timeout=left_s)

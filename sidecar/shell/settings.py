@@ -31,6 +31,7 @@ from sidecar.config.setting_origin import Origin, flag_of, origins
 from sidecar.config.settings_cli import load_flags
 from sidecar.derive.settings import DeriveSettings
 from sidecar.exporter.rate_limit import RateLimit, parse_rate_limit
+from sidecar.model.remediation import Allowance
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell.setting_conflict import ConflictError, blame, find_conflict, shown
 
@@ -472,6 +473,38 @@ class Settings(ScrapeSettings):
         group=RESTARTING,
         why="seconds to wait for vLLM to be healthy after a restart",
     )
+    remediate: str | None = _setting(
+        None,
+        "flags it may change, with ranges (off)",
+        group=RESTARTING,
+        form="FLAG=LOW..HIGH[,...] of max-model-len, max-num-seqs, max-num-batched-tokens, gpu-memory-utilization",
+        metavar="LIST",
+        why=(
+            "opt-in remediation (see [remediation.md](remediation.md)): after a crash whose cause the doctor "
+            "determined, set the flag it computed for vLLM's next start, within the range given here, in "
+            "`<state-dir>/vllm-flags.env`; e.g. `max-model-len=1024..32768,gpu-memory-utilization=0.8..0.95`"
+        ),
+    )
+    remediate_max_per_day: int = _setting(
+        3,
+        "flag changes in any 24 h",
+        group=RESTARTING,
+        ge=1,
+        le=100,
+        why="changes `--remediate` may make in any 24 hours; past them a fix is refused and notified",
+    )
+    remediate_window: float = _setting(
+        1800.0,
+        "a change must hold this long",
+        group=RESTARTING,
+        unit="seconds",
+        ge=10,
+        le=7 * 86400,
+        why=(
+            "seconds vLLM must stay healthy after a change before it is confirmed; the same cause back sooner, "
+            "or vLLM not healthy within `--startup-timeout`, reverts it"
+        ),
+    )
     # --- the adapter ---
     actuator: Literal["none", "systemd", "kubernetes", "exec"] = _setting(
         "none",
@@ -677,6 +710,22 @@ class Settings(ScrapeSettings):
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError("not an http(s) URL with a host")  # the URL itself is not repeated: a secret
         return value
+
+    @field_validator("remediate")
+    @classmethod
+    def _check_remediate(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        from sidecar.policy.remediation import parse_allowances  # noqa: PLC0415 - only needed to validate
+
+        parse_allowances(value)
+        return value.strip()
+
+    @property
+    def remediation_allowances(self) -> tuple[Allowance, ...]:
+        from sidecar.policy.remediation import parse_allowances  # noqa: PLC0415
+
+        return parse_allowances(self.remediate) if self.remediate else ()
 
     @field_validator("admin_rate_limit")
     @classmethod

@@ -82,24 +82,29 @@ class StateFile:
 
     def save(self, document: dict[str, object]) -> None:
         """Replace the file atomically; raises OSError (the caller reports it and keeps running)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_atomically(self.path, json.dumps(document, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def write_atomically(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace `path` with `data`: the old content or the new, never half of each. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def directory_problem(path: Path, *, create: bool) -> str | None:
