@@ -316,6 +316,42 @@ TORCH_OOMS = MetricSpec(
     "process started." + _PROBE,
 )
 
+INCIDENTS = MetricSpec(
+    "vllm_sidecar_incidents",
+    Kind.COUNTER,
+    ("trigger",),
+    "Incident folders kept (docs/incidents.md), by trigger: before_restart (vLLM's processes still there) or "
+    "after_crash (vLLM died and came back without the sidecar).",
+)
+INCIDENT_PARTS_MISSING = MetricSpec(
+    "vllm_sidecar_incident_parts_missing",
+    Kind.COUNTER,
+    ("kind",),
+    "Parts an incident could not keep, by kind (stacks, log, metrics, status_history): stacks are missing where "
+    "py-spy is not installed or the sidecar may not read vLLM's processes (SYS_PTRACE, a shared process namespace).",
+)
+REMEDIATIONS = MetricSpec(
+    "vllm_sidecar_remediations",
+    Kind.COUNTER,
+    ("flag", "outcome"),
+    "Changes to vLLM's flags for its next start (--remediate, docs/remediation.md), by flag and outcome: applied "
+    "(in dry-run: would_apply), confirmed (healthy through the window), reverted (did not help: a person must "
+    "decide), refused (a fix the guard rails did not allow).",
+)
+REMEDIATION_PENDING = MetricSpec(
+    "vllm_sidecar_remediation_pending",
+    Kind.GAUGE,
+    (),
+    "1 while a change to vLLM's flags waits to prove itself (vLLM healthy within the start timeout, the same "
+    "cause not back within --remediate-window), else 0.",
+)
+REMEDIATION_FLAG_VALUE = MetricSpec(
+    "vllm_sidecar_remediation_flag_value",
+    Kind.GAUGE,
+    ("flag",),
+    "The value the sidecar sets for a flag of vLLM's next start (its flags file); absent for a flag it does not set.",
+)
+
 POLICY = (
     ADMISSION_PAUSED,
     READY,
@@ -326,6 +362,11 @@ POLICY = (
     LAST_RESTART,
     RESTART_BUDGET_REMAINING,
     PROBES,
+    INCIDENTS,
+    INCIDENT_PARTS_MISSING,
+    REMEDIATIONS,
+    REMEDIATION_PENDING,
+    REMEDIATION_FLAG_VALUE,
 )
 
 ALL = (
