@@ -134,6 +134,7 @@ class Panel:
     no_value: str | None = None  # stat text when the query is empty (absent means something, e.g. "not growing")
     text_mode: str = "auto"  # stat: "name" shows the legend (e.g. a version label) instead of the value
     color_by_value: bool = False  # stat: colour the background from steps/mappings
+    decimals: int | None = None  # e.g. 0 for a count from increase(), which extrapolates to fractions
 
 
 @dataclass(frozen=True, slots=True)
@@ -664,6 +665,86 @@ VLLM_ADMISSION = Row(
     ),
 )
 
+# Opt-in acting on a crash's cause (--remediate, docs/remediation.md) and the incident folders kept before a restart
+# and after a crash (docs/incidents.md). A remediation is rare enough to count over the whole time range; incidents
+# come with restarts, so they are drawn per rate window, in line with "Restarts by reason" and the restart marks.
+PENDING = (Shown("0", "none", "green"), Shown("1", "PENDING", "orange"))
+REMEDIATIONS_AND_INCIDENTS = Row(
+    "Remediations and incidents",
+    (
+        Panel(
+            title="Remediations over the time range",
+            what="Changes the sidecar made to vLLM's flags for its next start after a crash whose cause the doctor "
+            "determined (--remediate), counted over the dashboard's time range, by outcome and flag. reverted: the "
+            "change did not help, a person must decide (alert VllmRemediationReverted); refused: the guard rails did "
+            "not allow the fix (VllmRemediationRefused). `vllm-sidecar remediations list` has the history.",
+            queries=(
+                Query(
+                    f"sum by (instance, flag, outcome) (increase({sel(names.REMEDIATIONS, SIDECAR)}[$__range])) > 0",
+                    "{{outcome}} {{flag}} {{instance}}",
+                    instant=True,
+                ),
+            ),
+            viz=Viz.STAT,
+            unit="none",
+            width=10,
+            height=6,
+            no_value="none",
+            decimals=0,
+        ),
+        Panel(
+            title="Flags set for vLLM's next start",
+            what="The value the sidecar writes into vLLM's flags file for each flag it changed; none: vLLM starts "
+            "with its own flags.",
+            queries=(Query(sel(names.REMEDIATION_FLAG_VALUE, SIDECAR), "{{flag}} {{instance}}", instant=True),),
+            viz=Viz.STAT,
+            unit="none",
+            width=9,
+            height=6,
+            no_value="none",
+        ),
+        Panel(
+            title="Remediation pending",
+            what="PENDING while a change to vLLM's flags waits to prove itself; it ends confirmed or reverted.",
+            queries=(Query(sel(names.REMEDIATION_PENDING, SIDECAR), LEGEND_SIDECAR, instant=True),),
+            viz=Viz.STAT,
+            width=5,
+            height=6,
+            mappings=PENDING,
+            color_by_value=True,
+        ),
+        Panel(
+            title="Incidents by trigger",
+            what="Incident folders the sidecar kept per rate window (<state-dir>/incidents/): before_restart, with "
+            "vLLM's stacks where it may read them, or after_crash, when vLLM died and came back on its own.",
+            queries=(
+                Query(
+                    f"sum by (instance, trigger) (increase({sel(names.INCIDENTS, SIDECAR)}[$__rate_interval]))",
+                    "{{trigger}} {{instance}}",
+                ),
+            ),
+            unit="none",
+            min=0,
+            stepped=True,
+        ),
+        Panel(
+            title="Incident parts missing",
+            what="Parts an incident could not keep per rate window, by kind; each incident's manifest.json says "
+            "why. stacks: install py-spy and grant ptrace (alert VllmIncidentStacksMissing, docs/incidents.md).",
+            queries=(
+                Query(
+                    "sum by (instance, kind) "
+                    f"(increase({sel(names.INCIDENT_PARTS_MISSING, SIDECAR)}[$__rate_interval]))",
+                    "{{kind}} {{instance}}",
+                ),
+            ),
+            unit="none",
+            min=0,
+            stepped=True,
+        ),
+    ),
+)
+
 SIDECAR_SELF = Row(
     "Sidecar self",
     (
@@ -786,7 +867,16 @@ ALLOCATOR = Row(
     ),
 )
 
-ROWS = (OVERVIEW, KV_CACHE, GPU_MEMORY, ALLOCATOR, VLLM_ENGINE, VLLM_ADMISSION, SIDECAR_SELF)
+ROWS = (
+    OVERVIEW,
+    KV_CACHE,
+    GPU_MEMORY,
+    ALLOCATOR,
+    VLLM_ENGINE,
+    VLLM_ADMISSION,
+    REMEDIATIONS_AND_INCIDENTS,
+    SIDECAR_SELF,
+)
 
 ANNOTATIONS = (
     Annotation(
@@ -867,6 +957,8 @@ def _field_config(panel: Panel) -> dict[str, Any]:
     defaults.update({key: value for key, value in (("min", panel.min), ("max", panel.max)) if value is not None})
     if panel.no_value is not None:
         defaults["noValue"] = panel.no_value
+    if panel.decimals is not None:
+        defaults["decimals"] = panel.decimals
     if panel.viz is Viz.TIMESERIES:
         defaults["custom"] = {
             "drawStyle": "line",
@@ -1025,7 +1117,8 @@ def build() -> dict[str, Any]:
     return {
         "annotations": {"list": [builtin, *(_annotation(a) for a in ANNOTATIONS)]},
         "description": "vLLM beside its sidecar: admission and restarts, KV cache, GPU memory, the engine's "
-        "latency, and the sidecar itself. Metrics: vllm_sidecar_* (the sidecar) and vllm:* (vLLM 0.5 to 0.33).",
+        "latency, remediations and incidents, and the sidecar itself. Metrics: vllm_sidecar_* (the sidecar) and "
+        "vllm:* (vLLM 0.5 to 0.33).",
         "editable": True,
         "fiscalYearStartMonth": 0,
         "graphTooltip": 1,

@@ -82,10 +82,17 @@ def rate_interval(step_s: float, scrape_interval_s: float) -> str:
     return f"{max(step_s + scrape_interval_s, 4 * scrape_interval_s):g}s"
 
 
-def all_values(dashboard: Mapping[str, Any], rate: str) -> dict[str, str]:
+def time_range(window: tuple[float, float]) -> str:
+    """Grafana's $__range: the dashboard's time range in whole seconds, as its Prometheus data source writes it."""
+    start, end = window
+    return f"{round(end - start)}s"
+
+
+def all_values(dashboard: Mapping[str, Any], rate: str, window: tuple[float, float]) -> dict[str, str]:
     """Every query variable on "All" (its allValue, `.*`), and the built-ins the queries use."""
     values = {v.name: ".*" for v in queries.variable_queries(dashboard)}
     values["__rate_interval"] = rate
+    values["__range"] = time_range(window)
     return values
 
 
@@ -475,7 +482,7 @@ def collect(
 ) -> tuple[dict[int, list[Series]], list[Event]]:
     """Each panel's series and the annotations' events, from the dashboard's own queries."""
     start, end = window
-    values = all_values(dashboard, rate_interval(step_s, 1.0))
+    values = all_values(dashboard, rate_interval(step_s, 1.0), window)
     prometheus = Prometheus(prometheus_url)
     try:
         data: dict[int, list[Series]] = {}

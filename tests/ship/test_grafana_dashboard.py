@@ -41,6 +41,8 @@ METRICS_DOC = ROOT / "docs" / "metrics.md"  # the metric table the README links 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 STEP_S = 1.0
 SCRAPE_INTERVAL_S = 1.0
+# Grafana's built-in variables as a dashboard over the last 3 hours would have them, for the offline checks.
+BUILTINS = {"__rate_interval": "1m", "__range": "10800s"}
 
 # Grafana's TypeScript type gives a data source's annotation query no place of its own (its comments: "TODO..
 # this should just be a normal query target"; limit/matchAny/tags/type are "only required/valid for the grafana
@@ -156,6 +158,7 @@ def test_it_imports_into_current_grafana() -> None:
         "PyTorch allocator (allocator probe)",
         "vLLM engine",
         "vLLM's own admission: shedding, queue reasons, fault tolerance",
+        "Remediations and incidents",
         "Sidecar self",
     ]
 
@@ -180,7 +183,7 @@ def test_panels_tile_the_grid_without_overlapping() -> None:
 
 
 def _read_metrics(dashboard: dict[str, Any]) -> set[str]:
-    values = {v.name: ".*" for v in queries.variable_queries(dashboard)} | {"__rate_interval": "1m"}
+    values = {v.name: ".*" for v in queries.variable_queries(dashboard)} | BUILTINS
     return {
         name
         for query in queries.panel_queries(dashboard)
@@ -217,7 +220,7 @@ def test_every_selector_honours_the_template_variables() -> None:
     specs = {generate.series(spec): spec for spec in (*names.ALL, *names.POLICY)}
     dashboard = _dashboard()
     for query in _all_queries(dashboard):
-        for selector in queries.selectors(queries.substitute(query.expr, {"__rate_interval": "1m"} | _KEEP)):
+        for selector in queries.selectors(queries.substitute(query.expr, BUILTINS | _KEEP)):
             present = queries.matchers(selector)
             name = selector.name or present.get("__name__", "")
             if name in specs:
@@ -246,7 +249,7 @@ _UNITS = (
 
 
 def test_units_fit_the_metrics() -> None:
-    values = {v.name: ".*" for v in queries.variable_queries(_dashboard())} | {"__rate_interval": "1m"}
+    values = {v.name: ".*" for v in queries.variable_queries(_dashboard())} | BUILTINS
     for panel in queries.panels(_dashboard()):
         unit = panel["fieldConfig"]["defaults"]["unit"]
         for target in panel["targets"]:
@@ -310,12 +313,12 @@ def _missing_data(live: Live, values: dict[str, str]) -> list[str]:
     return missing
 
 
-def _everything(dashboard: dict[str, Any]) -> dict[str, str]:
-    return render.all_values(dashboard, render.rate_interval(STEP_S, SCRAPE_INTERVAL_S))
+def _everything(live: Live, dashboard: dict[str, Any]) -> dict[str, str]:
+    return render.all_values(dashboard, render.rate_interval(STEP_S, SCRAPE_INTERVAL_S), (live.start, live.end))
 
 
 def test_every_query_returns_data_with_everything_selected(live: Live) -> None:
-    assert _missing_data(live, _everything(_dashboard())) == []
+    assert _missing_data(live, _everything(live, _dashboard())) == []
 
 
 def _options(live: Live, variable: queries.VariableQuery, chosen: dict[str, str]) -> list[str]:
@@ -326,7 +329,7 @@ def _options(live: Live, variable: queries.VariableQuery, chosen: dict[str, str]
 
 def test_the_variables_list_the_deployment(live: Live) -> None:
     dashboard = _dashboard()
-    everything = _everything(dashboard)
+    everything = _everything(live, dashboard)
     options = {variable.name: _options(live, variable, everything) for variable in queries.variable_queries(dashboard)}
     assert len(options["instance"]) == 2, options
     assert options["model_name"] == sorted([NEW_MODEL, OLD_MODEL])
@@ -336,7 +339,7 @@ def test_the_variables_list_the_deployment(live: Live) -> None:
 
 def test_every_query_returns_data_for_one_model_engine_and_gpu(live: Live) -> None:
     dashboard = _dashboard()
-    values = _everything(dashboard)
+    values = _everything(live, dashboard)
     for variable in queries.variable_queries(dashboard):
         options = _options(live, variable, values)
         assert options, f"${variable.name} has no options"
@@ -352,7 +355,7 @@ def test_every_query_returns_data_for_one_model_engine_and_gpu(live: Live) -> No
 
 
 def test_vllm_panels_read_old_and_new_vllm_metric_names(live: Live) -> None:
-    values = _everything(_dashboard())
+    values = _everything(live, _dashboard())
     for query in queries.panel_queries(_dashboard()):
         if "vllm:" not in query.expr:
             continue
@@ -364,7 +367,7 @@ def _panel_results(live: Live, title: str) -> list[dict[str, Any]]:
     dashboard = _dashboard()
     wanted = [q for q in queries.panel_queries(dashboard) if q.where.split(" ", 2)[2].startswith(repr(title))]
     assert wanted, f"no panel {title!r}"
-    return [item for query in wanted for item in _run(live, query, _everything(dashboard))]
+    return [item for query in wanted for item in _run(live, query, _everything(live, dashboard))]
 
 
 def _peak(results: list[dict[str, Any]], **labels: str) -> float:
@@ -392,7 +395,7 @@ def test_the_panels_show_what_happened(live: Live) -> None:
         assert 0 < _peak(_panel_results(live, title), model_name=NEW_MODEL) < 60, title
     dashboard = _dashboard()
     annotations = {
-        q.where: _numbers(_run(live, q, _everything(dashboard))) for q in queries.annotation_queries(dashboard)
+        q.where: _numbers(_run(live, q, _everything(live, dashboard))) for q in queries.annotation_queries(dashboard)
     }
     restart_times = annotations["annotation 'vLLM restarts'"]
     assert restart_times, "the restart annotation has an event"
