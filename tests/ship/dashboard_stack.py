@@ -11,7 +11,9 @@ What runs, and why each part is there (every panel and annotation must have data
 - sim `healthy` as vLLM 0.6 (V0: `gpu_cache_usage_perc`, no engine label): the vLLM panels must work on both name
   schemes. Light load, so its histograms exist (V0 creates them on the first request).
 - sidecar A on the leak sim, acting through the `exec` adapter with a script that fails once and then works,
-  driven through the admin API: one failed and one successful restart, each draining (admission paused) first.
+  driven through the admin API: one failed and one successful restart, each draining (admission paused) first,
+  each keeping an incident; with `--remediate` and a real refused start of vLLM as its `--vllm-log`, so the
+  first restart sets the doctor's --max-model-len for the next start.
 - sidecar B on the V0 sim, reading GPUs through the repository's pynvml fake that reports one Xid 79: no other
   way to show Xid errors without a failing GPU (tests/ship/fake_nvml_sidecar.py).
 """
@@ -38,6 +40,7 @@ from tests.ship.probe_replay import ProbeReplay
 from .prometheus_server import PrometheusServer
 
 REPO = Path(__file__).resolve().parents[2]
+REFUSED_LOG = REPO / "tests" / "doctor" / "logs" / "vllm-0.32-cpu-refused.log"
 MIB = 1024 * 1024
 ADMIN_TOKEN = "dashboard-stack-admin-token"  # noqa: S105 - a loopback test daemon's; the API wants 16+ characters
 NEW_MODEL = "sim-llama"
@@ -113,6 +116,8 @@ class DashboardStack:
         marker.unlink(missing_ok=True)  # a reused --workdir must fail its first restart again
         script.write_text(RESTART_SCRIPT.format(marker=marker))
         script.chmod(0o755)
+        vllm_log = d / "vllm.log"
+        vllm_log.write_bytes(REFUSED_LOG.read_bytes())
         probe = ProbeReplay(d / "probe")
         probe.start()
         self._stoppers.append(probe.stop)
@@ -123,6 +128,9 @@ class DashboardStack:
                 *("--probe-dir", str(d / "probe"), "--pause-alloc-retries", "0"),
                 *("--actuator", "exec", "--exec-command", str(script), "--admin-token-file", str(token)),
                 *("--drain-timeout", "1", "--startup-timeout", "30"),
+                # The remediation row: the "vLLM log" is a real refused start of vLLM 0.32, read before each
+                # restart; the doctor's --max-model-len is set for the next start (and waits to prove itself).
+                *("--vllm-log", str(vllm_log), "--remediate", "max-model-len=256..4096"),
             ],
             d / "sidecar-a.log",
         )
@@ -179,6 +187,7 @@ class DashboardStack:
         # The failed restart latches FAILED; a manual restart clears it and starts over.
         self._restart()
         self._wait_metric(r'vllm_sidecar_restarts_total\{reason="manual"\} 1\.0', 30)
+        self._wait_metric(r'vllm_sidecar_remediations_total\{flag="--max-model-len",outcome="applied"\} 1\.0', 30)
 
     def _restart(self) -> None:
         assert self.sidecar is not None
