@@ -48,6 +48,7 @@ _TOOL_COMMANDS = (
     ("loadtest", "a peak-load profile against any OpenAI-compatible server, with a verdict"),
     ("wait-gpu", "wait until no vLLM process holds GPU memory (run before vLLM starts: ExecStartPre=)"),
     ("doctor", "diagnose OOM root causes from vLLM, the GPUs, a log and history; recommend vLLM flags"),
+    ("remediations", "list or revert what --remediate changed in vLLM's flags"),
 )
 
 
@@ -70,6 +71,10 @@ def _tool(name: str) -> ModuleType:
         from sidecar.shell import wait_gpu  # noqa: PLC0415
 
         return wait_gpu
+    if name == "remediations":
+        from sidecar.shell import remediations_command  # noqa: PLC0415
+
+        return remediations_command
     from sidecar.doctor_cli import command as doctor  # noqa: PLC0415
 
     return doctor

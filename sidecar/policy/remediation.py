@@ -64,15 +64,43 @@ def parse_allowances(text: str) -> tuple[Allowance, ...]:
 
 
 def flags_in_effect(steps: Iterable[Step]) -> dict[str, float]:
-    """What the flags file holds after `steps` (oldest first): each flag's newest value that stands."""
+    """What the flags file holds after `steps` (oldest first): per flag, the newest step that stands (not
+    reverted); with every step reverted, what the file held before the first (normally nothing)."""
     flags: dict[str, float] = {}
+    first: dict[str, float | None] = {}
+    standing: set[str] = set()
     for step in steps:
-        value = step.file_before if step.state is StepState.REVERTED else step.after
-        if value is None:
-            flags.pop(step.flag, None)
-        else:
-            flags[step.flag] = value
-    return flags
+        first.setdefault(step.flag, step.file_before)
+        if step.state is not StepState.REVERTED:
+            flags[step.flag] = step.after
+            standing.add(step.flag)
+    untouched = {flag: before for flag, before in first.items() if flag not in standing and before is not None}
+    return flags | untouched
+
+
+def revert_by_person(steps: Sequence[Step], flag: str, now_wall_s: float) -> list[Step] | None:
+    """`steps` with the newest standing step of `flag` reverted by a person (and the flag held); None when the
+    sidecar sets nothing for it."""
+    index = next(
+        (
+            i
+            for i in range(len(steps) - 1, -1, -1)
+            if steps[i].flag == flag and steps[i].state is not StepState.REVERTED
+        ),
+        None,
+    )
+    if index is None:
+        return None
+    reverted = settle(steps[index], "reverted: by a person (vllm-sidecar remediations revert)", now_wall_s)
+    return [*steps[:index], reverted, *steps[index + 1 :]]
+
+
+def release(steps: Sequence[Step], flag: str) -> list[Step] | None:
+    """`steps` with `flag` no longer held; None when it is not."""
+    if not held(steps, flag):
+        return None
+    index = max(i for i, step in enumerate(steps) if step.flag == flag)
+    return [*steps[:index], replace(steps[index], held=False), *steps[index + 1 :]]
 
 
 def pending(steps: Sequence[Step]) -> Step | None:

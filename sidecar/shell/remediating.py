@@ -161,7 +161,13 @@ class Remediator:
 
     def _settle(self, step: Step, verdict: str, *, restart: bool) -> None:
         settled = settle(step, verdict, self._wall_clock())
-        if not self._write(lambda steps: [settled if s == step else s for s in steps]):
+
+        def edit(steps: list[Step]) -> list[Step]:
+            # Only the step as this sidecar knows it: a person may have reverted it meanwhile (the command line).
+            return [settled if s == step else s for s in steps]
+
+        if not self._write(edit) or settled not in self.steps:
+            self._watch = None
             return
         self._watch = None
         outcome = str(settled.state)
