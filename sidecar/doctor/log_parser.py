@@ -141,10 +141,15 @@ def parse_records(log: list[Record]) -> LogFacts:
     as the next attempt begins), the start before it, which did fail, is read instead, and says so."""
     starts = _starts([record.text for record in log])
     last = _facts(log[starts[-1] :])
-    if len(starts) < 2 or _failed(last) or any(_SERVING.search(record.text) for record in log[starts[-1] :]):
+    if len(starts) < 2 or _failed(last) or shows_serving([record.text for record in log[starts[-1] :]]):
         return last
     before = _facts(log[starts[-2] : starts[-1]])
     return replace(before, later_start_unfinished=True) if _failed(before) else last
+
+
+def shows_serving(lines: list[str]) -> bool:
+    """Whether any of a start's records (as `log_lines` gives them) shows it serving, or done starting."""
+    return any(_SERVING.search(line) for line in lines)
 
 
 def _failed(facts: LogFacts) -> bool:

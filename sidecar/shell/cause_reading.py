@@ -5,7 +5,10 @@ the doctor's rules on it, exactly as `vllm-sidecar doctor --vllm-log FILE` does 
 
 Which start of vLLM the log is read for (a file or a container's log can hold several; the journal gives
 one run per invocation, the Kubernetes API the previous and the current container):
-- `Wanted.LAST`, for a planned restart: the newest start.
+- `Wanted.LAST`, for a planned restart: the newest start; but while it is still starting (no failure, no sign
+  of serving, and the platform does not say it ended) after a start that crashed, that one, as the doctor reads
+  a file that ends so (`parse_log`): systemd's `Restart=` or the kubelet started vLLM again, likely into the same
+  failure. The journal and a pod's log hand each start over as a run of its own, where the doctor cannot see it.
 - `Wanted.DIED`, for a death: of the newest two starts, the newer one that shows a crash (a CUDA OOM, a
   refused start, a dead engine); else the newest if the platform says it ended; else the one before it if
   it did not end cleanly (vLLM was brought back since: the newest is loading); else the newest.
@@ -25,7 +28,7 @@ from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.evidence import Evidence, GpuEvidence, LiveEvidence
 from sidecar.doctor.finding import Finding, Severity
 from sidecar.doctor.formula import gib
-from sidecar.doctor.log_parser import log_lines, parse_log
+from sidecar.doctor.log_parser import log_lines, parse_log, shows_serving
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.render import paste
 from sidecar.doctor.setup import Fact, Setup, resolve
@@ -43,6 +46,7 @@ class _Start:
     label: str
     ended: str | None
     failed: bool | None
+    starting: bool = False  # no failure, no sign of serving, not ended: still starting when the log was read
 
 
 def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
@@ -92,7 +96,14 @@ def _starts(read: LogRead) -> list[_Start]:
             if not newest_in_run and facts.args is None and not crashed(facts):
                 break  # what comes before a start's arguments line is its preamble (banner, warnings)
             if newest_in_run:
-                starts.append(_Start(facts=facts, label=run.label, ended=run.ended, failed=run.failed))
+                starting = (
+                    run.ended is None
+                    and not crashed(facts)
+                    and not shows_serving(lines[len(lines) - facts.lines_read :])
+                )
+                starts.append(
+                    _Start(facts=facts, label=run.label, ended=run.ended, failed=run.failed, starting=starting)
+                )
             else:
                 label = ", ".join(part for part in (run.label, "an earlier start") if part)
                 starts.append(_Start(facts=facts, label=label, ended=None, failed=None))
@@ -107,6 +118,9 @@ def _starts(read: LogRead) -> list[_Start]:
 def _choose(starts: list[_Start], wanted: Wanted) -> _Start:
     newest = starts[-1]
     if wanted is Wanted.LAST:
+        if newest.starting and len(starts) > 1 and crashed(starts[-2].facts):
+            before = starts[-2]
+            return dataclasses.replace(before, facts=dataclasses.replace(before.facts, later_start_unfinished=True))
         return newest
     crashes = [start for start in starts if crashed(start.facts)]
     if crashes:

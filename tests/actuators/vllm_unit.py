@@ -1,4 +1,5 @@
-"""A real vLLM on CPU as a systemd user unit, its EngineCore process, and a little load, for the hang test.
+"""A real vLLM on CPU as a systemd user unit, its EngineCore process, and a little load, for the hang and
+remediation tests.
 
 The command line, flags and environment are those of `tests/e2e/vllm/server.py` (read it for why each is
 needed); here systemd runs the server instead of a Popen, the way it runs in production.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,15 +62,33 @@ def installed_vllm() -> tuple[str, str]:
     return python, model
 
 
-def vllm_unit(python: str, model: str, port: int, workdir: Path, log: Path, *extra: str) -> str:
+def vllm_unit(
+    python: str,
+    model: str,
+    port: int,
+    workdir: Path,
+    log: Path,
+    *extra: str,
+    args: Sequence[str] = (),
+    flags_from: tuple[str, Path] | None = None,
+) -> str:
     """vLLM's OpenAI server as a plain service. KillMode=control-group: a stop reaches the EngineCore child too,
     with SIGCONT after SIGTERM, so a stopped (SIGSTOP) engine can die; SIGKILL after STOP_TIMEOUT_S. `extra`:
-    more [Service] lines (Restart=...)."""
-    command = server_command(python, model, port)
+    more [Service] lines (Restart=...); `args`: more arguments for vLLM. `flags_from` (VARIABLE, FILE): the
+    command line ends with the unbraced `$VARIABLE`, which systemd splits into words, read from the optional
+    `EnvironmentFile=-FILE` at each start (the flags file of --remediate: vLLM's argparse takes a flag's last
+    occurrence, so the file's value wins)."""
+    command = " ".join(exec_arg(arg) for arg in server_command(python, model, port, args))
+    environment_file: tuple[str, ...] = ()
+    if flags_from is not None:
+        variable, path = flags_from
+        command += f" ${variable}"
+        environment_file = ("EnvironmentFile=-" + str(path).replace("%", "%%"),)
     return service(
         "Type=exec",
         *extra,
-        "ExecStart=" + " ".join(exec_arg(arg) for arg in command),
+        "ExecStart=" + command,
+        *environment_file,
         *(env_assignment(name, value) for name, value in SERVER_ENV.items()),
         "UnsetEnvironment=" + " ".join(SERVER_ENV_REMOVED),
         # `python -m` puts the working directory first on sys.path: never the repository (tests/e2e/vllm).
@@ -77,7 +97,7 @@ def vllm_unit(python: str, model: str, port: int, workdir: Path, log: Path, *ext
         f"TimeoutStopSec={STOP_TIMEOUT_S}",
         f"StandardOutput=append:{log}",
         f"StandardError=append:{log}",
-        description="real vLLM on CPU (tiny model) for the hung-engine test",
+        description="real vLLM on CPU (tiny model) for the real-systemd tests",
     )
 
 

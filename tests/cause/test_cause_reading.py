@@ -104,6 +104,32 @@ def test_journal_the_invocation_that_died_when_systemd_already_started_the_next(
     assert "invocation 2" in explain(read, Wanted.LAST, wall_time_s=WALL_S).source
 
 
+def test_journal_a_crash_loop_read_while_the_next_invocation_is_still_starting() -> None:
+    """Restart=always: vLLM refused to start and systemd started it again, and the log is read while the new
+    invocation loads (no failure, no sign of serving yet). That start has nothing to say yet; the one before it
+    is what it will most likely do again, and is read, as `parse_log` reads a file that ends so. (Found by the
+    remediation test on a real vLLM under systemd, replayed as the journal splits it: from the file the refusal
+    was seen until the next start served; from the journal only in the seconds between a refusal and the next
+    invocation's first line, which reads every 30 s mostly missed.)"""
+    loading = "\n".join(REFUSED.splitlines()[:30])  # banner, arguments, the engine's config: still starting
+    read = journal(
+        LogRun(text=REFUSED, label="invocation 1", ended=EXIT_1, failed=True),
+        LogRun(text=loading, label="invocation 2"),
+    )
+    for wanted in (Wanted.LAST, Wanted.DIED):
+        cause = explain(read, wanted, wall_time_s=WALL_S)
+        assert (cause.cause, tuple(c.pasted for c in cause.recommendations)) == (REFUSED_CAUSE, REFUSED_FLAGS)
+        assert cause.crashed
+        assert cause.source.startswith("journal of vllm.service (system manager), invocation 1, ")
+        assert cause.recommendations[0].current == 2048
+    assert flags(file(REFUSED + loading), Wanted.LAST) == flags(read, Wanted.LAST)  # a file reads the same
+    # A new invocation that serves, or that systemd says ended, is read for itself.
+    served = journal(read.runs[0], LogRun(text=STARTED, label="invocation 2"))
+    assert "invocation 2" in explain(served, Wanted.LAST, wall_time_s=WALL_S).source
+    ended = journal(read.runs[0], LogRun(text=loading, label="invocation 2", ended=KILLED, failed=True))
+    assert "invocation 2" in explain(ended, Wanted.LAST, wall_time_s=WALL_S).source
+
+
 def test_journal_a_wrapped_line_in_the_next_invocation_does_not_hide_the_one_that_died() -> None:
     """journald orders systemd's own lines and vLLM's output as they arrive: here vLLM's arguments line came
     before systemd's "Started", and a line starting lower-case followed, which the parser joins to the one before
