@@ -47,6 +47,7 @@ REAL_VLLM_TIMING = (
     "tests/chaos/test_back_fast_real_vllm.py",
     "tests/chaos/test_real_vllm_chaos.py",
     "tests/actuators/test_real_vllm_hang_e2e.py",
+    "tests/actuators/test_real_vllm_remediation_e2e.py",
 )
 # The slow stage's run at nice 10; every other folder of tests/ (less FAST_PATHS) runs at normal priority.
 NICE_PATHS = (
