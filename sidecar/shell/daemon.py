@@ -43,7 +43,7 @@ from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_s
 from sidecar.shell.crash_cause import CrashCauseStep
 from sidecar.shell.incident_setup import build_recorder
 from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
-from sidecar.shell.remediation_setup import build_remediator
+from sidecar.shell.remediation_setup import build_remediator, load_record
 from sidecar.shell.schedule import OnTime, add_tick_job, tick_scheduler
 from sidecar.shell.sdnotify import Notifier as SdNotifier
 from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
@@ -339,10 +339,12 @@ class Daemon:
         """Ask the platform what only it can answer before the daemon starts (does systemd know the unit?): on a
         `SettingsError` what the constructor opened is closed and the error goes on to the command line (exit 2);
         what could not be checked is logged once."""
-        if self._start_check is None:
-            return
+        unknown = None
         try:
-            unknown = await self._start_check()
+            if self._start_check is not None:
+                unknown = await self._start_check()
+            if self.remediator is not None:
+                await load_record(self._settings, self.remediator)
         except SettingsError:
             await self._close()
             raise

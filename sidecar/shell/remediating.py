@@ -32,7 +32,7 @@ from sidecar.model.remediation import Allowance, Step, StepState, shown
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.remediation import Refusal, Watch, flags_in_effect, judge, judge_crash, pending, propose, settle
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_store import FlagsTarget, RecordError
 
 CHECK_AFTER_S = 30.0  # not healthy this long before vLLM's log is read for a failed start
 CHECK_EVERY_S = 30.0  # and then at most this often, while it stays so
@@ -56,7 +56,7 @@ class Remediator:
         self,
         settings: RemediationSettings,
         *,
-        store: RemediationStore,
+        target: FlagsTarget,
         source: LogSource | None,
         notify: Callable[[Notification], None],
         logger: FilteringBoundLogger,
@@ -65,7 +65,7 @@ class Remediator:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
-        self.store = store
+        self.target = target
         self._source = source
         self._notify = notify
         self._log = logger
@@ -80,6 +80,7 @@ class Remediator:
         self._unhealthy_since_s: float | None = None
         self._next_check_s = 0.0
         self._check: asyncio.Task[None] | None = None
+        self._settling: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one reading and deciding at a time
         self._restart_owed: str | None = None  # a restart to ask for again: acting refused it (busy)
         # Set by the daemon: ask acting for a restart that applies the flags (True when it began), and whether a
@@ -88,9 +89,10 @@ class Remediator:
         self.busy: Callable[[], bool] = lambda: False
 
     # --- start -------------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Read the record; a change still proving itself is watched again from now (a sidecar restarted)."""
-        self.steps = self._read_steps()
+    async def load(self) -> None:
+        """Read the record (RecordError when it cannot be used); a change still proving itself is watched again
+        from now (a sidecar restarted, or, on Kubernetes, the new pod's sidecar after the rollout)."""
+        self.steps = await self.target.read()
         if pending(self.steps) is not None:
             self._watch = Watch(set_s=self._clock(), healthy_since_s=None)
 
@@ -111,7 +113,7 @@ class Remediator:
         async with self._lock:
             cause = await self._read(wanted)
             if cause is not None:
-                self._consider(cause, restart=False)
+                await self._consider(cause, restart=False)
 
     def observe(self, *, healthy: bool, now_s: float) -> None:
         """Each tick: follow a change that proves itself; read the log of a vLLM that does not serve."""
@@ -135,7 +137,7 @@ class Remediator:
         async with self._lock:
             cause = await self._read(Wanted.LAST)
             if cause is not None and cause.crashed:
-                self._consider(cause, restart=True)
+                await self._consider(cause, restart=True)
 
     # --- following a change ------------------------------------------------------------------------
     def _follow(self, healthy: bool, now_s: float) -> None:
@@ -156,17 +158,23 @@ class Remediator:
             start_timeout_s=self.settings.start_timeout_s,
             window_s=self.settings.window_s,
         )
-        if verdict is not None:
-            self._settle(step, verdict, restart=not healthy)
+        if verdict is not None and (self._settling is None or self._settling.done()):
+            self._settling = asyncio.get_running_loop().create_task(
+                self._settle_alone(step, verdict, restart=not healthy), name="remediation settle"
+            )
 
-    def _settle(self, step: Step, verdict: str, *, restart: bool) -> None:
+    async def _settle_alone(self, step: Step, verdict: str, *, restart: bool) -> None:
+        async with self._lock:
+            await self._settle(step, verdict, restart=restart)
+
+    async def _settle(self, step: Step, verdict: str, *, restart: bool) -> None:
         settled = settle(step, verdict, self._wall_clock())
 
         def edit(steps: list[Step]) -> list[Step]:
             # Only the step as this sidecar knows it: a person may have reverted it meanwhile (the command line).
             return [settled if s == step else s for s in steps]
 
-        if not self._write(edit) or settled not in self.steps:
+        if not await self._write(edit) or settled not in self.steps:
             self._watch = None
             return
         self._watch = None
@@ -182,16 +190,16 @@ class Remediator:
             self._ask_restart(f"{step.flag} reverted: {verdict}")
 
     # --- deciding ----------------------------------------------------------------------------------
-    def _consider(self, cause: CrashCause, *, restart: bool) -> None:
+    async def _consider(self, cause: CrashCause, *, restart: bool) -> None:
         try:
-            self.steps = self._read_steps()
+            self.steps = await self._read_steps()
         except RecordError:
             return
         step = self.pending
         if step is not None:
             verdict = judge_crash(step, cause)
             if verdict is not None:
-                self._settle(step, verdict, restart=restart)
+                await self._settle(step, verdict, restart=restart)
             return
         proposal = propose(
             cause,
@@ -214,7 +222,7 @@ class Remediator:
                 step=proposal,
             )
             return
-        if not self._write(lambda steps: [*steps, proposal]):
+        if not await self._write(lambda steps: [*steps, proposal]):
             return
         self.last_refusal = None
         self._watch = Watch(set_s=self._clock(), healthy_since_s=None)
@@ -264,18 +272,18 @@ class Remediator:
             )
         return None
 
-    def _read_steps(self) -> list[Step]:
+    async def _read_steps(self) -> list[Step]:
         try:
-            steps = self.store.steps()
+            steps = await self.target.read()
         except RecordError as error:
             self._problem(f"the remediation record cannot be used, nothing is changed: {error}")
             raise
         self.problem = None
         return steps
 
-    def _write(self, edit: Callable[[list[Step]], list[Step]]) -> bool:
+    async def _write(self, edit: Callable[[list[Step]], list[Step]]) -> bool:
         try:
-            self.steps = self.store.change(edit)
+            self.steps = await self.target.update(edit)
         except RecordError as error:
             self._problem(f"nothing changed: {error}")
             return False
@@ -287,7 +295,7 @@ class Remediator:
             self._log.warning("remediation_problem", reason=why)
 
     def _tell(self, summary: str, *, reason: str, step: Step | None = None) -> None:
-        details = {"flags_file": str(self.store.flags_path)}
+        details = {"flags_file": self.target.where}
         if step is not None:
             details.update({"flag": step.flag, "change": step.diff(), "why": step.why, "cause": step.cause})
         self._notify(
@@ -308,7 +316,7 @@ class Remediator:
     def view(self) -> RemediationView:
         return RemediationView(
             allowed=self.settings.allowances,
-            flags_file=str(self.store.flags_path),
+            flags_file=self.target.where,
             flags=self.flags,
             steps=tuple(self.steps[-VIEW_STEPS:]),
             outcomes=dict(self.outcomes),
@@ -317,6 +325,7 @@ class Remediator:
         )
 
     async def close(self) -> None:
-        if self._check is not None and not self._check.done():
-            self._check.cancel()
-            await asyncio.gather(self._check, return_exceptions=True)
+        tasks = [task for task in (self._check, self._settling) if task is not None and not task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -42,21 +42,25 @@ def build_remediator(
         raise setting_error(
             settings, "remediate", "needs vLLM's log to read why it died: give --vllm-log FILE", allowed=False
         )
-    remediator = Remediator(
+    return Remediator(
         RemediationSettings(
             allowances=allowances,
             max_per_day=settings.remediate_max_per_day,
             window_s=settings.remediate_window,
             start_timeout_s=settings.startup_timeout,
         ),
-        store=RemediationStore(settings.state_dir),
+        target=RemediationStore(settings.state_dir),
         source=log_source,
         notify=notify,
         logger=logger,
         dry_run=settings.dry_run,
     )
+
+
+async def load_record(settings: Settings, remediator: Remediator) -> None:
+    """Read the record before the daemon starts: one that cannot be used stops the start (exit 2) rather than
+    let the sidecar change flags it cannot account for."""
     try:
-        remediator.load()
+        await remediator.load()
     except RecordError as error:
-        raise setting_error(settings, "state_dir", f"its remediation record cannot be used: {error}") from None
-    return remediator
+        raise setting_error(settings, "remediate", f"its record cannot be used: {error}", allowed=False) from None

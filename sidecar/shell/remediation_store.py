@@ -9,12 +9,13 @@ daemon reads the record afresh before each decision, so neither overwrites what 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -56,12 +57,40 @@ class RecordError(Exception):
     """The record cannot be read or written; one line."""
 
 
+class FlagsTarget(Protocol):
+    """Where the record of changes lives and where vLLM's next start reads the flags: the state dir's files
+    (systemd, exec) or the owning Deployment (Kubernetes). Both methods raise RecordError only."""
+
+    @property
+    def where(self) -> str:
+        """In words, for /status and the notifications: "/var/lib/vllm-sidecar/vllm-flags.env"."""
+        ...
+
+    async def read(self) -> list[Step]:
+        """The record, oldest first."""
+        ...
+
+    async def update(self, edit: Callable[[list[Step]], list[Step]]) -> list[Step]:
+        """Apply `edit` to the record as it is now and write it with the flags it implies; the new record."""
+        ...
+
+
 class RemediationStore:
     def __init__(self, state_dir: Path, flags_file: Path | None = None) -> None:
         self.state_dir = state_dir
         self.record_path = state_dir / RECORD_FILE
         self.flags_path = flags_file if flags_file is not None else state_dir / FLAGS_FILE
         self._lock_path = state_dir / LOCK_FILE
+
+    @property
+    def where(self) -> str:
+        return str(self.flags_path)
+
+    async def read(self) -> list[Step]:
+        return await asyncio.to_thread(self.steps)
+
+    async def update(self, edit: Callable[[list[Step]], list[Step]]) -> list[Step]:
+        return await asyncio.to_thread(self.change, edit)  # off the loop: the lock may be a person's for a moment
 
     def steps(self) -> list[Step]:
         """The record, oldest first ([] without one). Raises RecordError for one that cannot be used: the

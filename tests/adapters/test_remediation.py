@@ -40,7 +40,7 @@ class Harness:
             RemediationSettings(
                 allowances=parse_allowances(allowed), max_per_day=3, window_s=600.0, start_timeout_s=300.0
             ),
-            store=self.store,
+            target=self.store,
             source=FileLog(self.log),
             notify=self.notes.append,
             logger=structlog.get_logger(),
@@ -49,18 +49,20 @@ class Harness:
             wall_clock=lambda: 1_750_000_000.0 + self.now,
         )
         self.remediator.restart = self._restart
-        self.remediator.load()
 
     def _restart(self, text: str) -> bool:
         self.restarts.append(text)
         return True
 
     async def tick(self, at: float, *, healthy: bool) -> None:
+        if at == 0:
+            await self.remediator.load()
         self.now = at
         self.remediator.observe(healthy=healthy, now_s=at)
-        check = self.remediator._check
-        if check is not None:
-            await check
+        # The read or the settling a tick began, awaited so the test is exact.
+        for task in (self.remediator._check, self.remediator._settling):
+            if task is not None:
+                await task
 
 
 async def test_a_refused_start_gets_the_doctors_max_model_len_and_a_restart(tmp_path: Path) -> None:
@@ -128,6 +130,7 @@ async def test_not_healthy_within_the_start_timeout_reverts(tmp_path: Path) -> N
 
 async def test_before_a_restart_of_its_own_the_change_rides_on_that_restart(tmp_path: Path) -> None:
     h = Harness(tmp_path)
+    await h.remediator.load()
     await h.remediator.before_restart(RestartReason.ENGINE_DEAD)
     assert [s.after for s in h.store.steps()] == [FITS]
     assert h.restarts == []  # the restart under way applies it
