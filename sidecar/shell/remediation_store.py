@@ -15,42 +15,15 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
-from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict
-
-from sidecar.model.remediation import FLAGS_VARIABLE, Step, StepState, shown
-from sidecar.policy.remediation import flags_in_effect
+from sidecar.actuators.remediation_record import RecordFormatError, document_of, flags_text, steps_from, trimmed
+from sidecar.model.remediation import Step
 from sidecar.shell.state_file import StateFile, write_atomically
 
 RECORD_FILE = "remediations.json"
 FLAGS_FILE = "vllm-flags.env"
 LOCK_FILE = "remediations.lock"
-RECORD_VERSION = 1
-MAX_STEPS = 200  # the oldest settled steps go first: a year of a change a day is far more than anyone reads
-
-
-class StepDocument(TypedDict):
-    flag: str
-    before: float
-    after: float
-    file_before: float | None
-    cause: str
-    why: str
-    wall_time_s: float
-    state: Literal["pending", "confirmed", "reverted"]
-    outcome: str
-    resolved_wall_time_s: float | None
-    held: bool
-
-
-class RecordDocument(TypedDict):
-    version: int
-    steps: list[StepDocument]
-
-
-_RECORD = TypeAdapter(RecordDocument)
 
 
 class RecordError(Exception):
@@ -101,24 +74,17 @@ class RemediationStore:
         if loaded.document is None:
             return []
         try:
-            record = _RECORD.validate_python(loaded.document)
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise RecordError(f"{self.record_path}: {where}: {first['msg']}") from None
-        return [_step(document) for document in record["steps"]]
+            return steps_from(loaded.document)
+        except RecordFormatError as error:
+            raise RecordError(f"{self.record_path}: {error}") from None
 
     def change(self, edit: Callable[[list[Step]], list[Step]]) -> list[Step]:
         """Read the record, apply `edit`, write the record and the flags file, all under the lock; the new
         steps. Raises RecordError (nothing is written then)."""
         with self._locked():
-            steps = edit(self.steps())
-            settled = [index for index, step in enumerate(steps) if step.state is not StepState.PENDING]
-            drop = set(settled[: max(0, len(steps) - MAX_STEPS)])
-            steps = [step for index, step in enumerate(steps) if index not in drop]
-            document: RecordDocument = {"version": RECORD_VERSION, "steps": [_document(step) for step in steps]}
+            steps = trimmed(edit(self.steps()))
             try:
-                StateFile(self.record_path).save(dict(document))
+                StateFile(self.record_path).save(dict(document_of(steps)))
                 write_atomically(self.flags_path, flags_text(steps).encode(), mode=0o644)
             except OSError as error:
                 raise RecordError(f"cannot write {self.state_dir}: {error.strerror or error}") from None
@@ -136,46 +102,3 @@ class RemediationStore:
             yield
         finally:
             os.close(descriptor)  # releases the lock
-
-
-def flags_text(steps: list[Step]) -> str:
-    """The flags file: a comment, then the one variable vLLM's start appends to its command line."""
-    flags = flags_in_effect(steps)
-    words = " ".join(f"{flag} {shown(flag, value)}" for flag, value in sorted(flags.items()))
-    return (
-        "# Written by vllm-sidecar (--remediate): the flags it set for vLLM's next start. Do not edit;\n"
-        "# `vllm-sidecar remediations list` shows why, `vllm-sidecar remediations revert` takes them back.\n"
-        f'{FLAGS_VARIABLE}="{words}"\n'
-    )
-
-
-def _step(document: StepDocument) -> Step:
-    return Step(
-        flag=document["flag"],
-        before=document["before"],
-        after=document["after"],
-        file_before=document["file_before"],
-        cause=document["cause"],
-        why=document["why"],
-        wall_time_s=document["wall_time_s"],
-        state=StepState(document["state"]),
-        outcome=document["outcome"],
-        resolved_wall_time_s=document["resolved_wall_time_s"],
-        held=document["held"],
-    )
-
-
-def _document(step: Step) -> StepDocument:
-    return {
-        "flag": step.flag,
-        "before": step.before,
-        "after": step.after,
-        "file_before": step.file_before,
-        "cause": step.cause,
-        "why": step.why,
-        "wall_time_s": step.wall_time_s,
-        "state": step.state.value,
-        "outcome": step.outcome,
-        "resolved_wall_time_s": step.resolved_wall_time_s,
-        "held": step.held,
-    }
