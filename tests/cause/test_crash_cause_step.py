@@ -23,6 +23,7 @@ from tests.cause.logs import OOM_CAUSE, OOM_FLAGS, STARTED, WALL_S, oom_death
 from tests.notify.receiver import Receiver
 
 FILE = "file /var/log/vllm.log"
+SETTLE_TIMEOUT_S = 30.0
 
 
 class FakeLog:
@@ -74,9 +75,12 @@ class Step:
         )
 
     async def settle(self) -> None:
+        """Everything queued handled. Bounded generously: the parse runs in a worker thread, which a box busy
+        with three test lanes and a real vLLM can starve for seconds (a cut-short read would change what the
+        assertions see, not how long it took)."""
         for _ in range(200):
             await asyncio.sleep(0)
-        await self.step.close(timeout_s=5)
+        await self.step.close(timeout_s=SETTLE_TIMEOUT_S)
 
 
 async def test_a_dead_engines_restart_begin_carries_the_cause_read_until_its_decision() -> None:

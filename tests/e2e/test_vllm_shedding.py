@@ -1,8 +1,11 @@
 """vLLM's own shedding, for real: vLLM 0.32 on CPU with --max-num-queued-reqs answers 503 to what would take its
 running plus waiting requests past the cap, counts each refusal in vllm:admission_rejections_total{reason}, and the
 sidecar exports exactly that count. On the shared session server (cap 16, 8 sequences): 16 long requests fill
-running and waiting to the cap (vLLM's own gauges say when), then 8 more are sent at once. (Sending all 24 at once
-let the first ones finish before the last arrived on a busy CI machine: none was refused.)
+running and waiting to the cap (vLLM's own gauges say when), then 16 more are sent at once. (Sending all at once
+let the first ones finish before the last arrived on a busy CI machine: none was refused. And 8 more were not
+enough either: the 8 running requests of the first wave, all the same length, end together, and on a box busy with
+other test lanes that can happen before the second wave is in, leaving room for all 8. With 16, at least 8 are
+refused unless the whole first wave ended, which takes two of its batches.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from .vllm.load import fetch_metrics
 from .vllm.server import SERVED_MODEL_NAME, VllmServer
 
 pytestmark = pytest.mark.e2e
-OVER_CAP = 8
+OVER_CAP = QUEUE_CAP
 LONG_TOKENS = 480  # of --max-model-len 512: the first wave stays in for seconds, a window to send the second in
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.MULTILINE)
 WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.MULTILINE)
@@ -64,8 +67,9 @@ def _fill_then_overflow(url: str) -> tuple[list[httpx.Response], list[httpx.Resp
     with httpx.Client(base_url=url, timeout=120, limits=limits) as client, ThreadPoolExecutor(max_workers=1) as pool:
         first = pool.submit(_post_at_once, client, QUEUE_CAP, LONG_TOKENS)
         deadline = time.monotonic() + 30  # a bounded wait on the real vLLM taking the first wave in
-        while _in_vllm(url) < QUEUE_CAP and time.monotonic() < deadline and not first.done():
+        while (held := _in_vllm(url)) < QUEUE_CAP and time.monotonic() < deadline and not first.done():
             time.sleep(0.05)
+        assert held >= QUEUE_CAP, f"vLLM took in {held:g} of the first wave's {QUEUE_CAP} requests in 30 s"
         second = _post_at_once(client, OVER_CAP, 16)
         return first.result(timeout=120), second
 
