@@ -96,7 +96,12 @@ def read_quarantine(text: str) -> tuple[Quarantined, ...]:
 
 
 def _pytest(paths: list[str], basetemp: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", *paths, f"--basetemp={basetemp}", *extra]
+    # Python's own tracebacks: pytest's long ones re-parse each source file with ast.parse, and CPython 3.11.7
+    # (CI's) can leave the AST constructor's depth count unbalanced (gh-106905, seen in threaded programs; fixed
+    # in 3.11.8): in CI run 8 reporting a failure raised "AST constructor recursion depth mismatch" and ended the
+    # whole lane with an INTERNALERROR, the failure unreported and never rerun. The assertion's own message is
+    # unchanged. `--tb` given on the command line still wins (the last one counts).
+    return [sys.executable, "-m", "pytest", *paths, f"--basetemp={basetemp}", "--tb=native", *extra]
 
 
 def failed_tests(cache_dir: Path) -> list[str]:
