@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 from sidecar.actuators.dbus import BusLostError, BusUnavailableError, DbusCallError, DbusSession, Target
-from sidecar.actuators.systemd import MANAGER, SYSTEMD_BUS_NAME, UNIT_INTERFACE, SystemdActuator
+from sidecar.actuators.systemd import MANAGER, SERVICE_INTERFACE, SYSTEMD_BUS_NAME, UNIT_INTERFACE, SystemdActuator
+from sidecar.model.remediation import FLAGS_VARIABLE
 
 CHECK_TIMEOUT_S = 10.0
 SYSTEM_BUS_DEFAULT = "unix:path=/var/run/dbus/system_bus_socket"  # jeepney's, and libdbus's, without the variable
@@ -77,6 +79,56 @@ async def _check_unit(actuator: SystemdActuator) -> None:
     problem = _load_problem(actuator, load_state, load_error)
     if problem is not None:
         raise StartCheckError(problem, bus=False)
+
+
+async def check_flags_wiring(
+    actuator: SystemdActuator, flags_file: Path, *, timeout_s: float = CHECK_TIMEOUT_S
+) -> None:
+    """With --remediate: the unit reads the flags file (`EnvironmentFile=`) and puts its variable on vLLM's
+    command line (`ExecStart=... $VLLM_SIDECAR_FLAGS`); else StartCheckError naming what to add. A unit that did
+    not would start with the flags that failed, and a change would be reverted only at the start timeout."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            session = await DbusSession.open(actuator.address)
+            try:
+                (path,) = await session.call(MANAGER, "LoadUnit", "s", actuator.unit)
+                service = Target(bus_name=SYSTEMD_BUS_NAME, path=str(path), interface=SERVICE_INTERFACE)
+                files = await session.get_property(service, "EnvironmentFiles")  # a(sb): path, "-" given
+                commands = await session.get_property(service, "ExecStart")  # a(sasbttttuii): path, argv, ...
+            finally:
+                await session.close()
+    except (TimeoutError, BusUnavailableError, BusLostError, DbusCallError) as error:
+        raise StartCheckError(
+            f"cannot read how {actuator.unit} starts vLLM ({error or 'no answer'}), so whether it reads "
+            f"{flags_file} is unknown",
+            bus=True,
+        ) from None
+    read = (
+        {str(entry[0]) for entry in files if isinstance(entry, tuple | list) and entry}
+        if isinstance(files, list)
+        else set()
+    )
+    argv = (
+        [
+            str(word)
+            for command in commands
+            if isinstance(command, tuple | list) and len(command) > 1
+            for word in command[1]
+        ]
+        if isinstance(commands, list)
+        else []
+    )
+    missing = []
+    if str(flags_file) not in read:
+        missing.append(f"EnvironmentFile=-{flags_file}")
+    if f"${FLAGS_VARIABLE}" not in argv:  # unbraced: split into words; ${...} would be one argument
+        missing.append(f"${FLAGS_VARIABLE} (unbraced) at the end of ExecStart=")
+    if missing:
+        raise StartCheckError(
+            f"{actuator.unit} does not start vLLM with the flags the sidecar sets: add {' and '.join(missing)} "
+            "(deploy/systemd/vllm.service.example; docs/remediation.md)",
+            bus=False,
+        )
 
 
 def _unreachable(actuator: SystemdActuator, error: BusUnavailableError) -> str:

@@ -30,6 +30,7 @@ from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
 from sidecar.notify.webhook import WebhookSink
 from sidecar.policy.settings import PolicySettings, PolicySettingsError, stale_after_for_interval
+from sidecar.shell.remediation_store import FLAGS_FILE
 from sidecar.shell.settings import Settings, SettingsError, core_values, setting_error
 
 if TYPE_CHECKING:
@@ -127,16 +128,26 @@ def _acting_parts(settings: Settings) -> ActingParts:
 async def _check_systemd(settings: Settings, actuator: SystemdActuator) -> str | None:
     """systemd's answers about the unit, as a SettingsError naming the setting to change: --systemd-unit for the
     unit, --systemd-bus where the user chose the bus, else --actuator (systemd is not where the sidecar runs)."""
-    from sidecar.actuators.systemd_check import StartCheckError, check_systemd  # noqa: PLC0415 - with systemd
+    from sidecar.actuators.systemd_check import (  # noqa: PLC0415 - with systemd
+        StartCheckError,
+        check_flags_wiring,
+        check_systemd,
+    )
 
     try:
-        return await check_systemd(actuator, uid=os.geteuid())
+        unknown = await check_systemd(actuator, uid=os.geteuid())
     except StartCheckError as error:
         name = "systemd_unit"
         if error.bus:
             chosen = settings.origin("systemd_bus").layer not in (None, Layer.DEFAULT)
             name = "systemd_bus" if chosen else "actuator"
         raise setting_error(settings, name, str(error), allowed=False) from None
+    if settings.remediate:
+        try:
+            await check_flags_wiring(actuator, settings.state_dir / FLAGS_FILE)
+        except StartCheckError as error:
+            raise setting_error(settings, "remediate", str(error), allowed=False) from None
+    return unknown
 
 
 def _pod_environment(settings: Settings) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 
 from sidecar.actuators.exec import program_problem
 from sidecar.actuators.systemd import SystemdActuator
-from sidecar.actuators.systemd_check import StartCheckError, check_systemd
+from sidecar.actuators.systemd_check import StartCheckError, check_flags_wiring, check_systemd
 from sidecar.shell.acting_setup import build_acting_parts
 from sidecar.shell.settings import SettingsError, load_settings
 from tests.adapters.daemon_process import SidecarProcess
@@ -110,6 +110,48 @@ def test_a_bus_that_cannot_be_reached_stops_the_start(
     line = _one_line(result)
     assert line.startswith(f"vllm-sidecar: error: invalid setting {start} at {address} ([Errno 2] "), line
     assert line.endswith(f"(flag {flag})"), line
+
+
+async def test_with_remediate_the_unit_must_start_vllm_with_the_flags_file(
+    user_systemd: UserSystemd, tmp_path: Path
+) -> None:
+    """--remediate writes the flags for vLLM's next start into a file: the unit must read it and put its
+    variable, unbraced (split into words), on vLLM's command line. Asked of systemd's own view of the unit."""
+    flags = tmp_path / "vllm-flags.env"
+    wired, bare, braced = _unit_name("wired"), _unit_name("bare"), _unit_name("braced")
+    user_systemd.write_unit(
+        wired,
+        service(f"EnvironmentFile=-{flags}", "ExecStart=/bin/sleep 1000 $VLLM_SIDECAR_FLAGS", description="x"),
+    )
+    user_systemd.write_unit(bare, service("ExecStart=/bin/sleep 1000", description="x"))
+    user_systemd.write_unit(
+        braced,
+        service(f"EnvironmentFile=-{flags}", "ExecStart=/bin/sleep 1000 ${VLLM_SIDECAR_FLAGS}", description="x"),
+    )
+    user_systemd.call("Reload")
+
+    await check_flags_wiring(_actuator(user_systemd, wired), flags)
+    with pytest.raises(StartCheckError) as missing:
+        await check_flags_wiring(_actuator(user_systemd, bare), flags)
+    with pytest.raises(StartCheckError) as one_word:
+        await check_flags_wiring(_actuator(user_systemd, braced), flags)
+
+    assert str(missing.value) == (
+        f"{bare} does not start vLLM with the flags the sidecar sets: add EnvironmentFile=-{flags} and "
+        "$VLLM_SIDECAR_FLAGS (unbraced) at the end of ExecStart= (deploy/systemd/vllm.service.example; "
+        "docs/remediation.md)"
+    )
+    assert "add $VLLM_SIDECAR_FLAGS (unbraced) at the end of ExecStart=" in str(one_word.value)
+    # From the command line: one line naming --remediate.
+    line = _one_line(
+        _run(
+            *("--actuator", "systemd", "--systemd-bus", "user", "--systemd-unit", bare),
+            *("--state-dir", str(tmp_path), "--remediate", "max-model-len=256..4096"),
+            env={"DBUS_SESSION_BUS_ADDRESS": user_systemd.bus_address},
+        )
+    )
+    assert "does not start vLLM with the flags the sidecar sets" in line
+    assert line.endswith("(flag --remediate)"), line
 
 
 async def test_a_unit_file_systemd_cannot_load_or_a_masked_unit_is_said(user_systemd: UserSystemd) -> None:
