@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.log_source import LogSource, LogUnreadableError, Wanted
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.model.acting import RemediationView
 from sidecar.model.cause import CrashCause
 from sidecar.model.remediation import Allowance, Step, StepState, shown
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.remediation import Refusal, Watch, flags_in_effect, judge, judge_crash, pending, propose, settle
-from sidecar.shell.remediation_store import FlagsTarget, RecordError
+from sidecar.shell.remediation_store import FlagsTarget
 
 CHECK_AFTER_S = 30.0  # not healthy this long before vLLM's log is read for a failed start
 CHECK_EVERY_S = 30.0  # and then at most this often, while it stays so

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.log_source import LogSource
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.notify.message import Notification
 from sidecar.shell.remediating import RemediationSettings, Remediator
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_store import RemediationStore
 from sidecar.shell.settings import Settings, setting_error
 
 ADAPTERS = ("systemd", "exec")

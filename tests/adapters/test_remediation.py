@@ -13,13 +13,14 @@ import pytest
 import structlog
 
 from sidecar.actuators.file_log import FileLog
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.cli import main
 from sidecar.model.remediation import StepState
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.remediation import parse_allowances
 from sidecar.shell.remediating import RemediationSettings, Remediator
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_store import RemediationStore
 
 REFUSED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-refused.log"
 STARTED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-started.log"
