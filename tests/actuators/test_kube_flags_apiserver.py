@@ -12,18 +12,23 @@ namespace.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 
+from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_flags import FLAGS_ANNOTATION, PERMISSIONS, RECORD_ANNOTATION, DeploymentFlags
 from sidecar.actuators.kube_permission import Permission
 from sidecar.actuators.remediation_record import RecordError, document_of, flag_words
 from sidecar.model.remediation import Step, StepState
-from sidecar.policy.remediation import settle
+from sidecar.policy.remediation import parse_allowances, settle
+from sidecar.shell.remediating import RemediationSettings, Remediator
 
 from .kube_apiserver import RBAC_FILE, REMEDIATION_RBAC_FILE, ApiServer, Workspace
 
@@ -37,6 +42,7 @@ POD_SPEC = {
 }
 RBAC_FILES = (RBAC_FILE, REMEDIATION_RBAC_FILE)
 WALL_S = 1_795_000_000.0
+LOGS = Path(__file__).resolve().parents[1] / "doctor" / "logs"
 
 
 def step(flag: str = "--max-model-len", before: float = 2048, after: float = 992, **changes: Any) -> Step:
@@ -319,6 +325,84 @@ async def test_a_container_the_flags_cannot_go_into_is_refused(
         await kube.close()
     assert str(refused.value) == expected
     assert generation(space.deployment_document()) == 1
+
+
+async def test_the_remediator_changes_the_deployment_and_the_new_pods_sidecar_confirms(
+    workspace: Workspace, client: KubeClient, tmp_path: Path
+) -> None:
+    """vLLM's refused start (a real vLLM 0.32 log) read by the doctor; the change goes into the Deployment and
+    no restart is asked for. The rollout's pod (made by hand: a new ReplicaSet of the same Deployment) has a new
+    sidecar, which loads the record with the change pending, and confirms it without rolling anything."""
+    log = tmp_path / "vllm.log"
+    shutil.copy(LOGS / "vllm-0.32-cpu-refused.log", log)
+    clock = [0.0]
+    restarts: list[str] = []
+
+    def asked(text: str) -> bool:
+        restarts.append(text)
+        return True
+
+    def remediator(flags: DeploymentFlags) -> Remediator:
+        made = Remediator(
+            RemediationSettings(
+                allowances=parse_allowances("max-model-len=256..4096"),
+                max_per_day=3,
+                window_s=600.0,
+                start_timeout_s=300.0,
+            ),
+            target=flags,
+            source=FileLog(log),
+            notify=lambda _note: None,
+            logger=structlog.get_logger(),
+            dry_run=False,
+            clock=lambda: clock[0],
+            wall_clock=lambda: WALL_S + clock[0],
+        )
+        made.restart = asked
+        return made
+
+    async def tick(r: Remediator, at: float, *, healthy: bool) -> None:
+        clock[0] = at
+        r.observe(healthy=healthy, now_s=at)
+        for task in (r._check, r._settling):
+            if task is not None:
+                await task
+
+    old = remediator(target(workspace, client))
+    await old.load()
+    await tick(old, 0, healthy=False)
+    await tick(old, 30, healthy=False)
+    assert restarts == []
+    deployment = workspace.deployment_document()
+    assert container_args(deployment) == [*VLLM_ARGS, "--max-model-len", "992"]
+    rolled = deployment["spec"]["template"]
+    new_pod = rollout_pod(workspace)
+    new = remediator(target(workspace, client, pod=new_pod))
+    await new.load()
+    assert new.pending is not None
+    await tick(new, 100, healthy=True)
+    await tick(new, 700, healthy=True)
+    deployment = workspace.deployment_document()
+    assert [s.state for s in await target(workspace, client).read()] == [StepState.CONFIRMED]
+    assert deployment["spec"]["template"] == rolled  # confirmed in the record only: no second rollout
+    assert restarts == []
+
+
+def rollout_pod(space: Workspace) -> str:
+    """What the Deployment controller would make for the new template: a ReplicaSet and its pod."""
+    deployment = space.deployment_document()
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": space.deployment, "controller": True}
+    owner["uid"] = deployment["metadata"]["uid"]
+    labels = {**deployment["spec"]["selector"]["matchLabels"], "pod-template-hash": "5f6d7c8b9"}
+    template = {**deployment["spec"]["template"], "metadata": {"labels": labels}}
+    spec = {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}
+    metadata = {"name": "vllm-5f6d7c8b9", "labels": labels, "ownerReferences": [owner]}
+    replica_set = space.post("/apis/apps/v1/namespaces/{ns}/replicasets", {"metadata": metadata, "spec": spec})
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "vllm-5f6d7c8b9", "controller": True}
+    owner["uid"] = replica_set["metadata"]["uid"]
+    pod = {"metadata": {"name": "vllm-5f6d7c8b9-q7w2e", "labels": labels, "ownerReferences": [owner]}}
+    space.post("/api/v1/namespaces/{ns}/pods", {**pod, "spec": template["spec"]})
+    return "vllm-5f6d7c8b9-q7w2e"
 
 
 @pytest.mark.parametrize(
