@@ -39,6 +39,22 @@ def restart_patch(wall_time_s: float) -> dict[str, object]:
     return {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: rfc3339(wall_time_s)}}}}}
 
 
+def flags_patch(
+    *,
+    resource_version: str,
+    annotations: dict[str, str],
+    container: str,
+    args: list[str] | None,
+) -> dict[str, object]:
+    """The strategic merge patch of --remediate's write to a Deployment: its own annotations and, when given, the
+    args of the container named `container` (matched by name; the list replaced whole). `resource_version` is
+    the precondition: the API server answers 409 when the Deployment changed since it was read."""
+    patch: dict[str, object] = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+    if args is not None:
+        patch["spec"] = {"template": {"spec": {"containers": [{"name": container, "args": args}]}}}
+    return patch
+
+
 def event(
     *,
     pod: str,

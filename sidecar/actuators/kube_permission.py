@@ -46,20 +46,24 @@ def check_response(
     namespace: str,
     source: str,
     ok: tuple[int, ...],
+    rbac_file: str = RBAC_FILE,
 ) -> None:
     """Return when the answer is one of `ok`; otherwise raise `RequestFailedError` saying what went wrong."""
     if answer.status_code in ok:
         return
     raise RequestFailedError(
-        OutcomeStatus.FAILED, failure(answer, permission, what, namespace=namespace, source=source)
+        OutcomeStatus.FAILED,
+        failure(answer, permission, what, namespace=namespace, source=source, rbac_file=rbac_file),
     )
 
 
-def failure(answer: KubeResponse, permission: Permission, what: str, *, namespace: str, source: str) -> str:
-    """One line for an answer that is not a success."""
+def failure(
+    answer: KubeResponse, permission: Permission, what: str, *, namespace: str, source: str, rbac_file: str = RBAC_FILE
+) -> str:
+    """One line for an answer that is not a success; a 403 points at `rbac_file`, the manifest granting it."""
     code = answer.status_code
     if code == 403:
-        return forbidden(answer, permission, namespace)
+        return forbidden(answer, permission, namespace, rbac_file=rbac_file)
     if code == 404:
         return f"not found: {what} in namespace {namespace} (HTTP 404: {answer.message})"
     if code == 401:
@@ -67,7 +71,7 @@ def failure(answer: KubeResponse, permission: Permission, what: str, *, namespac
     return f"{permission} for {what} in namespace {namespace}: the API server answered HTTP {code}: {answer.message}"
 
 
-def forbidden(answer: KubeResponse, permission: Permission, namespace: str) -> str:
+def forbidden(answer: KubeResponse, permission: Permission, namespace: str, *, rbac_file: str = RBAC_FILE) -> str:
     user = _USER.search(answer.message)
     who = f" as {user.group(1)}" if user else ""
     if "cannot impersonate" in answer.message:  # refused before the request itself was looked at
@@ -80,5 +84,5 @@ def forbidden(answer: KubeResponse, permission: Permission, namespace: str) -> s
     return (
         f"forbidden: cannot {permission.verb} {permission.resource} in namespace {namespace}{who}; "
         f"the Role must grant verb {permission.verb} on resource {permission.resource} in API group {group} "
-        f"(see {RBAC_FILE})"
+        f"(see {rbac_file})"
     )

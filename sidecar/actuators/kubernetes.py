@@ -8,7 +8,7 @@
   only once its containers are gone, so the new pod never starts beside the old one's GPU memory. (0 would be
   a forced deletion, which does not wait for that.) A rollout follows the Deployment's own strategy.
 - `rollout` does what `kubectl rollout restart` does: finds the Deployment through the pod's controller
-  chain (Pod -> ReplicaSet -> Deployment, each hop checked by uid) and patches a new
+  chain (Pod -> ReplicaSet -> Deployment, each hop checked by uid: `kube_owner`) and patches a new
   `kubectl.kubernetes.io/restartedAt` onto its pod template, so the Deployment's strategy replaces pods.
 
 Names are validated when the adapter is built (and owner names as they come back), so nothing can address
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -42,7 +41,15 @@ from sidecar.actuators.kube_credentials import (
 )
 from sidecar.actuators.kube_events import KubernetesEvents
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
-from sidecar.actuators.kube_permission import EVENT_PERMISSIONS, Permission, RequestFailedError, check_response
+from sidecar.actuators.kube_owner import (
+    CHAIN_PERMISSIONS,
+    GET_POD,
+    KubeReader,
+    Unowned,
+    metadata,
+    owning_deployment,
+)
+from sidecar.actuators.kube_permission import EVENT_PERMISSIONS, Permission, RequestFailedError
 from sidecar.actuators.kube_supervision import pod_supervision
 from sidecar.model.supervision import Restarter, Supervision
 
@@ -63,28 +70,18 @@ class Mode(StrEnum):
     ROLLOUT = "rollout"
 
 
-GET_POD = Permission("get", "pods")
 PERMISSIONS: Mapping[Mode, tuple[Permission, ...]] = {
     Mode.EVICT: (Permission("create", "pods/eviction"),),
     Mode.DELETE: (Permission("delete", "pods"),),
-    Mode.ROLLOUT: (
-        GET_POD,
-        Permission("get", "replicasets", "apps"),
-        Permission("get", "deployments", "apps"),
-        Permission("patch", "deployments", "apps"),
-    ),
+    Mode.ROLLOUT: (*CHAIN_PERMISSIONS, Permission("patch", "deployments", "apps")),
 }
 SUPERVISION_PERMISSIONS = (GET_POD,)  # reading vLLM's container state while vLLM is gone
 HARD_GRACE_PERIOD_S = 1
 _POLICY_V1, _POLICY_V1BETA1 = "policy/v1", "policy/v1beta1"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Owner:
-    kind: str
-    api_version: str
-    name: str
-    uid: str
+_UNOWNED = Unowned(
+    missing="no Deployment to restart (use mode evict or delete)",
+    other="rollout restarts only Deployments (use mode evict or delete)",
+)
 
 
 class KubernetesActuator:
@@ -113,6 +110,7 @@ class KubernetesActuator:
         self.grace_period_s = grace_period_s
         self.vllm_container = vllm_container
         self._client = client
+        self._reader = KubeReader(client, self.namespace)
         self._clock = clock
         self._wall_clock = wall_clock
         self._eviction_api = _POLICY_V1
@@ -123,7 +121,7 @@ class KubernetesActuator:
         read (the policy then gives the kubelet its whole --down-after)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
         try:
-            document = await self._get(path, GET_POD, self._target())
+            document = await self._reader.get(path, GET_POD, self._target())
         except (RequestFailedError, KubeTransportError) as error:
             return Supervision(restarter=Restarter.UNKNOWN, detail=f"cannot read the pod: {error}")
         except Exception as error:  # noqa: BLE001 - never raises into the poll loop
@@ -199,44 +197,24 @@ class KubernetesActuator:
         return f"deleted pod {self.pod} in namespace {self.namespace}{grace}"
 
     async def _rollout(self) -> str:
-        get_pod, get_rs, get_deploy, patch_deploy = PERMISSIONS[Mode.ROLLOUT]
-        ns = self.namespace
-        pod = await self._get(f"/api/v1/namespaces/{ns}/pods/{self.pod}", get_pod, self._target())
-        owner = _controller(pod, "ReplicaSet", f"pod {self.pod}")
-        rs_path = f"/apis/apps/v1/namespaces/{ns}/replicasets/{owner.name}"
-        replica_set = await self._get(rs_path, get_rs, f"ReplicaSet {owner.name}", uid=owner.uid)
-        owner = _controller(replica_set, "Deployment", f"ReplicaSet {owner.name}")
-        path = f"/apis/apps/v1/namespaces/{ns}/deployments/{owner.name}"
-        deployment = await self._get(path, get_deploy, f"Deployment {owner.name}", uid=owner.uid)
+        patch_deploy = PERMISSIONS[Mode.ROLLOUT][-1]
+        deployment = await owning_deployment(self._reader, self.pod, _UNOWNED)
         now_s = self._wall_clock()
         patch = kube_bodies.restart_patch(now_s)
-        answer = await self._client.request("PATCH", path, body=patch, content_type=STRATEGIC_MERGE_PATCH)
-        self._check(answer, patch_deploy, f"Deployment {owner.name}", ok=(200,))
-        before, after = _generation(deployment), _generation(answer.document)
+        answer = await self._client.request("PATCH", deployment.path, body=patch, content_type=STRATEGIC_MERGE_PATCH)
+        self._check(answer, patch_deploy, f"Deployment {deployment.name}", ok=(200,))
+        before, after = _generation(deployment.document), _generation(answer.document)
         stamp = kube_bodies.rfc3339(now_s)
         return (
-            f"rollout restart of Deployment {owner.name} in namespace {ns} "
+            f"rollout restart of Deployment {deployment.name} in namespace {self.namespace} "
             f"(restartedAt {stamp}, generation {before} -> {after})"
         )
-
-    async def _get(self, path: str, permission: Permission, what: str, *, uid: str | None = None) -> dict[str, object]:
-        answer = await self._client.request("GET", path)
-        self._check(answer, permission, what, ok=(200,))
-        document = answer.document or {}
-        found = _metadata(document).get("uid")
-        if uid is not None and found != uid:
-            raise RequestFailedError(
-                OutcomeStatus.FAILED, f"{what} in namespace {self.namespace} was replaced (uid {found}, expected {uid})"
-            )
-        return document
 
     def _target(self) -> str:
         return f"pod {self.pod}"
 
     def _check(self, answer: KubeResponse, permission: Permission, what: str, *, ok: tuple[int, ...]) -> None:
-        check_response(
-            answer, permission, what, namespace=self.namespace, source=self._client.credentials.source, ok=ok
-        )
+        self._reader.check(answer, permission, what, ok=ok)
 
     def _outcome(self, status: OutcomeStatus, detail: str, started: float) -> ActuatorOutcome:
         return ActuatorOutcome(status=status, detail=detail, duration_s=self._clock() - started)
@@ -272,37 +250,6 @@ def _predates_policy_v1(answer: KubeResponse) -> bool:
     return answer.status_code == 400 and '"policy/v1"' in answer.message and "Eviction" in answer.message
 
 
-def _metadata(document: Mapping[str, object] | None) -> Mapping[str, object]:
-    metadata = (document or {}).get("metadata")
-    return metadata if isinstance(metadata, dict) else {}
-
-
 def _generation(document: Mapping[str, object] | None) -> int | None:
-    generation = _metadata(document).get("generation")
+    generation = metadata(document).get("generation")
     return generation if isinstance(generation, int) else None
-
-
-def _controller(document: Mapping[str, object], kind: str, what: str) -> _Owner:
-    """The owner with `controller: true`, which must be an apps/v1 `kind`; its name is validated."""
-    references = _metadata(document).get("ownerReferences")
-    for reference in references if isinstance(references, list) else []:
-        if isinstance(reference, dict) and reference.get("controller") is True:
-            owner = _Owner(
-                kind=str(reference.get("kind", "")),
-                api_version=str(reference.get("apiVersion", "")),
-                name=str(reference.get("name", "")),
-                uid=str(reference.get("uid", "")),
-            )
-            break
-    else:
-        raise RequestFailedError(
-            OutcomeStatus.FAILED, f"{what} has no controller, so no Deployment to restart (use mode evict or delete)"
-        )
-    if owner.kind != kind or owner.api_version != "apps/v1":
-        raise RequestFailedError(
-            OutcomeStatus.FAILED,
-            f"{what} is controlled by {owner.kind} {owner.name} ({owner.api_version}), not a {kind}: "
-            "rollout restarts only Deployments (use mode evict or delete)",
-        )
-    check_subdomain(owner.name, what=f"{kind} name")
-    return owner

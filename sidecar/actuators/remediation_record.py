@@ -45,6 +45,10 @@ class RecordFormatError(ValueError):
     """A record document that is not one; one line."""
 
 
+class RecordError(Exception):
+    """The record cannot be read or written, wherever it lives (a flags target raises nothing else); one line."""
+
+
 def steps_from(document: object) -> list[Step]:
     try:
         record = _RECORD.validate_python(document)

@@ -129,8 +129,9 @@ class Acting:
         self._incidents = incidents
         self._restart_incident: IncidentRef | None = None  # taken before the restart in progress
         self._incident_tasks: set[asyncio.Task[IncidentRef | None]] = set()
-        # Awaited before each restart of the sidecar's own, after its incident (--remediate sets flags here).
-        self.before_restart: Callable[[RestartReason], Awaitable[None]] | None = None
+        # Awaited before each restart of the sidecar's own, after its incident (--remediate sets flags here). What
+        # it returns, if anything, restarts vLLM in the adapter's place (flags written to a Deployment roll it out).
+        self.before_restart: Callable[[RestartReason], Awaitable[str | None]] | None = None
 
     # --- ticks ----------------------------------------------------------------------------------------
     def observe(self, view: View) -> Decision:
@@ -295,9 +296,11 @@ class Acting:
             self._restart_incident = await self._incidents.capture(
                 ref, trigger=Trigger.BEFORE_RESTART, state=state, reason=why, wanted=wanted
             )
-        if self.before_restart is not None:
-            await self.before_restart(reason)
-        outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run, hard=hard)
+        instead = await self.before_restart(reason) if self.before_restart is not None else None
+        if instead is not None:  # already under way: a second restart would replace the new vLLM again
+            outcome = ActuatorOutcome(status=OutcomeStatus.DONE, detail=instead, duration_s=0.0)
+        else:
+            outcome = await self.actuator.restart(reason=f"{reason}: {why}", dry_run=self.dry_run, hard=hard)
         self._log.warning(
             "restart_outcome",
             adapter=self.actuator.name,

@@ -30,7 +30,7 @@ from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
 from sidecar.notify.webhook import WebhookSink
 from sidecar.policy.settings import PolicySettings, PolicySettingsError, stale_after_for_interval
-from sidecar.shell.remediation_store import FLAGS_FILE
+from sidecar.shell.remediation_store import FLAGS_FILE, FlagsTarget
 from sidecar.shell.settings import Settings, SettingsError, core_values, setting_error
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class ActingParts:
     pod: str | None
     vllm_log: LogSource | None = None  # where why vLLM died is read: the journal, the pod's log, --vllm-log
     start_check: StartCheck | None = None  # the platform's answers the daemon awaits before it starts
+    # Where --remediate keeps its record and vLLM's flags when the platform holds them (Kubernetes: the Deployment)
+    flags_target: FlagsTarget | None = None
 
 
 def policy_settings(settings: Settings) -> PolicySettings:
@@ -95,6 +97,7 @@ def _acting_parts(settings: Settings) -> ActingParts:
         return ActingParts(actuator=ExecActuator(argv), events=None, pod=None)
     if settings.actuator == "kubernetes" or settings.kubernetes_events:
         from sidecar.actuators.kube_credentials import CredentialsError  # noqa: PLC0415
+        from sidecar.actuators.kube_flags import DeploymentFlags  # noqa: PLC0415
         from sidecar.actuators.kube_logs import PodLog  # noqa: PLC0415
         from sidecar.actuators.kubernetes import KubernetesActuator, KubernetesEvents, connect  # noqa: PLC0415
 
@@ -119,9 +122,16 @@ def _acting_parts(settings: Settings) -> ActingParts:
         try:
             # vLLM's container is in this pod: its log is read with the same client (the Role grants get pods/log)
             log = PodLog(client, pod=ref.name, namespace=ref.namespace, container=settings.vllm_container)
+            # --remediate's flags go into vLLM's args in the Deployment that owns this pod (built here, used only
+            # with --remediate; it sends nothing until the remediator reads the record)
+            flags = (
+                DeploymentFlags(client=client, pod=ref.name, namespace=ref.namespace, container=settings.vllm_container)
+                if settings.actuator == "kubernetes"
+                else None
+            )
         except ValueError as error:
             raise SettingsError(f"Kubernetes: {error}") from None
-        return ActingParts(actuator=actuator, events=events, pod=ref.name, vllm_log=log)
+        return ActingParts(actuator=actuator, events=events, pod=ref.name, vllm_log=log, flags_target=flags)
     return ActingParts(actuator=NoActuator(), events=None, pod=pod)
 
 

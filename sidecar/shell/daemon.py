@@ -286,7 +286,11 @@ class Daemon:
             incidents=self.incidents,
         )
         self.remediator = build_remediator(
-            settings, logger=self._log, log_source=parts.vllm_log, notify=self.crash_cause.notify
+            settings,
+            logger=self._log,
+            log_source=parts.vllm_log,
+            notify=self.crash_cause.notify,
+            flags_target=parts.flags_target,
         )
         if self.remediator is not None:
             self.acting.before_restart = self.remediator.before_restart

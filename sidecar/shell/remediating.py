@@ -12,6 +12,12 @@ the start timeout and through `window_s`, without the same cause back; else it i
 and the notification says a person must decide. With --dry-run the change is computed, logged and notified as
 "would", and nothing is written or restarted.
 
+Where writing the flags restarts vLLM by itself (`FlagsTarget.restarts_on_change`: on Kubernetes a change of the
+Deployment's args rolls its pods out), no restart is asked for, and before a restart of the sidecar's own the
+write takes that restart's place (`before_restart` says so to acting): a second restart would replace the new
+pod again. The sidecar that wrote such a change leaves it to the new pod's sidecar to judge (its own vLLM never
+runs with it); that one loads the record with the change pending and follows it.
+
 A log that cannot be read, or a record that cannot be written, changes nothing and is logged once.
 """
 
@@ -26,13 +32,14 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.log_source import LogSource, LogUnreadableError, Wanted
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.model.acting import RemediationView
 from sidecar.model.cause import CrashCause
 from sidecar.model.remediation import Allowance, Step, StepState, shown
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.remediation import Refusal, Watch, flags_in_effect, judge, judge_crash, pending, propose, settle
-from sidecar.shell.remediation_store import FlagsTarget, RecordError
+from sidecar.shell.remediation_store import FlagsTarget
 
 CHECK_AFTER_S = 30.0  # not healthy this long before vLLM's log is read for a failed start
 CHECK_EVERY_S = 30.0  # and then at most this often, while it stays so
@@ -83,6 +90,7 @@ class Remediator:
         self._settling: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one reading and deciding at a time
         self._restart_owed: str | None = None  # a restart to ask for again: acting refused it (busy)
+        self._handed_over: Step | None = None  # written here, applied by a rollout: the new pod's sidecar judges it
         # Set by the daemon: ask acting for a restart that applies the flags (True when it began), and whether a
         # restart is with the adapter now (no log is read then: it shows a process being replaced).
         self.restart: Callable[[str], bool] = lambda _text: False
@@ -105,15 +113,20 @@ class Remediator:
         return pending(self.steps)
 
     # --- the two moments ---------------------------------------------------------------------------
-    async def before_restart(self, reason: RestartReason) -> None:
-        """Before a restart of the sidecar's own: the cause of the start it ends. Bounded by the read's timeout."""
+    async def before_restart(self, reason: RestartReason) -> str | None:
+        """Before a restart of the sidecar's own: the cause of the start it ends. Bounded by the read's timeout.
+
+        Returns what restarts vLLM in that restart's place when a change was written to a target that restarts
+        vLLM by itself (the Deployment's rollout), for acting to record instead of restarting; else None."""
         if reason is RestartReason.FLAGS_CHANGED:
-            return  # this restart applies what was just decided
+            return None  # this restart applies what was just decided
         wanted = Wanted.DIED if reason is RestartReason.ENGINE_DEAD else Wanted.LAST
         async with self._lock:
             cause = await self._read(wanted)
-            if cause is not None:
-                await self._consider(cause, restart=False)
+            written = cause is not None and await self._consider(cause, restart=False)
+        if written and self.target.restarts_on_change:
+            return f"vLLM's flags changed in {self.target.where}: that write restarts vLLM with them"
+        return None
 
     def observe(self, *, healthy: bool, now_s: float) -> None:
         """Each tick: follow a change that proves itself; read the log of a vLLM that does not serve."""
@@ -142,7 +155,7 @@ class Remediator:
     # --- following a change ------------------------------------------------------------------------
     def _follow(self, healthy: bool, now_s: float) -> None:
         step = self.pending
-        if step is None:
+        if step is None or step == self._handed_over:
             self._watch = None
             return
         watch = self._watch or Watch(set_s=now_s, healthy_since_s=None)
@@ -167,7 +180,8 @@ class Remediator:
         async with self._lock:
             await self._settle(step, verdict, restart=restart)
 
-    async def _settle(self, step: Step, verdict: str, *, restart: bool) -> None:
+    async def _settle(self, step: Step, verdict: str, *, restart: bool) -> bool:
+        """Settle `step`; True when that was written."""
         settled = settle(step, verdict, self._wall_clock())
 
         def edit(steps: list[Step]) -> list[Step]:
@@ -176,7 +190,7 @@ class Remediator:
 
         if not await self._write(edit) or settled not in self.steps:
             self._watch = None
-            return
+            return False
         self._watch = None
         outcome = str(settled.state)
         self.outcomes[(step.flag, outcome)] += 1
@@ -186,21 +200,23 @@ class Remediator:
         now_value = self.flags.get(step.flag)
         after = f"; vLLM's next start gets {self._flag_words(step.flag, now_value)}" if reverted else ""
         self._tell(f"{step.diff()} {verdict}{after}", reason=f"remediation_{outcome}", step=settled)
-        if reverted and restart:
+        if reverted and restart and not self.target.restarts_on_change:
             self._ask_restart(f"{step.flag} reverted: {verdict}")
+        return True
 
     # --- deciding ----------------------------------------------------------------------------------
-    async def _consider(self, cause: CrashCause, *, restart: bool) -> None:
+    async def _consider(self, cause: CrashCause, *, restart: bool) -> bool:
+        """Change, revert or refuse for `cause`; True when a change or a revert was written."""
         try:
             self.steps = await self._read_steps()
         except RecordError:
-            return
+            return False
         step = self.pending
         if step is not None:
+            if step == self._handed_over:
+                return False  # this vLLM never ran with it: the rollout's new pod judges it
             verdict = judge_crash(step, cause)
-            if verdict is not None:
-                await self._settle(step, verdict, restart=restart)
-            return
+            return verdict is not None and await self._settle(step, verdict, restart=restart)
         proposal = propose(
             cause,
             allowances=self.settings.allowances,
@@ -208,11 +224,13 @@ class Remediator:
             now_wall_s=self._wall_clock(),
             max_per_day=self.settings.max_per_day,
         )
-        if proposal is None:
-            return
         if isinstance(proposal, Refusal):
             self._refuse(proposal, cause)
-            return
+            return False
+        return proposal is not None and await self._change(proposal, restart=restart)
+
+    async def _change(self, proposal: Step, *, restart: bool) -> bool:
+        """Write the change (with --dry-run only say it would be made); True when it was written."""
         if self.dry_run:
             self.outcomes[(proposal.flag, "would_apply")] += 1
             self._log.warning("remediation_would_apply", change=proposal.diff(), cause=proposal.cause)
@@ -221,21 +239,26 @@ class Remediator:
                 reason="remediation_would_apply",
                 step=proposal,
             )
-            return
+            return False
         if not await self._write(lambda steps: [*steps, proposal]):
-            return
+            return False
         self.last_refusal = None
         self._watch = Watch(set_s=self._clock(), healthy_since_s=None)
         self.outcomes[(proposal.flag, "applied")] += 1
         self._log.warning("remediation_applied", change=proposal.diff(), cause=proposal.cause, why=proposal.why)
-        how = "restarting vLLM with it" if restart else "the restart under way applies it"
+        if self.target.restarts_on_change:
+            self._handed_over = proposal
+            how = "writing it restarts vLLM with it"
+        else:
+            how = "restarting vLLM with it" if restart else "the restart under way applies it"
         self._tell(
             f"set {proposal.diff()} for vLLM's next start ({proposal.cause}: {proposal.why}); {how}",
             reason="remediation_applied",
             step=proposal,
         )
-        if restart:
+        if restart and not self.target.restarts_on_change:
             self._ask_restart(f"{proposal.diff()} for {proposal.cause}")
+        return True
 
     def _refuse(self, refusal: Refusal, cause: CrashCause) -> None:
         if refusal.why == self.last_refusal:

@@ -1,9 +1,9 @@
 """Builds the remediator from the settings (--remediate), or refuses the start with one line when it cannot work.
 
-Remediation needs a restart adapter that starts vLLM with the flags file (systemd reads it through the unit's
-`EnvironmentFile=`, the exec adapter's command through the shell it runs vLLM with) and vLLM's log. On
-Kubernetes the flags live in the owning Deployment, which the sidecar does not patch yet: refused at start
-rather than accepted and never applied.
+Remediation needs vLLM's log and a restart adapter whose vLLM reads the flags: systemd and exec start it with the
+flags file of the state dir (the unit's `EnvironmentFile=`, the shell the exec command runs vLLM with); on
+Kubernetes they go into vLLM's args in the Deployment that owns the pod (`ActingParts.flags_target`, built
+with the adapter's client), whose rollout is the restart that applies them.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Callable
 from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.log_source import LogSource
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.notify.message import Notification
 from sidecar.shell.remediating import RemediationSettings, Remediator
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_store import FlagsTarget, RemediationStore
 from sidecar.shell.settings import Settings, setting_error
 
-ADAPTERS = ("systemd", "exec")
+ADAPTERS = ("systemd", "exec", "kubernetes")
 
 
 def build_remediator(
@@ -27,17 +28,17 @@ def build_remediator(
     logger: FilteringBoundLogger,
     log_source: LogSource | None,
     notify: Callable[[Notification], None],
+    flags_target: FlagsTarget | None = None,
 ) -> Remediator | None:
+    """The remediator; `flags_target` is the platform's, given on Kubernetes (elsewhere the state dir's files)."""
     allowances = settings.remediation_allowances
     if not allowances:
         return None
     if settings.actuator not in ADAPTERS:
-        why = (
-            "the Kubernetes adapter does not change vLLM's flags yet (docs/remediation.md)"
-            if settings.actuator == "kubernetes"
-            else "vLLM's flags are changed for its next start, which only a restart adapter brings"
+        why = "vLLM's flags are changed for its next start, which only a restart adapter brings"
+        raise setting_error(
+            settings, "remediate", f"needs --actuator systemd, exec or kubernetes: {why}", allowed=False
         )
-        raise setting_error(settings, "remediate", f"needs --actuator systemd or exec: {why}", allowed=False)
     if log_source is None:
         raise setting_error(
             settings, "remediate", "needs vLLM's log to read why it died: give --vllm-log FILE", allowed=False
@@ -49,12 +50,20 @@ def build_remediator(
             window_s=settings.remediate_window,
             start_timeout_s=settings.startup_timeout,
         ),
-        target=RemediationStore(settings.state_dir),
+        target=_target(settings, flags_target),
         source=log_source,
         notify=notify,
         logger=logger,
         dry_run=settings.dry_run,
     )
+
+
+def _target(settings: Settings, platform: FlagsTarget | None) -> FlagsTarget:
+    if settings.actuator != "kubernetes":
+        return RemediationStore(settings.state_dir)
+    if platform is None:  # the state dir's files would never reach vLLM's args
+        raise ValueError("--remediate with --actuator kubernetes needs the Deployment's flags target")
+    return platform
 
 
 async def load_record(settings: Settings, remediator: Remediator) -> None:

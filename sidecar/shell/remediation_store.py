@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from sidecar.actuators.remediation_record import RecordFormatError, document_of, flags_text, steps_from, trimmed
+from sidecar.actuators.remediation_record import (
+    RecordError,
+    RecordFormatError,
+    document_of,
+    flags_text,
+    steps_from,
+    trimmed,
+)
 from sidecar.model.remediation import Step
 from sidecar.shell.state_file import StateFile, write_atomically
 
@@ -26,17 +33,20 @@ FLAGS_FILE = "vllm-flags.env"
 LOCK_FILE = "remediations.lock"
 
 
-class RecordError(Exception):
-    """The record cannot be read or written; one line."""
-
-
 class FlagsTarget(Protocol):
     """Where the record of changes lives and where vLLM's next start reads the flags: the state dir's files
-    (systemd, exec) or the owning Deployment (Kubernetes). Both methods raise RecordError only."""
+    (systemd, exec) or the owning Deployment (Kubernetes, `sidecar.actuators.kube_flags`). Both methods raise
+    RecordError only."""
 
     @property
     def where(self) -> str:
         """In words, for /status and the notifications: "/var/lib/vllm-sidecar/vllm-flags.env"."""
+        ...
+
+    @property
+    def restarts_on_change(self) -> bool:
+        """True when writing changed flags restarts vLLM with them by itself (a Deployment's args: the rollout
+        replaces the pods), so no restart is to be asked for; False when they wait for vLLM's next start."""
         ...
 
     async def read(self) -> list[Step]:
@@ -49,6 +59,8 @@ class FlagsTarget(Protocol):
 
 
 class RemediationStore:
+    restarts_on_change = False  # the files are read at vLLM's next start, which a restart brings
+
     def __init__(self, state_dir: Path, flags_file: Path | None = None) -> None:
         self.state_dir = state_dir
         self.record_path = state_dir / RECORD_FILE

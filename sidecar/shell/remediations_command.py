@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from sidecar.actuators.remediation_record import flags_text
+from sidecar.actuators.remediation_record import RecordError, flags_text
 from sidecar.model.remediation import REMEDIABLE, Step
 from sidecar.policy.remediation import flags_in_effect, release, revert_by_person
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_store import RemediationStore
 
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-sidecar")  # the daemon's --state-dir default
 

@@ -482,7 +482,8 @@ class Settings(ScrapeSettings):
         why=(
             "opt-in remediation (see [remediation.md](remediation.md)): after a crash whose cause the doctor "
             "determined, set the flag it computed for vLLM's next start, within the range given here, in "
-            "`<state-dir>/vllm-flags.env`; e.g. `max-model-len=1024..32768,gpu-memory-utilization=0.8..0.95`"
+            "`<state-dir>/vllm-flags.env` (on Kubernetes: vLLM's args in its Deployment); "
+            "e.g. `max-model-len=1024..32768,gpu-memory-utilization=0.8..0.95`"
         ),
     )
     remediate_max_per_day: int = _setting(

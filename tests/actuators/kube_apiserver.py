@@ -218,13 +218,14 @@ def _wait_ready(server: ApiServer) -> None:
 
 
 RBAC_FILE = REPO / "deploy" / "kubernetes" / "add-sidecar" / "rbac.yaml"
+REMEDIATION_RBAC_FILE = REPO / "deploy" / "kubernetes" / "add-remediation" / "rbac.yaml"
 SERVICE_ACCOUNT = "vllm-sidecar"
 LABELS = {"app": "vllm"}
 POD_SPEC = {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.32.0"}]}
 
 
-def rbac_documents() -> list[dict[str, Any]]:
-    return [document for document in yaml.safe_load_all(RBAC_FILE.read_text()) if document]
+def rbac_documents(path: Path = RBAC_FILE) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(path.read_text()) if document]
 
 
 def without_permission(role: dict[str, Any], verb: str, resource: str, group: str) -> dict[str, Any]:
@@ -268,9 +269,16 @@ class Workspace:
     def get(self, path: str) -> httpx.Response:
         return self.admin.get(path.format(ns=self.namespace))
 
-    def apply_rbac(self, *, without: tuple[str, str, str] | None = None, user: str | None = None) -> None:
-        """rbac.yaml as shipped (less one verb when asked); `user` is bound to the Role too."""
-        for shipped in rbac_documents():
+    def apply_rbac(
+        self,
+        *,
+        without: tuple[str, str, str] | None = None,
+        user: str | None = None,
+        files: tuple[Path, ...] = (RBAC_FILE,),
+    ) -> None:
+        """The RBAC files as shipped (each Role less one verb when asked); `user` is bound to the Roles too."""
+        granted: list[tuple[str, str, str]] = []  # one rule of each Role, to wait for
+        for shipped in (document for path in files for document in rbac_documents(path)):
             kind = shipped["kind"]
             document = without_permission(shipped, *without) if kind == "Role" and without is not None else shipped
             if kind == "RoleBinding" and user is not None:
@@ -279,14 +287,17 @@ class Workspace:
             prefix = "/api/v1" if kind == "ServiceAccount" else "/apis/rbac.authorization.k8s.io/v1"
             self.post(f"{prefix}/namespaces/{{ns}}/{plural}", document)
             if kind == "Role":
-                granted = next(
-                    (rule["verbs"][0], rule["resources"][0], rule["apiGroups"][0])
-                    for rule in document["rules"]
-                    if rule["verbs"] and "/" not in rule["resources"][0]
+                granted.append(
+                    next(
+                        (rule["verbs"][0], rule["resources"][0], rule["apiGroups"][0])
+                        for rule in document["rules"]
+                        if rule["verbs"] and "/" not in rule["resources"][0]
+                    )
                 )
         account = f"system:serviceaccount:{self.namespace}:{SERVICE_ACCOUNT}"
         for subject in (account,) if user is None else (account, user):
-            self.wait_until_allowed(subject, granted[0], granted[1], group=granted[2])
+            for verb, resource, group in granted:
+                self.wait_until_allowed(subject, verb, resource, group=group)
 
     def wait_until_allowed(
         self, user: str, verb: str, resource: str, *, group: str = "", name: str | None = None
@@ -320,9 +331,10 @@ class Workspace:
         token: str = answer["status"]["token"]
         return token
 
-    def create_workload(self) -> None:
+    def create_workload(self, pod_spec: dict[str, Any] | None = None) -> None:
         """Deployment -> ReplicaSet -> Pod, linked by controller ownerReferences as the controllers would."""
-        template = {"metadata": {"labels": LABELS}, "spec": POD_SPEC}
+        spec_of_pod = POD_SPEC if pod_spec is None else pod_spec
+        template = {"metadata": {"labels": LABELS}, "spec": spec_of_pod}
         spec = {"replicas": 1, "selector": {"matchLabels": LABELS}, "template": template}
         deployment = self.post(
             "/apis/apps/v1/namespaces/{ns}/deployments", {"metadata": {"name": self.deployment}, "spec": spec}
@@ -334,7 +346,7 @@ class Workspace:
         self.uids["replica_set"] = replica_set["metadata"]["uid"]
         owner = self._owner("ReplicaSet", self.replica_set, replica_set)
         metadata = {"name": self.pod, "labels": LABELS, "ownerReferences": [owner]}
-        pod = self.post("/api/v1/namespaces/{ns}/pods", {"metadata": metadata, "spec": POD_SPEC})
+        pod = self.post("/api/v1/namespaces/{ns}/pods", {"metadata": metadata, "spec": spec_of_pod})
         self.uids["pod"] = pod["metadata"]["uid"]
 
     @staticmethod

@@ -3,19 +3,19 @@ deploy/kubernetes/add-sidecar/rbac.yaml.
 
 The code under test authenticates as the `vllm-sidecar` ServiceAccount (a token minted with the
 TokenRequest API), bound by the shipped Role; fixtures act as an admin. Each test gets a fresh namespace.
-Without etcd or the apiserver binary these tests skip, except in CI (CI=true) where that is a failure.
+Without etcd or the apiserver binary these tests skip, except in CI (CI=true) where that is a failure (the
+session's server: conftest.py).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,44 +42,12 @@ from .kube_apiserver import (
     OIDC_USER,
     POD_SPEC,
     ApiServer,
-    StartError,
-    UnavailableError,
     Workspace,
-    start_apiserver,
 )
 from .oidc_issuer import OidcIssuer
 
 WALL_S = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 WALL_RFC3339 = "2026-11-18T11:06:40Z"
-REQUIRE_ENV = "VLLM_SIDECAR_REQUIRE_KUBE"
-
-
-def _required() -> bool:
-    return os.environ.get("CI", "").lower() == "true" or os.environ.get(REQUIRE_ENV) == "1"
-
-
-@pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    try:
-        server = start_apiserver(tmp_path_factory.mktemp("kube-apiserver"))
-    except UnavailableError as error:
-        if _required():
-            pytest.fail(
-                f"the real kube-apiserver is required here (CI=true or {REQUIRE_ENV}=1): {error}", pytrace=False
-            )
-        pytest.skip(f"real kube-apiserver not available: {error}")
-    except StartError as error:
-        pytest.fail(f"kube-apiserver did not start: {error}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def admin(apiserver: ApiServer) -> Iterator[httpx.Client]:
-    with apiserver.admin() as client:
-        yield client
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from sidecar.actuators.kube_credentials import (
     kubeconfig_credentials,
     own_pod,
 )
+from sidecar.actuators.kube_flags import PERMISSIONS as FLAGS_PERMISSIONS
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS
 from sidecar.actuators.kube_names import KubeNameError, event_name
 from sidecar.actuators.kubernetes import (
@@ -39,7 +40,7 @@ from sidecar.actuators.kubernetes import (
 )
 from tests.loopback import Behaviour, LoopbackServer, closed_port, respond, slow
 
-from .kube_apiserver import RBAC_FILE, token_credentials
+from .kube_apiserver import RBAC_FILE, REMEDIATION_RBAC_FILE, rbac_documents, token_credentials
 
 POD_PATH = "/api/v1/namespaces/ml/pods/vllm-0"
 
@@ -150,6 +151,40 @@ def test_manifest_and_bodies_pass_the_kubernetes_schemas() -> None:
     patch = kube_bodies.restart_patch(0)  # the patch is partial: check the object it makes
     deployment["spec"]["template"]["metadata"].update(patch["spec"]["template"]["metadata"])  # type: ignore[index]
     validator.validate(deployment, version, strict=True)
+    for manifest in rbac_documents(REMEDIATION_RBAC_FILE):
+        validator.validate(manifest, version, strict=True)
+    flags = kube_bodies.flags_patch(
+        resource_version="42", annotations={"vllm-sidecar.io/flags": "[]"}, container="v", args=["--port", "8000"]
+    )
+    deployment["metadata"].update(flags["metadata"])  # type: ignore[attr-defined]
+    deployment["spec"]["template"]["spec"]["containers"][0].update(  # type: ignore[index]
+        flags["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    )
+    validator.validate(deployment, version, strict=True)
+
+
+def test_the_remediation_role_grants_exactly_what_the_flags_target_uses() -> None:
+    documents = rbac_documents(REMEDIATION_RBAC_FILE)
+    assert [doc["kind"] for doc in documents] == ["Role", "RoleBinding"]
+    (role,) = (doc for doc in documents if doc["kind"] == "Role")
+    granted = {
+        (verb, resource, group)
+        for rule in role["rules"]
+        for verb in rule["verbs"]
+        for resource in rule["resources"]
+        for group in rule["apiGroups"]
+    }
+    assert granted == {(p.verb, p.resource, p.group) for p in FLAGS_PERMISSIONS}
+    assert all("resourceNames" not in rule for rule in role["rules"])
+    (binding,) = (doc for doc in documents if doc["kind"] == "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    # The same ServiceAccount as add-sidecar's, which brings it.
+    (sidecar_binding,) = (doc for doc in rbac_documents(RBAC_FILE) if doc["kind"] == "RoleBinding")
+    assert binding["subjects"] == sidecar_binding["subjects"]
 
 
 def test_event_body_truncates_and_stamps() -> None:

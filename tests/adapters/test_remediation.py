@@ -1,25 +1,41 @@
 """--remediate in the shell: a real refused start of vLLM 0.32 (its log file, read by the doctor) turned into a
 change of the flags file, the restart that applies it, the change confirmed or reverted, and the command a
-person takes it back with. Real files in a temporary state dir; the clock is the test's."""
+person takes it back with. Real files in a temporary state dir; the clock is the test's. Then a target whose write
+restarts vLLM by itself (the Kubernetes Deployment's, in memory here; on a real API server in
+tests/actuators/test_kube_flags_apiserver.py): no restart asked for, and acting's own restart given way."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import structlog
+import yaml
 
+from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.actuators.file_log import FileLog
+from sidecar.actuators.kube_flags import DeploymentFlags
+from sidecar.actuators.remediation_record import RecordError
 from sidecar.cli import main
-from sidecar.model.remediation import StepState
+from sidecar.model.remediation import Step, StepState
+from sidecar.model.supervision import Restarter, Supervision
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
+from sidecar.policy.machine import Policy
 from sidecar.policy.remediation import parse_allowances
+from sidecar.policy.settings import PolicySettings
+from sidecar.shell.acting import Acting
+from sidecar.shell.acting_setup import build_acting_parts
 from sidecar.shell.remediating import RemediationSettings, Remediator
-from sidecar.shell.remediation_store import RecordError, RemediationStore
+from sidecar.shell.remediation_setup import build_remediator
+from sidecar.shell.remediation_store import FlagsTarget, RemediationStore
+from sidecar.shell.settings import ENV_PREFIX, SettingsError, load_settings
+from sidecar.shell.state_file import StateFile
 
 REFUSED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-refused.log"
 STARTED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-started.log"
@@ -29,9 +45,17 @@ FITS = 992
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, *, dry_run: bool = False, allowed: str = "max-model-len=256..4096") -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        dry_run: bool = False,
+        allowed: str = "max-model-len=256..4096",
+        target: FlagsTarget | None = None,
+    ) -> None:
         self.log = tmp_path / "vllm.log"
-        shutil.copy(REFUSED, self.log)
+        if not self.log.exists():
+            shutil.copy(REFUSED, self.log)
         self.store = RemediationStore(tmp_path / "state")
         self.now = 0.0
         self.notes: list[Notification] = []
@@ -40,7 +64,7 @@ class Harness:
             RemediationSettings(
                 allowances=parse_allowances(allowed), max_per_day=3, window_s=600.0, start_timeout_s=300.0
             ),
-            target=self.store,
+            target=self.store if target is None else target,
             source=FileLog(self.log),
             notify=self.notes.append,
             logger=structlog.get_logger(),
@@ -183,3 +207,169 @@ def test_a_record_that_cannot_be_read_changes_nothing(tmp_path: Path) -> None:
     store.record_path.write_text('{"version": 1, "steps": [{"flag": 3}]}')
     with pytest.raises(RecordError, match=r"steps\.0"):
         store.steps()
+
+
+# --- a target whose write restarts vLLM by itself (Kubernetes: the Deployment's rollout) ------------------------
+
+
+class RollingTarget:
+    """In memory, shaped like the Kubernetes target: writing changed flags rolls the Deployment's pods out."""
+
+    restarts_on_change = True
+    where = "Deployment vllm in namespace ml, container vllm's args"
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.writes = 0
+
+    async def read(self) -> list[Step]:
+        return list(self.steps)
+
+    async def update(self, edit: Callable[[list[Step]], list[Step]]) -> list[Step]:
+        self.steps = edit(list(self.steps))
+        self.writes += 1
+        return list(self.steps)
+
+
+async def test_where_writing_restarts_vllm_no_restart_is_asked_and_the_new_pod_judges(tmp_path: Path) -> None:
+    target = RollingTarget()
+    h = Harness(tmp_path, target=target)
+    await h.tick(0, healthy=False)
+    await h.tick(30, healthy=False)
+    [step] = target.steps
+    assert (step.after, step.state) == (FITS, StepState.PENDING)
+    assert h.restarts == []  # the rollout is the restart: another would replace the new pod again
+    [note] = h.notes
+    assert note.summary.endswith("; writing it restarts vLLM with it")
+    assert note.details["flags_file"] == target.where
+    # The pod that wrote it crash-loops until the rollout replaces it: its vLLM never runs with the change, so
+    # it neither reverts it at the start timeout nor judges its own crashes by it.
+    for at in (60, 330, 400, 700):
+        await h.tick(at, healthy=False)
+    assert [(s.state, s.after) for s in target.steps] == [(StepState.PENDING, FITS)]
+    assert (h.restarts, target.writes) == ([], 1)
+    # The new pod's sidecar loads the record with the change pending and confirms it.
+    new_pod = Harness(tmp_path, target=target)
+    await new_pod.tick(0, healthy=True)
+    await new_pod.tick(600, healthy=True)
+    [step] = target.steps
+    assert step.state is StepState.CONFIRMED
+    assert new_pod.restarts == []
+
+
+async def test_where_writing_restarts_vllm_a_revert_asks_for_no_restart_either(tmp_path: Path) -> None:
+    target = RollingTarget()
+    writer = Harness(tmp_path, target=target)
+    await writer.tick(0, healthy=False)
+    await writer.tick(30, healthy=False)
+    new_pod = Harness(tmp_path, target=target)
+    await new_pod.tick(0, healthy=False)
+    await new_pod.tick(300, healthy=False)  # not healthy within the start timeout
+    [step] = target.steps
+    assert step.state is StepState.REVERTED
+    assert new_pod.restarts == []  # writing the revert rolls the pods out again
+
+
+async def test_before_a_restart_of_its_own_the_write_takes_that_restarts_place(tmp_path: Path) -> None:
+    target = RollingTarget()
+    h = Harness(tmp_path, target=target)
+    await h.remediator.load()
+    instead = await h.remediator.before_restart(RestartReason.ENGINE_DEAD)
+    assert instead == f"vLLM's flags changed in {target.where}: that write restarts vLLM with them"
+    assert [s.after for s in target.steps] == [FITS]
+    assert h.restarts == []
+    # Nothing new to write (the change is pending): the adapter's restart goes ahead as decided.
+    assert await h.remediator.before_restart(RestartReason.ENGINE_DEAD) is None
+
+
+async def test_on_the_files_the_restart_under_way_still_happens(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    await h.remediator.load()
+    assert await h.remediator.before_restart(RestartReason.ENGINE_DEAD) is None
+    assert [s.after for s in h.store.steps()] == [FITS]
+
+
+class RecordingActuator:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def restart(self, *, reason: str, dry_run: bool, hard: bool = False) -> ActuatorOutcome:
+        self.calls.append(reason)
+        return ActuatorOutcome(status=OutcomeStatus.DONE, detail="restarted", duration_s=0.0)
+
+    async def supervision(self) -> Supervision:
+        return Supervision(restarter=Restarter.UNKNOWN, detail="")
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("instead", [None, "vLLM's flags changed in Deployment vllm: that write restarts vLLM"])
+async def test_acting_skips_its_adapter_when_the_flags_write_restarted_vllm(
+    tmp_path: Path, instead: str | None
+) -> None:
+    adapter = RecordingActuator()
+    acting = Acting(
+        policy=Policy(PolicySettings()),
+        actuator=adapter,
+        ledger_file=StateFile(tmp_path / "ledger.json"),
+        notify=lambda _note: None,
+        logger=structlog.get_logger(),
+        dry_run=False,
+    )
+    asked: list[RestartReason] = []
+
+    async def before_restart(reason: RestartReason) -> str | None:
+        asked.append(reason)
+        return instead
+
+    acting.before_restart = before_restart
+    await acting._restart(RestartReason.ENGINE_DEAD, "engine dead", "restarting")
+    assert asked == [RestartReason.ENGINE_DEAD]
+    assert adapter.calls == ([] if instead else ["engine_dead: engine dead"])
+    assert acting.restarts == {"engine_dead": 1}  # counted either way: vLLM was restarted
+
+
+def test_on_kubernetes_the_remediator_writes_to_the_deployment_that_owns_the_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}],
+            }
+        )
+    )
+    values = {"kubeconfig": str(kubeconfig), "pod_name": "vllm-0", "vllm_container": "engine"}
+    values |= {"remediate": "max-model-len=256..4096", "state_dir": str(tmp_path)}
+    settings = load_settings({"actuator": "kubernetes", **values})
+    parts = build_acting_parts(settings)
+    assert isinstance(parts.flags_target, DeploymentFlags)
+    assert (parts.flags_target.pod, parts.flags_target.namespace) == ("vllm-0", "ml")
+    assert parts.flags_target.container == "engine"
+    remediator = build_remediator(
+        settings,
+        logger=structlog.get_logger(),
+        log_source=parts.vllm_log,
+        notify=lambda _note: None,
+        flags_target=parts.flags_target,
+    )
+    assert remediator is not None
+    assert remediator.target is parts.flags_target
+    assert remediator.target.restarts_on_change
+    assert remediator.view().flags_file == "the Deployment owning pod vllm-0 in namespace ml, container engine's args"
+    # Events only, no restart adapter: nothing to apply the flags.
+    events_only = load_settings({"actuator": "none", "kubernetes_events": True, **values})
+    assert build_acting_parts(events_only).flags_target is None
+    with pytest.raises(SettingsError, match="needs --actuator systemd, exec or kubernetes"):
+        build_remediator(events_only, logger=structlog.get_logger(), log_source=None, notify=lambda _note: None)

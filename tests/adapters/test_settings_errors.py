@@ -169,7 +169,7 @@ def test_a_broken_rule_between_two_settings_blames_the_one_the_user_gave(
             ["run", "--remediate", "max-num-seqs=8..64", "--gpu-source", "none", "--state-dir", "/nonexistent/x"],
             {},
             None,
-            "needs --actuator systemd or exec",
+            "needs --actuator systemd, exec or kubernetes",
         ),
     ],
 )

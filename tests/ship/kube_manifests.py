@@ -21,6 +21,7 @@ BASE_DIR = KUBERNETES_DIR / "base"
 COMPONENT_DIR = KUBERNETES_DIR / "add-sidecar"
 PROBE_COMPONENT_DIR = KUBERNETES_DIR / "add-probe"
 INCIDENTS_COMPONENT_DIR = KUBERNETES_DIR / "add-incidents"
+REMEDIATION_COMPONENT_DIR = KUBERNETES_DIR / "add-remediation"
 EXISTING_DEPLOYMENT = Path(__file__).with_name("kube_existing_vllm.yaml")
 SIDECAR = "vllm-sidecar"
 PLUGIN_INIT = "vllm-sidecar-probe-plugin"  # the init container that copies the allocator probe's plugin

@@ -1,5 +1,5 @@
 """deploy/kubernetes as `kubectl apply -k` would send it: the complete example (base) and the add-sidecar
-component on an existing vLLM Deployment.
+component on an existing vLLM Deployment, with the opt-in components (add-probe, add-incidents, add-remediation).
 
 Checked: the Kubernetes schemas in strict mode (kubernetes-validate) and the ServiceMonitor's required fields
 (no schema for it here, see its test); the drain arithmetic and the probe wiring, read from the rendered pod; the
@@ -29,6 +29,7 @@ import yaml
 
 from sidecar import __version__
 from sidecar.actuators.kube_credentials import POD_NAME_ENV, POD_NAMESPACE_ENV, SERVICE_ACCOUNT_DIR
+from sidecar.actuators.kube_flags import PERMISSIONS as FLAGS_PERMISSIONS
 from sidecar.actuators.kube_logs import LOG_PERMISSIONS
 from sidecar.actuators.kubernetes import EVENT_PERMISSIONS, PERMISSIONS
 from sidecar.shell.settings import ENV_PREFIX, Settings, load_settings
@@ -44,6 +45,7 @@ from tests.ship.kube_manifests import (
     PLUGIN_NAME,
     PROBE_COMPONENT_DIR,
     PROBE_DIR_ENV,
+    REMEDIATION_COMPONENT_DIR,
     REPO,
     SIDECAR,
     KubectlMissingError,
@@ -219,6 +221,46 @@ def test_add_incidents_passes_the_kubernetes_schemas_strictly(
     for document in [*with_incidents, *existing_with_incidents]:
         if document["kind"] != "ServiceMonitor":
             validator.validate(document, version, strict=True)
+
+
+@pytest.fixture(scope="module")
+def existing_with_remediation(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
+    """A user's own Deployment with add-sidecar and add-remediation."""
+    folder = tmp_path_factory.mktemp("existing-remediation")
+    try:
+        return render_overlay(
+            folder,
+            namespace="team-a",
+            resources=[EXISTING_DEPLOYMENT],
+            components=[COMPONENT_DIR, REMEDIATION_COMPONENT_DIR],
+        )
+    except KubectlMissingError as error:
+        _unavailable(str(error))
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_add_remediation_passes_the_kubernetes_schemas_strictly(
+    existing_with_remediation: list[Manifest], version: str
+) -> None:
+    validator = _kubernetes_validate()
+    for document in existing_with_remediation:
+        validator.validate(document, version, strict=True)
+
+
+def test_add_remediation_adds_only_a_role_for_the_sidecars_account(
+    existing: list[Manifest], existing_with_remediation: list[Manifest]
+) -> None:
+    """RBAC and nothing else: the Deployment is as add-sidecar left it (the flag ranges are the user's to set)."""
+    added = [document for document in existing_with_remediation if document not in existing]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in added) == [
+        ("Role", "vllm-sidecar-remediation"),
+        ("RoleBinding", "vllm-sidecar-remediation"),
+    ]
+    assert [d for d in existing if d not in existing_with_remediation] == []
+    binding = find(added, "RoleBinding")
+    assert binding["subjects"] == find(existing, "RoleBinding", "vllm-sidecar")["subjects"]
+    assert binding["roleRef"]["name"] == "vllm-sidecar-remediation"
+    assert all(d["metadata"].get("namespace") == "team-a" for d in added)
 
 
 def test_the_schema_check_rejects_an_unknown_field(base: list[Manifest]) -> None:
@@ -811,3 +853,34 @@ def test_role_allows_exactly_the_requests_the_adapter_makes(admin: httpx.Client,
     assert allowed == used
     elsewhere = [request for request in sorted(used) if may(*request, "default") or may(*request, "")]
     assert elsewhere == [], "only in its own namespace"
+
+
+def test_the_remediation_role_allows_exactly_the_requests_of_the_flags_target(
+    admin: httpx.Client, tmp_path: Path
+) -> None:
+    """add-remediation's Role alone (add-sidecar's left out: it may be cut down to a restart mode that needs none
+    of this), asked of the API server for the pod's ServiceAccount: exactly what --remediate's flags target
+    requests, in its namespace only."""
+    namespace = _fresh_namespace()
+    rendered = _render_in(tmp_path, namespace, resources=[BASE_DIR], components=[REMEDIATION_COMPONENT_DIR])
+    remediation = [d for d in rendered if d["metadata"]["name"] == "vllm-sidecar-remediation"]
+    assert sorted(d["kind"] for d in remediation) == ["Role", "RoleBinding"]
+    _apply(admin, [d for d in rendered if d["kind"] in {"Namespace", "ServiceAccount"}] + remediation)
+    account = pod_spec(find(rendered, "Deployment"))["serviceAccountName"]
+    used = {(p.verb, p.resource, p.group) for p in FLAGS_PERMISSIONS}
+    probed = {(verb, resource, group) for group, resource in PROBED_RESOURCES for verb in PROBED_VERBS}
+    assert used <= probed
+
+    def may(verb: str, resource: str, group: str, where: str) -> bool:
+        return service_account_may(
+            admin,
+            service_account=account,
+            account_namespace=namespace,
+            namespace=where,
+            verb=verb,
+            resource=resource,
+            group=group,
+        )
+
+    assert {request for request in sorted(probed) if may(*request, namespace)} == used
+    assert [request for request in sorted(used) if may(*request, "default") or may(*request, "")] == []
