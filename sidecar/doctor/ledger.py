@@ -235,9 +235,19 @@ def _kv_tokens(log: LogFacts, setup: Setup) -> tuple[int | None, str | None]:
 def _outside(oom: CudaOom) -> float | None:
     """What the card holds besides this process and what is free: other processes' memory, whether PyTorch lists
     them or not (older releases list none). Needs this process's own total, which PyTorch states."""
-    if oom.total_bytes is None or oom.free_bytes is None or oom.process_bytes is None:
+    held = _this_process(oom)
+    if oom.total_bytes is None or oom.free_bytes is None or held is None:
         return None
-    return max(0.0, oom.total_bytes - oom.free_bytes - oom.process_bytes)
+    return max(0.0, oom.total_bytes - oom.free_bytes - held)
+
+
+def _this_process(oom: CudaOom) -> float | None:
+    """What this process held: its total as PyTorch states it, but never less than what PyTorch itself reserved
+    (a worker process's OOM can say "this process has 0 bytes memory in use" beside 20 GiB allocated)."""
+    if oom.process_bytes is None:
+        return None
+    reserved = (oom.allocated_bytes or 0) + (oom.reserved_unallocated_bytes or 0)
+    return max(oom.process_bytes, reserved)
 
 
 def _live_others(setup: Setup) -> Amount | None:
@@ -258,8 +268,8 @@ def _others(log: LogFacts, oom: CudaOom | None) -> Amount | None:
                 value_bytes=outside,
                 source=(
                     f"{gib(oom.total_bytes or 0)} total - {gib(oom.free_bytes or 0)} free - "
-                    f"{gib(oom.process_bytes or 0)} this process held, in the OOM message: the rest is other processes'"
-                    + (f" ({gib(held)} of it listed)" if held else "")
+                    f"{gib(_this_process(oom) or 0)} this process held, in the OOM message: the rest is other "
+                    "processes'" + (f" ({gib(held)} of it listed)" if held else "")
                 ),
             )
         if held >= MIN_OTHER_BYTES:

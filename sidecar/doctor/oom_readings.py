@@ -47,7 +47,7 @@ def not_the_budget(
     if _not_short(oom):
         return _not_a_shortage(oom, phase, lines)
     if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
-        return _another_process(oom, ledger, lines, stranded(oom))
+        return _another_process(oom, ledger, lines, stranded(oom) and _stranded_covers_overcommit(oom, ledger))
     if _larger_than_any_margin(oom, ledger):
         return _one_step_too_large(oom, phase, setup, log, lines)
     if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
@@ -149,6 +149,17 @@ def _probably_weights(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: l
         f"{((oom.shortfall_bytes or 0) / total if total else 0) + 0.01:.3f} below what you set instead"
     )
     return replace(finding, steps=(*finding.steps, step))
+
+
+def _stranded_covers_overcommit(oom: CudaOom, ledger: MemoryLedger) -> bool:
+    """Beside other processes, stranded memory is a way out only when it covers what the budget overcommits (the
+    budget less what the others leave): expandable segments give back the stranded pieces, not the memory another
+    process holds, so a smaller stranded amount only moves the failure to the next allocation."""
+    total, ceiling = ledger.total, ledger.ceiling
+    if total is None or ceiling is None:
+        return True
+    overcommit = max(0.0, ledger.utilization - ceiling) * total.value_bytes
+    return (oom.reserved_unallocated_bytes or 0) >= overcommit
 
 
 def stranded(oom: CudaOom) -> bool:

@@ -247,8 +247,8 @@ def test_a_name_without_a_size_estimates_nothing() -> None:
 def test_memory_held_outside_this_process_is_another_process_even_unlisted() -> None:
     """Older PyTorch lists no other process: what the card holds besides this process and what is free is still
     someone else's. 80 GiB, 0.5 free, this process 18.5: 61 GiB elsewhere, (80 - 61 - 4) / 80 -> 0.18."""
-    text = _traceback(V1, ["execute_model"], _oom(total="80.00 GiB", free="0.50 GiB", process="18.50 GiB"))
-    finding = _finding(text)
+    oom = _oom(total="80.00 GiB", free="0.50 GiB", process="18.50 GiB", allocated="17.90 GiB")  # PyTorch's within it
+    finding = _finding(_traceback(V1, ["execute_model"], oom))
     assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
     assert _flags(finding) == {"--gpu-memory-utilization": 0.18}
     assert any(
