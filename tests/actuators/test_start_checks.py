@@ -112,6 +112,14 @@ def test_a_bus_that_cannot_be_reached_stops_the_start(
     assert line.endswith(f"(flag {flag})"), line
 
 
+def test_remediate_without_a_restart_adapter_stops_the_start(tmp_path: Path) -> None:
+    """A subprocess: the daemon configures its logging before it builds the adapters, which an in-process run
+    would leave pointing at a closed capture for every later test."""
+    line = _one_line(_run("--remediate", "max-num-seqs=8..64", "--state-dir", str(tmp_path), env={}))
+    assert "needs --actuator systemd, exec or kubernetes" in line
+    assert line.endswith("(flag --remediate)"), line
+
+
 async def test_with_remediate_the_unit_must_start_vllm_with_the_flags_file(
     user_systemd: UserSystemd, tmp_path: Path
 ) -> None:

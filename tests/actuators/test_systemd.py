@@ -183,11 +183,13 @@ async def test_a_unit_stopped_on_purpose_is_told_from_a_vllm_that_exited_or_was_
     for unit in units.values():
         await wait_until(dead(unit), timeout_s=10, what=f"{unit.unit} to end")
     said = {name: await unit.supervision() for name, unit in units.items()}
+    # The timestamps the reading rests on, in the failure's message (CI run 9 once read the stop as an exit).
+    states = {name: await unit.read_state() for name, unit in units.items()}
     assert (said["stopped.service"].restarter, said["stopped.service"].detail) == (
         Restarter.OPERATOR,
         "unit stopped.service inactive (dead), result success: stopped by a stop job (systemctl stop), not by "
         "vLLM exiting",
-    )
+    ), states
     for name in ("exits.service", "killed.service"):
         assert (said[name].restarter, said[name].detail) == (
             Restarter.SIDECAR,
