@@ -6,11 +6,13 @@ in CI (`CI=true`), where a missing systemd is a failure: CI must never skip the 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.actuators.user_systemd import UserSystemd, missing_requirements, start_user_systemd
 
@@ -20,6 +22,20 @@ EXPOSITIONS = FIXTURES / "expositions"
 
 def exposition_files() -> list[Path]:
     return sorted(EXPOSITIONS.glob("*.prom"))
+
+
+@pytest.fixture(autouse=True)
+def _logging_put_back() -> Iterator[None]:
+    """A test that runs the daemon's command line in-process configures logging onto that test's captured
+    streams (structlog and the root logger); every later test that logs would write to them closed (CI runs 8
+    and 9 lost a dozen tests that way). Each test's logging is put back as it found it."""
+    config = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**config)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def required_in_ci() -> bool:
