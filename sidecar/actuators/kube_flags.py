@@ -31,10 +31,15 @@ and resource the Role lacks, and `deploy/kubernetes/add-remediation/rbac.yaml`, 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from lightkube.core.exceptions import ConfigError
 
 from sidecar.actuators import kube_bodies
 from sidecar.actuators.kube_client import STRATEGIC_MERGE_PATCH, KubeClient, KubeTransportError
+from sidecar.actuators.kube_credentials import CredentialsError, in_cluster_credentials, kubeconfig_credentials
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
 from sidecar.actuators.kube_owner import (
     CHAIN_PERMISSIONS,
@@ -72,13 +77,28 @@ class DeploymentFlags:
 
     restarts_on_change = True  # a change of the args rolls the Deployment out: that is the restart
 
-    def __init__(self, *, client: KubeClient, pod: str, namespace: str, container: str = "vllm") -> None:
-        self.pod = check_subdomain(pod, what="pod name")
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        pod: str | None,
+        namespace: str,
+        container: str = "vllm",
+        deployment: str | None = None,
+    ) -> None:
+        """Found from `pod` (the sidecar's own) through its controller chain, or named as `deployment` (a person
+        at `vllm-sidecar remediations`, outside the pod)."""
+        if (pod is None) == (deployment is None):
+            raise ValueError("give the sidecar's pod or the Deployment, one of them")
+        self.pod = check_subdomain(pod, what="pod name") if pod is not None else None
         self.namespace = check_label(namespace, what="namespace")
         self.container = container
         self._client = client
         self._reader = KubeReader(client, self.namespace, rbac_file=RBAC_FILE)
-        self._found: tuple[str, str] | None = None  # the Deployment's name and uid, once the chain led there
+        # The Deployment's name and uid, once the chain led there (a named one: no uid to hold it to).
+        self._found: tuple[str, str | None] | None = None
+        if deployment is not None:
+            self._found = (check_subdomain(deployment, what="Deployment name"), None)
 
     @property
     def where(self) -> str:
@@ -114,6 +134,7 @@ class DeploymentFlags:
     async def _deployment(self) -> tuple[str, dict[str, object]]:
         try:
             if self._found is None:
+                assert self.pod is not None  # noqa: S101 - the constructor takes one of the two
                 found = await owning_deployment(self._reader, self.pod, _UNOWNED)
                 self._found = (found.name, found.uid)
                 return found.name, found.document
@@ -206,3 +227,28 @@ def _containers(document: Mapping[str, object]) -> list[Mapping[str, object]]:
 
 def _first_line(error: Exception) -> str:
     return " ".join(str(error).split())[:300]
+
+
+def kubectl_target(
+    *, deployment: str, namespace: str | None, container: str, kubeconfig: Path | None
+) -> tuple[DeploymentFlags, KubeClient]:
+    """A named Deployment's record, with the credentials kubectl would use: `kubeconfig`, else $KUBECONFIG's
+    first file, else ~/.kube/config, else the pod's service account. ValueError (one line) when none works or a
+    name is one Kubernetes would refuse. The caller closes the client."""
+    path = kubeconfig
+    if path is None:
+        listed = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+        home = Path.home() / ".kube" / "config"
+        path = Path(listed) if listed else home if home.is_file() else None
+    try:
+        credentials = kubeconfig_credentials(path) if path is not None else in_cluster_credentials()
+        client = KubeClient(credentials)
+    except (CredentialsError, ConfigError, OSError) as error:
+        raise ValueError(f"no credentials for Kubernetes: {_first_line(error)}") from None
+    chosen = namespace or credentials.namespace or "default"
+    try:
+        return DeploymentFlags(
+            client=client, pod=None, namespace=chosen, container=container, deployment=deployment
+        ), client
+    except KubeNameError as error:
+        raise ValueError(str(error)) from None

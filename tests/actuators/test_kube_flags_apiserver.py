@@ -11,6 +11,7 @@ namespace.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -26,11 +27,13 @@ from sidecar.actuators.kube_client import KubeClient
 from sidecar.actuators.kube_flags import FLAGS_ANNOTATION, PERMISSIONS, RECORD_ANNOTATION, DeploymentFlags
 from sidecar.actuators.kube_permission import Permission
 from sidecar.actuators.remediation_record import RecordError, document_of, flag_words
+from sidecar.cli import main
 from sidecar.model.remediation import Step, StepState
 from sidecar.policy.remediation import parse_allowances, settle
 from sidecar.shell.remediating import RemediationSettings, Remediator
 
 from .kube_apiserver import RBAC_FILE, REMEDIATION_RBAC_FILE, ApiServer, Workspace
+from .test_kubernetes_apiserver import kubeconfig
 
 VLLM_ARGS = ["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--max-model-len", "2048", "--port", "8000"]
 # The sidecar first, as add-sidecar puts it: vLLM's container is found by name, not by place.
@@ -431,3 +434,33 @@ async def test_annotations_that_are_not_the_sidecars_are_refused(
     assert str(refused.value).startswith(expected)
     assert "\n" not in str(refused.value)
     assert workspace.deployment_document()["metadata"]["resourceVersion"] == version
+
+
+async def test_a_person_lists_and_reverts_on_the_deployment_with_the_command(
+    workspace: Workspace, client: KubeClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`vllm-sidecar remediations --deployment NAME`, with a kubeconfig as kubectl uses: the record is the
+    Deployment's, a revert takes the flags out of vLLM's args (which rolls it out) and holds the flag."""
+    await target(workspace, client).update(appended(step(state=StepState.PENDING)))
+    config = kubeconfig(tmp_path, workspace.server, {"token": workspace.sidecar_token()}, namespace=workspace.namespace)
+    where = ["--deployment", "vllm", "--kubeconfig", str(config)]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["remediations", "list", *where]) == 0
+    listed = capsys.readouterr().out
+    assert "--max-model-len 2048 -> 992  (kv_cache_blowout)  pending" in listed
+    assert listed.rstrip().endswith(
+        f"vLLM's next start gets (Deployment vllm in namespace {workspace.namespace}, container vllm's args): "
+        "--max-model-len 992"
+    )
+    assert await asyncio.to_thread(main, ["remediations", "revert", *where]) == 0
+    assert "reverted and held: --max-model-len; the Deployment rolls out with it" in capsys.readouterr().out
+    deployment = workspace.deployment_document()
+    assert container_args(deployment) == VLLM_ARGS
+    [reverted] = await target(workspace, client).read()
+    assert (reverted.state, reverted.held) == (StepState.REVERTED, True)
+    # A Deployment that is not there: one line, exit 2.
+    assert (
+        await asyncio.to_thread(main, ["remediations", "list", "--deployment", "nope", "--kubeconfig", str(config)])
+        == 2
+    )
+    assert capsys.readouterr().err.count("\n") == 1

@@ -179,7 +179,7 @@ async def test_a_person_reverts_and_releases_with_the_command(
     await h.tick(0, healthy=False)
     await h.tick(30, healthy=False)
     state = ["--state-dir", str(tmp_path / "state")]
-    assert main(["remediations", "list", *state]) == 0
+    assert await asyncio.to_thread(main, ["remediations", "list", *state]) == 0
     listed = capsys.readouterr().out
     assert f"--max-model-len 2048 -> {FITS}  (kv_cache_blowout)  pending" in listed
     assert await asyncio.to_thread(main, ["remediations", "revert", *state]) == 0
@@ -190,11 +190,11 @@ async def test_a_person_reverts_and_releases_with_the_command(
     await h.tick(700, healthy=True)
     [step] = h.store.steps()
     assert step.outcome == "reverted: by a person (vllm-sidecar remediations revert)"
-    assert main(["remediations", "release", "max-model-len", *state]) == 0
+    assert await asyncio.to_thread(main, ["remediations", "release", "max-model-len", *state]) == 0
     assert not h.store.steps()[0].held
-    assert main(["remediations", "release", "max-model-len", *state]) == 1
+    assert await asyncio.to_thread(main, ["remediations", "release", "max-model-len", *state]) == 1
     capsys.readouterr()
-    assert main(["remediations", "list", "--json", *state]) == 0
+    assert await asyncio.to_thread(main, ["remediations", "list", "--json", *state]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["flags"] == {}
     assert [(s["change"], s["state"], s["held"]) for s in document["steps"]] == [
