@@ -11,6 +11,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 Behaviour = Callable[[socket.socket], None]
 
@@ -128,3 +131,19 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+def nowhere_kubeconfig(folder: Path) -> Path:
+    """A kubeconfig whose cluster nothing answers (127.0.0.1:1), context namespace `ml`: for what is built from
+    it at start, before any request."""
+    path = folder / "kubeconfig"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path

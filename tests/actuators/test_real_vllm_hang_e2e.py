@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -53,6 +52,7 @@ from .vllm_unit import (
     log_tail,
     process_identity,
     process_state,
+    sidecar_events,
     vllm_unit,
 )
 
@@ -112,16 +112,7 @@ class Timeline:
 
     def context(self) -> str:
         figures = ", ".join(f"{name}={value:.1f}" for name, value in self.figures.items()) or "none yet"
-        events = []
-        with contextlib.suppress(OSError):
-            for line in self.sidecar_log.read_text(errors="replace").splitlines()[-25:]:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    events.append(line[:200])
-                    continue
-                details = {k: v for k, v in event.items() if k not in ("event", "timestamp", "level")}
-                events.append(f"{event.get('timestamp', '')} {event.get('event')} {json.dumps(details)[:300]}")
+        events = sidecar_events(self.sidecar_log, 25, 300)
         return (
             f"\nunit {self.unit}; figures: {figures}\nnotes: {self.notes}\n--- sidecar log (last lines) ---\n"
             + "\n".join(events)

@@ -39,7 +39,7 @@ from tests.adapters.daemon_process import SidecarProcess
 from tests.e2e.vllm.server import BLOCK_SIZE, SERVED_MODEL_NAME, free_port
 
 from .user_systemd import UserSystemd, UserSystemdError
-from .vllm_unit import installed_vllm, log_tail, vllm_unit
+from .vllm_unit import installed_vllm, log_tail, sidecar_events, vllm_unit
 
 pytestmark = pytest.mark.e2e
 
@@ -68,16 +68,7 @@ class Timeline:
 
     def context(self) -> str:
         seen = ", ".join(f"{name}=+{at - self.at['unit_started']:.1f}s" for name, at in self.at.items())
-        events = []
-        with contextlib.suppress(OSError):
-            for line in self.sidecar_log.read_text(errors="replace").splitlines()[-30:]:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    events.append(line[:200])
-                    continue
-                details = {k: v for k, v in event.items() if k not in ("event", "timestamp", "level")}
-                events.append(f"{event.get('timestamp', '')} {event.get('event')} {json.dumps(details)[:400]}")
+        events = sidecar_events(self.sidecar_log, 30, 400)
         return (
             f"\nunit {self.unit}; seen: {seen}\n--- sidecar log (last lines) ---\n"
             + "\n".join(events)

@@ -7,6 +7,8 @@ needed); here systemd runs the server instead of a Popen, the way it runs in pro
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import threading
 import time
@@ -135,6 +137,22 @@ def process_identity(pid: int) -> tuple[int, str] | None:
     """(pid, start time in clock ticks): tells a process from a later one that reuses its PID; None when gone."""
     fields = _stat_fields(pid)
     return (pid, fields[19]) if len(fields) > 19 else None
+
+
+def sidecar_events(path: Path, lines: int, width: int) -> list[str]:
+    """The last `lines` of a sidecar's JSON log, one event each (`timestamp event {details}`, the details cut to
+    `width`); a line that is not JSON as it is, cut to 200."""
+    events: list[str] = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text(errors="replace").splitlines()[-lines:]:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                events.append(line[:200])
+                continue
+            details = {k: v for k, v in event.items() if k not in ("event", "timestamp", "level")}
+            events.append(f"{event.get('timestamp', '')} {event.get('event')} {json.dumps(details)[:width]}")
+    return events
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

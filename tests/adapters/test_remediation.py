@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-import yaml
 
 from sidecar.actuators.base import ActuatorOutcome, OutcomeStatus
 from sidecar.actuators.file_log import FileLog
@@ -36,6 +35,7 @@ from sidecar.shell.remediation_setup import build_remediator
 from sidecar.shell.remediation_store import FlagsTarget, RemediationStore
 from sidecar.shell.settings import ENV_PREFIX, SettingsError, load_settings
 from sidecar.shell.state_file import StateFile
+from tests.loopback import nowhere_kubeconfig
 
 REFUSED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-refused.log"
 STARTED = Path(__file__).resolve().parents[1] / "doctor" / "logs" / "vllm-0.32-cpu-started.log"
@@ -337,19 +337,7 @@ def test_on_kubernetes_the_remediator_writes_to_the_deployment_that_owns_the_pod
 ) -> None:
     for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}],
-            }
-        )
-    )
+    kubeconfig = nowhere_kubeconfig(tmp_path)
     values = {"kubeconfig": str(kubeconfig), "pod_name": "vllm-0", "vllm_container": "engine"}
     values |= {"remediate": "max-model-len=256..4096", "state_dir": str(tmp_path)}
     settings = load_settings({"actuator": "kubernetes", **values})

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.journal_log import JournalLog
@@ -17,6 +16,7 @@ from sidecar.model.cause import CrashCause, FlagChange
 from sidecar.report.document import policy_document
 from sidecar.shell.acting_setup import build_acting_parts
 from sidecar.shell.settings import ENV_PREFIX, SettingsError, load_settings
+from tests.loopback import nowhere_kubeconfig
 
 
 @pytest.fixture(autouse=True)
@@ -50,19 +50,7 @@ def test_exec_and_none_read_the_file_given_and_nothing_otherwise(
 
 
 def test_kubernetes_reads_the_named_container_of_its_own_pod(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}],
-            }
-        )
-    )
+    kubeconfig = nowhere_kubeconfig(tmp_path)
     settings = load_settings(
         {"actuator": "kubernetes", "kubeconfig": str(kubeconfig), "pod_name": "vllm-0", "vllm_container": "engine"}
     )
