@@ -22,7 +22,7 @@ import httpx
 
 from sidecar.loadtest.result import FailureKind, RequestResult
 from sidecar.loadtest.spec import Api, PlannedRequest
-from sidecar.loadtest.sse import StreamError, StreamReader, Usage, error_message, read_whole_answer
+from sidecar.loadtest.sse import SseLines, StreamError, StreamReader, Usage, error_message, read_whole_answer
 
 ERROR_BODY_BYTES = 64 * 1024  # enough for any error message; the rest of an error page is not read
 WHOLE_ANSWER_BYTES = 64 * 2**20  # a server that ignores "stream" sends the whole answer at once
@@ -172,9 +172,10 @@ async def _exchange(
             exchange.ended_s = clock() - exchange.started
             return
         reader = StreamReader()
-        async for line in response.aiter_lines():
+
+        def take(line: str) -> None:
             if reader.done:
-                continue  # the end of the HTTP body, read so the connection can be reused
+                return  # the end of the HTTP body, read so the connection can be reused
             if reader.feed(line) and exchange.ttft_s is None:
                 exchange.ttft_s = clock() - exchange.started
             if reader.error is not None:
@@ -183,6 +184,13 @@ async def _exchange(
                 exchange.ended_s = clock() - exchange.started
                 exchange.usage = reader.usage
                 deadline.reschedule(min(_when(deadline), asyncio.get_running_loop().time() + DRAIN_S))
+
+        lines = SseLines()  # not aiter_lines(): it also splits at characters a JSON string holds (SseLines says)
+        async for text in response.aiter_text():
+            for line in lines.feed(text):
+                take(line)
+        for line in lines.close():
+            take(line)
         if not reader.complete:
             raise _Answered(FailureKind.CONNECTION_RESET, "the stream ended before the answer was complete")
         if exchange.ended_s is None:  # a server that sends a finish_reason but no data: [DONE]

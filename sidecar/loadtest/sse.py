@@ -9,10 +9,40 @@ error object mid-stream, which ends the answer as a failure.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 MAX_ERROR_CHARS = 200
+_LINE_END = re.compile(r"\r\n|\n|\r")
+
+
+class SseLines:
+    """Splits a stream's text into lines as Server-Sent Events define them: at CRLF, LF or CR only. httpx's
+    `aiter_lines` splits where `str.splitlines` does, which also cuts at U+2028, U+2029, U+0085 and the
+    separator controls: characters a JSON string may hold unescaped, so a token with one cut its event in two
+    (seen against vLLM on CPU, whose tiny test model emits arbitrary tokens: "an event is not JSON")."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, text: str) -> list[str]:
+        """The lines `text` completes; what follows the last line end waits for the next piece (a CR at the
+        end waits too: the LF of its CRLF may come next)."""
+        text = self._pending + text
+        lines = _LINE_END.split(text)
+        self._pending = lines.pop()
+        if self._pending == "" and text.endswith("\r"):
+            # "...\r" split as [..., ""]: hold the CR back, so a following "\n" is not read as a second line end.
+            lines_text = text[:-1]
+            lines = _LINE_END.split(lines_text)
+            self._pending = lines.pop() + "\r"
+        return lines
+
+    def close(self) -> list[str]:
+        """The last line, when the stream ended without a line end."""
+        rest, self._pending = self._pending.removesuffix("\r"), ""
+        return [rest] if rest else []
 
 
 class StreamError(ValueError):

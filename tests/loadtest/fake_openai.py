@@ -34,6 +34,7 @@ class Behaviour:
     preemptions_at_start: int = 5
     preemptions_per_request: int = 0
     die_at_request: int | None = None  # kill() when the n-th completion request arrives: a death mid-run by count
+    piece_text: str = " tok"  # each streamed piece's text, written unescaped where JSON allows (as vLLM writes UTF-8)
 
 
 @dataclass
@@ -199,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._event({"error": {"message": "engine dead", "type": "InternalServerError", "code": 500}})
                 break
             finish = "length" if index == tokens - 1 else None
-            piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
+            piece = {"delta": {"content": behaviour.piece_text}} if chat else {"text": behaviour.piece_text}
             self._event({"choices": [{"index": 0, **piece, "finish_reason": finish}]})
         if behaviour.usage and body.get("stream_options", {}).get("include_usage"):
             self._event({"choices": [], "usage": usage})
@@ -207,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk(b"")
 
     def _event(self, chunk: dict[str, Any]) -> None:
-        self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        self._chunk(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -193,6 +193,18 @@ def test_broken_answers_are_counted_by_kind(
     assert report["server"]["died"] is False
 
 
+def test_tokens_with_unicode_line_separators_are_read_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON strings may hold U+2028, U+2029 and U+0085 unescaped, and vLLM writes them so; they end no SSE line.
+    (httpx's aiter_lines() split there, and a tiny model's random token failed a request in CI as a 'protocol'
+    error.)"""
+    server = FakeOpenAI(Behaviour(piece_text=" a\u2028b\u2029c\x85d"))
+    try:
+        code, report = loadtest(capsys, server, "--concurrency", "2", "--max-requests", "4", "--output-tokens", "4")
+    finally:
+        server.close()
+    assert (code, report["requests"]["succeeded"], report["requests"]["failed"]) == (0, 4, 0), report["requests"]
+
+
 def test_closed_loop_never_exceeds_its_concurrency(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
     fake.behaviour.token_delay_s = 0.02
     # 20 workers: more than one of the client's connection pools (16 each), none of which may queue a request.

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from sidecar.loadtest.sse import ServerError, StreamError, StreamReader, Usage, error_message, read_whole_answer
+from sidecar.loadtest.sse import (
+    ServerError,
+    SseLines,
+    StreamError,
+    StreamReader,
+    Usage,
+    error_message,
+    read_whole_answer,
+)
 
 
 def event(chunk: object) -> str:
@@ -88,3 +96,14 @@ def test_error_messages_from_error_bodies() -> None:
     assert error_message(b'{"detail": "Not Found"}') == "Not Found"
     assert error_message(b"Internal\n  Server Error") == "Internal Server Error"
     assert len(error_message(b"x" * 5000)) == 200
+
+
+def test_sse_lines_end_only_at_crlf_lf_or_cr_whatever_the_pieces() -> None:
+    events = 'data: {"text":"a\u2028b\u2029c\x85d\x1ce"}\r\n\r\ndata: x\ry\n\ndata: [DONE]\n\n'
+    expected = ['data: {"text":"a\u2028b\u2029c\x85d\x1ce"}', "", "data: x", "y", "", "data: [DONE]", ""]
+    for size in (1, 2, 3, 7, len(events)):  # every way the network may cut it, CRLF split across pieces included
+        lines = SseLines()
+        seen = [line for start in range(0, len(events), size) for line in lines.feed(events[start : start + size])]
+        assert [*seen, *lines.close()] == expected, size
+    tail = SseLines()
+    assert (tail.feed("data: [DONE]"), tail.close()) == ([], ["data: [DONE]"])  # no line end before the close
