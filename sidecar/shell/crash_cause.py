@@ -66,6 +66,27 @@ def step_for(notification: Notification) -> _Step:
     return _Step.FORWARD
 
 
+async def read_cause(
+    source: LogSource, wanted: Wanted, *, until_wall_s: float, timeout_s: float, wall_time_s: float
+) -> CrashCause | str:
+    """Why vLLM's `wanted` start died (or what its log shows), as the doctor reads it; one line saying why not
+    when the log cannot be read within `timeout_s` or the doctor chokes on it. Never raises."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            read = await source.read(until_wall_s=until_wall_s, wanted=wanted)
+        # The doctor's rules load with the first log read, not at start: a sidecar that never sees a death
+        # does not carry them (measured: 1.4 MB of peak RSS and 75 ms of start-up).
+        from sidecar.shell.cause_reading import explain  # noqa: PLC0415
+
+        return await asyncio.to_thread(explain, read, wanted, wall_time_s=wall_time_s)
+    except TimeoutError:
+        return f"reading {source.where} took longer than {timeout_s:g} s"
+    except LogUnreadableError as error:
+        return f"cannot read {source.where}: {error}"
+    except Exception as error:  # noqa: BLE001 - a log the doctor chokes on must stop neither notifications nor acting
+        return f"reading {source.where} failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
 class CrashCauseStep:
     def __init__(
         self,
@@ -182,21 +203,11 @@ class CrashCauseStep:
         now = self._wall_clock()
         if source is None:
             return self._failed(NO_SOURCE, "no log configured", now)
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                read = await source.read(until_wall_s=notification.wall_time_s, wanted=wanted)
-            # The doctor's rules load with the first log read, not at start: a sidecar that never sees a death
-            # does not carry them (measured: 1.4 MB of peak RSS and 75 ms of start-up).
-            from sidecar.shell.cause_reading import explain  # noqa: PLC0415
-
-            cause = await asyncio.to_thread(explain, read, wanted, wall_time_s=now)
-        except TimeoutError:
-            return self._failed(f"reading {source.where} took longer than {self._timeout_s:g} s", source.where, now)
-        except LogUnreadableError as error:
-            return self._failed(f"cannot read {source.where}: {error}", source.where, now)
-        except Exception as error:  # noqa: BLE001 - a log the doctor chokes on must not stop the notifications
-            why = f"reading {source.where} failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
-            return self._failed(why, source.where, now)
+        cause = await read_cause(
+            source, wanted, until_wall_s=notification.wall_time_s, timeout_s=self._timeout_s, wall_time_s=now
+        )
+        if isinstance(cause, str):
+            return self._failed(cause, source.where, now)
         self._problem = None
         self.last = cause
         self._log.info(

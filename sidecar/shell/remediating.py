@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from structlog.typing import FilteringBoundLogger
 
-from sidecar.actuators.log_source import LogSource, LogUnreadableError, Wanted
+from sidecar.actuators.log_source import LogSource, Wanted
 from sidecar.actuators.remediation_record import RecordError
 from sidecar.model.acting import RemediationView
 from sidecar.model.cause import CrashCause
@@ -39,6 +39,7 @@ from sidecar.model.remediation import Allowance, Step, StepState, shown
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.policy.decision import RestartReason
 from sidecar.policy.remediation import Refusal, Watch, flags_in_effect, judge, judge_crash, pending, propose, settle
+from sidecar.shell.crash_cause import read_cause
 from sidecar.shell.remediation_store import FlagsTarget
 
 CHECK_AFTER_S = 30.0  # not healthy this long before vLLM's log is read for a failed start
@@ -279,21 +280,14 @@ class Remediator:
         if source is None:
             self._problem("no vLLM log to read: --remediate needs one (--vllm-log FILE, the journal, the pod's log)")
             return None
-        try:
-            async with asyncio.timeout(self.settings.read_timeout_s):
-                read = await source.read(until_wall_s=self._wall_clock(), wanted=wanted)
-            from sidecar.shell.cause_reading import explain  # noqa: PLC0415 - the doctor loads only when needed
-
-            return await asyncio.to_thread(explain, read, wanted, wall_time_s=self._wall_clock())
-        except TimeoutError:
-            self._problem(f"reading {source.where} took longer than {self.settings.read_timeout_s:g} s")
-        except LogUnreadableError as error:
-            self._problem(f"cannot read {source.where}: {error}")
-        except Exception as error:  # noqa: BLE001 - a log the doctor chokes on must not stop the sidecar
-            self._problem(
-                f"reading {source.where} failed: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
-            )
-        return None
+        now = self._wall_clock()
+        cause = await read_cause(
+            source, wanted, until_wall_s=now, timeout_s=self.settings.read_timeout_s, wall_time_s=now
+        )
+        if isinstance(cause, str):
+            self._problem(cause)
+            return None
+        return cause
 
     async def _read_steps(self) -> list[Step]:
         try:
