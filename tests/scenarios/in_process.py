@@ -162,6 +162,8 @@ class Story:
     policy: PolicySettings
     state_dir: Path
     interval_s: float = 2.0
+    dry_run: bool = False  # True: the policy decides and says so, nothing is done
+    routed: bool = True  # False: the load ignores /readyz, as a client calling vLLM directly does
     notifications: list[Notification] = field(default_factory=list)
     views: list[View] = field(default_factory=list)
 
@@ -175,11 +177,12 @@ class Story:
             ledger_file=StateFile(self.state_dir / "restart-ledger.json"),
             notify=self.notifications.append,
             logger=logger,
-            dry_run=False,
+            dry_run=self.dry_run,
             clock=loop.time,
             wall_clock=lambda: EPOCH_S + loop.time(),
         )
-        self.vllm.admitting = lambda: acting.readiness().admitting
+        if self.routed:
+            self.vllm.admitting = lambda: acting.readiness().admitting
         poller = Poller(
             vllm=VllmHttpSource(fetcher=self.vllm, base_url=URL, timeout_s=1.0, max_body_bytes=16 << 20),
             gpu=SimGpuSource(fetcher=self.vllm, url=URL + "/sim/gpu", timeout_s=1.0, clock=loop.time),
