@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from sidecar.document_error import first_error
 from sidecar.model.remediation import FLAGS_VARIABLE, Step, StepState, shown
 from sidecar.policy.remediation import flags_in_effect
 
@@ -53,9 +54,7 @@ def steps_from(document: object) -> list[Step]:
     try:
         record = _RECORD.validate_python(document)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise RecordFormatError(f"{where}: {first['msg']}") from None
+        raise RecordFormatError(first_error(error)) from None
     return [_step(step) for step in record["steps"]]
 
 

@@ -17,6 +17,7 @@ from typing_extensions import is_typeddict
 
 from sidecar.doctor.evidence import HistoryFacts
 from sidecar.doctor.history import HistoryError, from_status
+from sidecar.document_error import first_error
 from sidecar.model.status import StatusDocument
 
 _STATUS: TypeAdapter[StatusDocument] = TypeAdapter(StatusDocument)
@@ -28,9 +29,8 @@ def status_history(document: object, source: str) -> HistoryFacts:
     try:
         status = _STATUS.validate_python(_missing_as_unknown(document, StatusDocument))
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the document"
-        raise HistoryError(f"{source} is not the sidecar's /status document: {where}: {first['msg'].lower()}") from None
+        where, _, message = first_error(error).partition(": ")
+        raise HistoryError(f"{source} is not the sidecar's /status document: {where}: {message.lower()}") from None
     return from_status(status, source)
 
 

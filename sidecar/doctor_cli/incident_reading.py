@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from sidecar.doctor.evidence import HistoryFacts
 from sidecar.doctor.history import HistoryError
 from sidecar.doctor_cli.history_reading import status_history
+from sidecar.document_error import first_error
 from sidecar.file_cap import FileTooLargeError, read_capped_file
 from sidecar.model.incident import LOG_FILE, MANIFEST_FILE, METRICS_FILE, STATUS_HISTORY_FILE, ManifestDocument
 
@@ -116,11 +117,7 @@ def _manifest(folder: Path) -> ManifestDocument:
     try:
         return _MANIFEST.validate_python(document)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the document"
-        raise IncidentError(
-            f"--incident {folder}: {path} is not an incident manifest: {where}: {first['msg']}"
-        ) from None
+        raise IncidentError(f"--incident {folder}: {path} is not an incident manifest: {first_error(error)}") from None
 
 
 def _history(path: Path) -> tuple[HistoryFacts, str | None]:
