@@ -17,7 +17,17 @@ from tests.doctor.corpus_verdict import CORPUS, Verdict, entries, matches, verdi
 from tests.loopback import closed_port
 
 ENTRIES = entries()
-SETS = {"issue-14", "dev-25", "heldout-25", "heldout-25b", "heldout-25c", "heldout-25d", "heldout-25e", "heldout-25f"}
+SETS = {
+    "issue-14",
+    "dev-25",
+    "heldout-25",
+    "heldout-25b",
+    "heldout-25c",
+    "heldout-25d",
+    "heldout-25e",
+    "heldout-25f",
+    "heldout-25g",
+}
 
 
 def _doctor(capsys: pytest.CaptureFixture[str], log: str) -> tuple[int, dict[str, Any]]:
