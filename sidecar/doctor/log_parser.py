@@ -65,6 +65,9 @@ _KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
 _CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
 _BLOCKS = loose(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
 _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
+# Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
+# total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
+_AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
 _WEIGHTS = loose(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
@@ -421,6 +424,16 @@ def _weights(match: re.Match[str], facts: Facts) -> None:
     facts["weights_gib"] = float(match.group(1))
 
 
+def _available_bytes(match: re.Match[str], facts: Facts) -> None:
+    available, total = (int(match.group(i)) for i in (1, 2))
+    if total <= 0:
+        return
+    previous = facts.get("profile")
+    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    facts["profile"] = replace(base, total_gib=base.total_gib or total / 2**30)
+    facts["available_kv_gib"] = available / 2**30
+
+
 def _blocks(match: re.Match[str], facts: Facts) -> None:
     facts["num_gpu_blocks"] = int(match.group(1) or match.group(2))
 
@@ -489,6 +502,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_CONCURRENCY, _concurrency, needle="concurrency"),
     _simple(_BLOCKS, _blocks, needle="blocks"),
     _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
+    _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),

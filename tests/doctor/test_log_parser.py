@@ -302,3 +302,15 @@ def test_garbage_is_nothing_recognised(text: str) -> None:
     assert facts.refusal is None
     assert facts.oom is None
     assert facts.args is None
+
+
+def test_a_hardware_plugins_available_memory_in_bytes_is_the_kv_cache_and_the_card() -> None:
+    # vllm-ascend's worker_v1.py: `logger.info(f"Available memory: {available_kv_cache_memory}, total memory:
+    # {total_npu_memory}")`, both in bytes, the first clamped at 0.
+    worker = "(Worker_TP0 pid=552) INFO 10-28 21:14:49 [worker_v1.py:259] "
+    zero = parse_log(worker + "Available memory: 0, total memory: 65452113920\n" + V1_ERROR + "EngineCore failed")
+    assert zero.available_kv_gib == 0.0
+    assert zero.profile is not None
+    assert zero.profile.total_gib == pytest.approx(60.96, abs=0.01)
+    some = parse_log(worker + "Available memory: 2147483648, total memory: 65452113920")
+    assert some.available_kv_gib == 2.0
