@@ -73,11 +73,22 @@ class UnitState:
     # that exits on its own, or is killed from outside, exits first.
     active_exit_us: int = 0
     main_exit_us: int = 0
+    # When the unit last entered `active`, and when it last left `inactive` (its last start began).
+    active_enter_us: int = 0
+    inactive_exit_us: int = 0
 
     @property
     def stopped_by_job(self) -> bool:
         """Stopped on purpose (`systemctl stop`, a dependency stopping it), not by vLLM exiting or being killed."""
         return 0 < self.active_exit_us < self.main_exit_us
+
+    @property
+    def ended_before_active(self) -> bool:
+        """Its last start ended by a signal (or cleanly) before the unit was ever `active`: a stop job during
+        ExecStartPre (the shipped unit's wait-gpu) or before the exec, and a kill from outside then, leave the
+        same state, and no `active` exit was recorded to order against the process's."""
+        never_active = self.inactive_exit_us > 0 and self.active_enter_us < self.inactive_exit_us
+        return never_active and self.result in ("signal", "success")
 
 
 @dataclass(slots=True)
@@ -156,6 +167,8 @@ class SystemdActuator:
                     job = await session.get_property(unit, "Job")  # (id, path); id 0 when no job is queued
                     active_exit = await session.get_property(unit, "ActiveExitTimestampMonotonic")
                     main_exit = await session.get_property(service, "ExecMainExitTimestampMonotonic")
+                    active_enter = await session.get_property(unit, "ActiveEnterTimestampMonotonic")
+                    inactive_exit = await session.get_property(unit, "InactiveExitTimestampMonotonic")
                 finally:
                     await session.close()
         except TimeoutError as error:
@@ -173,6 +186,8 @@ class SystemdActuator:
             job_pending=isinstance(job, tuple) and bool(job) and job[0] != 0,
             active_exit_us=active_exit if isinstance(active_exit, int) else 0,
             main_exit_us=main_exit if isinstance(main_exit, int) else 0,
+            active_enter_us=active_enter if isinstance(active_enter, int) else 0,
+            inactive_exit_us=inactive_exit if isinstance(inactive_exit, int) else 0,
         )
 
     async def supervision(self) -> Supervision:
@@ -275,6 +290,13 @@ def unit_supervision(state: UnitState) -> Supervision:
         return Supervision(
             restarter=Restarter.OPERATOR,
             detail=f"{shown}{result}: stopped by a stop job (systemctl stop), not by vLLM exiting",
+        )
+    if state.active_state in ("inactive", "failed") and state.ended_before_active:
+        # Not SIDECAR: starting a unit its operator stopped during wait-gpu would undo the stop within seconds.
+        return Supervision(
+            restarter=Restarter.UNKNOWN,
+            detail=f"{shown}{result}: its start ended before it was active, by a stop job or a kill (systemd's "
+            "timestamps do not tell which)",
         )
     if state.active_state in ("inactive", "failed"):
         return Supervision(
