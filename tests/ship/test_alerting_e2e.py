@@ -182,7 +182,10 @@ def test_a_hung_engine_raises_the_shipped_alerts_and_the_sidecar_notifies(
         assert name.lower() in anchors, f"{name}: no runbook section"
     assert {alert["labels"]["alertname"] for alert in prometheus_alerts if alert["state"] == "firing"} >= EXPECTED
     # Nothing that this failure does not explain may have fired (e.g. VllmUnreachable needs 2 minutes down).
-    assert set(firing) <= EXPECTED | {"VllmEngineStalled"}, sorted(firing)
+    # VllmIncidentStacksMissing is explained: the incident kept before the restart has no stacks, as the
+    # "vLLM" here is the simulator, no vLLM process for py-spy to read (its manifest says so). It fires once
+    # Prometheus has seen the counter at 0 and then 1, which may come after the deliveries waited for above.
+    assert set(firing) <= EXPECTED | {"VllmEngineStalled", "VllmIncidentStacksMissing"}, sorted(firing)
 
     sidecar_deliveries = receiver.at("/sidecar")
     kinds = [delivery.json()["kind"] for delivery in sidecar_deliveries]
