@@ -10,6 +10,9 @@ tool would have seen it) gets the prefix; the doctor must name the same cause an
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 import re
 from collections.abc import Callable
@@ -44,20 +47,29 @@ def _raw(entry: dict[str, Any]) -> list[str]:
 WRAPPABLE = [entry for entry in ENTRIES if not any(_OUTER.match(line) for line in _raw(entry))]
 
 
-def _doctor(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[int, dict[str, Any]]:
-    code = main(
-        [
-            "doctor",
-            "--vllm-log",
-            str(path),
-            "--json",
-            "--gpu-source",
-            "none",
-            "--vllm-url",
-            f"http://127.0.0.1:{closed_port()}",
-        ]
-    )
-    return code, json.loads(capsys.readouterr().out)
+def _doctor(path: Path) -> tuple[int, dict[str, Any]]:
+    """`doctor --vllm-log PATH --json`, as a user runs it, in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(
+            [
+                "doctor",
+                "--vllm-log",
+                str(path),
+                "--json",
+                "--gpu-source",
+                "none",
+                "--vllm-url",
+                f"http://127.0.0.1:{closed_port()}",
+            ]
+        )
+    return code, json.loads(out.getvalue())
+
+
+@functools.cache
+def _plain(file: str) -> tuple[int, dict[str, Any]]:
+    """The bare log's reading, once for its five prefixes (half of this module's time was reading it again)."""
+    return _doctor(CORPUS / file)
 
 
 def _verdict(document: dict[str, Any]) -> tuple[str, list[tuple[str, object]]]:
@@ -73,13 +85,11 @@ def test_most_of_the_corpus_is_wrapped() -> None:
 
 @pytest.mark.parametrize("prefix", sorted(PREFIXES))
 @pytest.mark.parametrize("entry", WRAPPABLE, ids=[entry["file"] for entry in WRAPPABLE])
-def test_a_prefixed_log_gives_the_same_finding(
-    entry: dict[str, Any], prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    plain_code, plain = _doctor(capsys, CORPUS / entry["file"])
+def test_a_prefixed_log_gives_the_same_finding(entry: dict[str, Any], prefix: str, tmp_path: Path) -> None:
+    plain_code, plain = _plain(entry["file"])
     make = PREFIXES[prefix]
     wrapped = tmp_path / entry["file"]
     wrapped.write_text("".join(make(n) + line + "\n" for n, line in enumerate(rejoin(_raw(entry)))), encoding="utf-8")
-    code, document = _doctor(capsys, wrapped)
+    code, document = _doctor(wrapped)
     assert (code, _verdict(document)) == (plain_code, _verdict(plain))
     assert verdict(entry, code, document) is verdict(entry, plain_code, plain)
