@@ -62,6 +62,9 @@ from sidecar.actuators.remediation_record import (
 from sidecar.model.remediation import Step
 
 RECORD_ANNOTATION = "vllm-sidecar.io/remediations"
+# Kubernetes caps all of an object's annotations together at 256 KiB, and a Deployment often carries
+# kubectl's last-applied-configuration beside this one: the record keeps to an eighth of the cap (about 50 steps).
+RECORD_MAX_BYTES = 32 * 1024
 FLAGS_ANNOTATION = "vllm-sidecar.io/flags"
 RBAC_FILE = "deploy/kubernetes/add-remediation/rbac.yaml"
 PATCH_DEPLOYMENT = Permission("patch", "deployments", "apps")
@@ -112,7 +115,7 @@ class DeploymentFlags:
     async def update(self, edit: Callable[[list[Step]], list[Step]]) -> list[Step]:
         name, document = await self._deployment()
         steps = _steps(document, name)
-        changed = trimmed(edit(steps))
+        changed = trimmed(edit(steps), max_bytes=RECORD_MAX_BYTES)
         annotations = _annotations(document)
         suffix = _suffix(annotations, name)
         args = self._args(document, name)

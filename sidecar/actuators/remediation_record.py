@@ -7,6 +7,7 @@ same classes `document_of` writes; a wrong one is `RecordFormatError` with one l
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import TypeAdapter, ValidationError
@@ -62,11 +63,27 @@ def document_of(steps: list[Step]) -> RecordDocument:
     return {"version": RECORD_VERSION, "steps": [_document(step) for step in steps]}
 
 
-def trimmed(steps: list[Step], keep: int = MAX_STEPS) -> list[Step]:
-    """At most `keep` steps: the oldest settled ones go first, a pending one never."""
-    settled = [index for index, step in enumerate(steps) if step.state is not StepState.PENDING]
-    drop = set(settled[: max(0, len(steps) - keep)])
-    return [step for index, step in enumerate(steps) if index not in drop]
+def trimmed(steps: list[Step], keep: int = MAX_STEPS, max_bytes: int | None = None) -> list[Step]:
+    """At most `keep` steps, and the record at most `max_bytes` of JSON where given: the oldest settled steps go
+    first, but never a pending one, a held one (its hold would end unseen) or one whose dropping would change
+    the flags in effect (the newest standing step of a flag sets it; the first of a flag says what the file
+    held before). What must stay, stays, over either bound."""
+    kept = list(steps)
+    in_effect = flags_in_effect(kept)
+    for step in list(steps):
+        over = len(kept) > keep or (max_bytes is not None and _size(kept) > max_bytes)
+        if not over:
+            break
+        if step.state is StepState.PENDING or step.held:
+            continue
+        without = [other for other in kept if other is not step]
+        if flags_in_effect(without) == in_effect:
+            kept = without
+    return kept
+
+
+def _size(steps: list[Step]) -> int:
+    return len(json.dumps(document_of(steps), separators=(",", ":")).encode())
 
 
 def flag_words(steps: list[Step]) -> list[str]:
