@@ -78,17 +78,24 @@ class UnitState:
     inactive_exit_us: int = 0
 
     @property
+    def started_and_never_active(self) -> bool:
+        """Its last start (it left `inactive` after it last entered `active`) never reached `active`: the
+        timestamps of an earlier run (a stop job's, say) say nothing of how this one ended."""
+        return self.inactive_exit_us > 0 and self.active_enter_us < self.inactive_exit_us
+
+    @property
     def stopped_by_job(self) -> bool:
-        """Stopped on purpose (`systemctl stop`, a dependency stopping it), not by vLLM exiting or being killed."""
-        return 0 < self.active_exit_us < self.main_exit_us
+        """Stopped on purpose (`systemctl stop`, a dependency stopping it), not by vLLM exiting or being killed:
+        it left `active` before its main process exited, in its last run."""
+        return not self.started_and_never_active and 0 < self.active_exit_us < self.main_exit_us
 
     @property
     def ended_before_active(self) -> bool:
         """Its last start ended by a signal (or cleanly) before the unit was ever `active`: a stop job during
         ExecStartPre (the shipped unit's wait-gpu) or before the exec, and a kill from outside then, leave the
-        same state, and no `active` exit was recorded to order against the process's."""
-        never_active = self.inactive_exit_us > 0 and self.active_enter_us < self.inactive_exit_us
-        return never_active and self.result in ("signal", "success")
+        same state, and no `active` exit was recorded to order against the process's. (A start that failed on
+        its own ends with exit-code, timeout and the like.)"""
+        return self.started_and_never_active and self.result in ("signal", "success")
 
 
 @dataclass(slots=True)

@@ -238,6 +238,32 @@ async def test_a_start_stopped_during_exec_start_pre_is_not_read_as_one_nobody_w
     user_systemd.call("StopUnit", "ss", "hold-pre.target", "replace")
 
 
+async def test_a_restart_whose_exec_start_pre_fails_is_not_read_as_a_stop_on_purpose(
+    user_systemd: UserSystemd,
+) -> None:
+    """The sidecar's own restart is a stop job (it leaves `active` before vLLM exits); when the start after it
+    fails in ExecStartPre (wait-gpu timing out), that stop is not what ended the unit: the failed start is, and
+    nobody else will start it. Not OPERATOR (left stopped for ever): only the last run's timestamps count."""
+    marker = user_systemd.root / "refuse-from-now-on"
+    pre = f"ExecStartPre=/bin/sh -c 'test ! -e {marker}'"
+    user_systemd.write_unit("gated.service", service("Type=exec", pre, "ExecStart=/bin/sleep 300", description="x"))
+    user_systemd.write_unit("hold-gated.target", "[Unit]\nDescription=x\nWants=gated.service\n")
+    user_systemd.call("StartUnit", "ss", "hold-gated.target", "replace")
+    gated = actuator(user_systemd, "gated.service")
+
+    async def state_is(*states: str) -> bool:
+        return (await gated.read_state()).active_state in states
+
+    await wait_until(lambda: state_is("active"), timeout_s=10, what="gated.service to run")
+    marker.touch()
+    restarted = await gated.restart(reason="test", dry_run=False)
+    assert restarted.status is OutcomeStatus.FAILED, restarted
+    await wait_until(lambda: state_is("failed", "inactive"), timeout_s=10, what="gated.service to fail")
+    said = await gated.supervision()
+    assert said.restarter is Restarter.SIDECAR, (said, await gated.read_state())
+    user_systemd.call("StopUnit", "ss", "hold-gated.target", "replace")
+
+
 async def test_who_restarts_is_unknown_when_systemd_cannot_be_asked() -> None:
     unreachable = SystemdActuator("vllm.service", bus="user", bus_address="unix:path=/nonexistent/bus")
     said = await unreachable.supervision()
