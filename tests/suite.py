@@ -3,14 +3,13 @@
 **The fast stage** (`FAST_PATHS`: the pure code's unit and property tests) needs nothing but the dev environment
 and runs first, in CI before any Debian package, vLLM or rootfs is installed: a broken change fails in minutes.
 
-**The slow stage** is every other folder, as five pytest runs at once (`lanes`). Measured on the 2-core CI box,
+**The slow stage** is every other folder, as four pytest runs at once (`lanes`). Measured on the 2-core CI box,
 one serial run keeps about one core busy: most tests wait on real processes (vLLM starting, a simulator in real
 time, systemd, Prometheus). Runs side by side use the rest.
 
-- **Timing runs at normal priority**, in three lanes: the tests that time the sidecar's reactions on a real vLLM
-  (`REAL_VLLM_TIMING`, waiting on vLLM's CPU work), and the other timing tests in two (chaos and the
-  simulator's scenarios; the daemon, actuators and the rest), waiting on timers. They get the CPU they ask for,
-  as in a serial run.
+- **Timing runs at normal priority**, in two lanes: the tests that time the sidecar's reactions on a real vLLM
+  (`REAL_VLLM_TIMING`, waiting on vLLM's CPU work), and the other timing tests (daemon, actuators, chaos, the
+  simulator's scenarios, waiting on timers). They get the CPU they ask for, as in a serial run.
 - **The rest runs at nice 10**, in two lanes: computations, real vLLM, the doctor, the image, Prometheus, TLS.
   They take the CPU the timing runs leave idle, and about a tenth when they want every core.
 
@@ -50,10 +49,6 @@ REAL_VLLM_TIMING = (
     "tests/actuators/test_real_vllm_hang_e2e.py",
     "tests/actuators/test_real_vllm_remediation_e2e.py",
 )
-# The other timing tests, in two runs at normal priority: the chaos and scenario tests (the demo in a terminal, a
-# killed sidecar, a dead webhook: minutes of waiting on timers), and every other folder. One run waited alone
-# through CI run 18's last two minutes at half the CPU.
-TIMING_PATHS_B = ("tests/chaos", "tests/scenarios")
 # The slow stage's runs at nice 10, two of them: every other folder of tests/ (less FAST_PATHS) runs at normal
 # priority. Two, so that when the timing runs end the niced rest uses both cores (CI run 16: one niced run went
 # on alone at 20-37 % of the CPU for its last two minutes); split so the two take about as long.
@@ -164,10 +159,9 @@ class Lane:
 
 
 def lanes() -> tuple[Lane, ...]:
-    """The slow stage's runs: the real-vLLM timing tests, the other timing tests in two, the niced rest in two."""
+    """The slow stage's runs: the real-vLLM timing tests, the other timing tests, and the niced rest in two."""
     return (
-        Lane("timing (a)", ("tests",), ignores=(*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING, *TIMING_PATHS_B)),
-        Lane("timing (b)", TIMING_PATHS_B, ignores=REAL_VLLM_TIMING),
+        Lane("timing", ("tests",), ignores=(*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING)),
         Lane("real vLLM timing", REAL_VLLM_TIMING),
         Lane(f"nice {NICE} (a)", NICE_PATHS_A, nice=NICE),
         Lane(f"nice {NICE} (b)", NICE_PATHS_B, nice=NICE),
@@ -228,8 +222,7 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
 
 def main(argv: list[str]) -> int:
     root = TESTS.parent
-    named = (*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING, *TIMING_PATHS_B)
-    missing = [path for path in named if not (root / path).exists()]
+    missing = [path for path in (*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING) if not (root / path).exists()]
     if missing:
         print(f"tests/suite.py names folders that do not exist: {', '.join(missing)}", file=sys.stderr)
         return 2
