@@ -16,11 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -156,9 +158,27 @@ def test_through_a_pipe_each_event_is_one_line_and_ctrl_c_interrupts(tmp_path: P
         env={**os.environ, "TMPDIR": str(tmp_path)},
         start_new_session=True,  # its own process group, as a shell's foreground job
     )
-    time.sleep(12)  # the load runs: requests are in flight
+    # Ctrl-C once the story is under way: the sidecar's first state is on screen and the load runs. (A fixed 12 s
+    # was too short once on a busy CI box: the stop came before the sidecar's first state.)
+    out: list[str] = []
+    err: list[str] = []
+    pumps = [
+        threading.Thread(target=_pump, args=(stream, into), daemon=True)
+        for stream, into in ((process.stdout, out), (process.stderr, err))
+    ]
+    for pump in pumps:
+        pump.start()
+    deadline = time.monotonic() + 90
+    while not any("-> normal" in line for line in list(out)):
+        assert time.monotonic() < deadline, "the demo showed no sidecar state in 90 s:\n" + "".join(out + err)
+        assert process.poll() is None, "".join(out + err)
+        time.sleep(0.1)
+    time.sleep(2.0)  # the load keeps requests in flight
     os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-    stdout, stderr = process.communicate(timeout=60)
+    process.wait(timeout=60)
+    for pump in pumps:
+        pump.join(timeout=10)
+    stdout, stderr = "".join(out), "".join(err)
     assert process.returncode == 0, stderr
     assert "\x1b" not in stdout, "no terminal codes"
     assert "\r" not in stdout, "nothing redrawn"
@@ -182,6 +202,12 @@ def test_through_a_pipe_each_event_is_one_line_and_ctrl_c_interrupts(tmp_path: P
     assert interrupted > 0, "the requests in flight were cut off by the stop"
     assert sent == ok + interrupted
     assert re.search(r"\d+ interrupted by the stop$", lines[-3]), "the other vLLM's too"
+
+
+def _pump(stream: IO[str] | None, into: list[str]) -> None:
+    """Every line of `stream` into `into`, until it ends."""
+    assert stream is not None
+    into.extend(stream)
 
 
 def _gone(*urls: str) -> None:
