@@ -77,6 +77,13 @@ def _capture(session: str, demo_log: Path, width: int, height: int) -> Capture:
     before = _lines(demo_log)
     time.sleep(2.5)  # a refresh at least (one a second, a slow /status answer included)
     screen = _tmux("capture-pane", "-p", "-J", "-t", session)
+    # A capture can land mid-redraw (CI run 20, just after a resize on a busy box: the events table's first
+    # row half drawn, nothing under it): look again, a little later, before judging the frame.
+    for _ in range(5):
+        if not before or any(EVENT_ROW.match(row) for row in screen.splitlines()):
+            break
+        time.sleep(0.5)
+        screen = _tmux("capture-pane", "-p", "-J", "-t", session)
     return Capture(width, height, screen, before, _lines(demo_log))
 
 
