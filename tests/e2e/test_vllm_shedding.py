@@ -1,19 +1,26 @@
 """vLLM's own shedding, for real: vLLM 0.32 on CPU with --max-num-queued-reqs answers 503 to what would take its
-running plus waiting requests past the cap, counts each refusal in vllm:admission_rejections_total{reason}, and the
-sidecar exports exactly that count. On the shared session server (cap 16, 8 sequences): 16 long requests fill
-running and waiting to the cap (vLLM's own gauges say when), then 16 more are sent at once. (Sending all at once
-let the first ones finish before the last arrived on a busy CI machine: none was refused. And 8 more were not
-enough either: the 8 running requests of the first wave, all the same length, end together, and on a box busy with
-other test lanes that can happen before the second wave is in, leaving room for all 8. With 16, at least 8 are
-refused unless the whole first wave ended, which takes two of its batches.)
+unfinished requests past the cap, counts each refusal in vllm:admission_rejections_total{reason}, and the sidecar
+exports exactly that count. On the shared session server (cap 16):
+
+1. the EngineCore is paused (SIGSTOP), so that no request can finish;
+2. 16 streamed requests fill the cap: the API server counts its unfinished requests itself and answers each
+   stream's headers (200) once it has taken the request in, engine or not;
+3. 16 more are sent: every one is refused (503);
+4. the engine is resumed (SIGCONT) and the 16 streams complete.
+
+(Earlier versions waited for vLLM's own gauges to show the cap held while the engine ran, and raced the first
+wave's end on a busy CI machine: in CI run 24 the first wave ended before the second was in, which then fitted;
+beside two busy cores the gauges were never seen at 16 at all.)
 """
 
 from __future__ import annotations
 
+import os
 import re
-import threading
+import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -27,10 +34,10 @@ from .vllm.server import SERVED_MODEL_NAME, VllmServer
 
 pytestmark = pytest.mark.e2e
 OVER_CAP = QUEUE_CAP
-LONG_TOKENS = 480  # of --max-model-len 512: the first wave stays in for seconds, a window to send the second in
 RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.MULTILINE)
 WAITING = re.compile(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", re.MULTILINE)
 REFUSED = re.compile(r'^vllm:admission_rejections_total\{model_name="tiny-llama",reason="max_num_queued_reqs"\} (\S+)$')
+BODY = {"model": SERVED_MODEL_NAME, "prompt": "the cache holds every token", "max_tokens": 16}
 
 
 def _refused(text: str) -> float:
@@ -39,52 +46,62 @@ def _refused(text: str) -> float:
     return found[0]
 
 
-def _post_at_once(client: httpx.Client, count: int, max_tokens: int) -> list[httpx.Response]:
-    """`count` completions sent together: one client (so no thread spends its start building an SSL context) and
-    a barrier."""
-    body = {"model": SERVED_MODEL_NAME, "prompt": "the cache holds every token", "max_tokens": max_tokens}
-    body["ignore_eos"] = True
-    barrier = threading.Barrier(count)
-
-    def post(_: int) -> httpx.Response:
-        barrier.wait(timeout=30)
-        return client.post("/v1/completions", json=body)
-
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(post, range(count)))
-
-
 def _in_vllm(url: str) -> float:
     """Running plus waiting requests, as vLLM's own gauges say."""
     text = fetch_metrics(url)
     return sum(float(match.group(1)) for pattern in (RUNNING, WAITING) for match in pattern.finditer(text))
 
 
-def _fill_then_overflow(url: str) -> tuple[list[httpx.Response], list[httpx.Response]]:
-    """The first wave (the cap's worth of long requests) in the background; once vLLM holds all of them, the
-    second wave at once. Both waves' answers."""
-    # The shared server may still be finishing an earlier test's requests (a load whose client was killed): those
-    # would count against the cap and have the first wave refused at once (CI runs 19 and 21: the first wave
-    # "answered", vLLM never seen holding it). Start from an idle vLLM.
+def _wait_idle(url: str) -> None:
+    """The shared server may still be finishing an earlier test's requests (a load whose client was killed): those
+    would count against the cap. Start from an idle vLLM."""
     idle_by = time.monotonic() + 120
     while (busy := _in_vllm(url)) > 0:
         assert time.monotonic() < idle_by, f"vLLM still holds {busy:g} requests of earlier tests after 120 s"
         time.sleep(0.2)
-    limits = httpx.Limits(max_connections=QUEUE_CAP + OVER_CAP, max_keepalive_connections=QUEUE_CAP + OVER_CAP)
-    with httpx.Client(base_url=url, timeout=120, limits=limits) as client, ThreadPoolExecutor(max_workers=1) as pool:
-        first = pool.submit(_post_at_once, client, QUEUE_CAP, LONG_TOKENS)
-        # A bounded wait on the real vLLM taking the first wave in. Its gauges move only with the engine's steps,
-        # and this lane runs at nice 10: CI run 19, with one more lane beside it, saw none in 30 s.
-        deadline = time.monotonic() + 90
-        while (held := _in_vllm(url)) < QUEUE_CAP and time.monotonic() < deadline and not first.done():
-            time.sleep(0.05)
-        ended = ""
-        if first.done():
-            codes = sorted(r.status_code for r in first.result()) if first.exception() is None else first.exception()
-            ended = f"; the first wave ended: {codes}"
-        assert held >= QUEUE_CAP, f"vLLM took in {held:g} of the first wave's {QUEUE_CAP} requests in 90 s{ended}"
-        second = _post_at_once(client, OVER_CAP, 16)
-        return first.result(timeout=120), second
+
+
+@contextmanager
+def _engine_paused(server: VllmServer) -> Iterator[None]:
+    engines = server.engine_core_pids()
+    assert engines, "no EngineCore process under the vLLM server"
+    for pid in engines:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in engines:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _completed(stream: httpx.Response) -> bool:
+    """True when a streamed completion ran to vLLM's closing `data: [DONE]`."""
+    return any(line == "data: [DONE]" for line in stream.iter_lines())
+
+
+def _fill_then_overflow(server: VllmServer) -> tuple[list[bool], list[httpx.Response | None]]:
+    """The cap filled with streams while the engine is paused, then the second wave sent one by one. Whether each
+    stream completed once the engine resumed, and the second wave's answers (None: no answer in 10 s, i.e. taken
+    in, waiting for the paused engine)."""
+    url = server.base_url
+    _wait_idle(url)
+    limits = httpx.Limits(max_connections=QUEUE_CAP + 1)
+    with httpx.Client(base_url=url, timeout=60, limits=limits) as client, ExitStack() as streams:
+        with _engine_paused(server):
+            first: list[httpx.Response] = []
+            for _ in range(QUEUE_CAP):
+                request = client.build_request("POST", "/v1/completions", json={**BODY, "stream": True})
+                response = client.send(request, stream=True)
+                streams.callback(response.close)
+                assert response.status_code == 200, f"the first wave's request {len(first) + 1}: {response.status_code}"
+                first.append(response)
+            second: list[httpx.Response | None] = []
+            for _ in range(OVER_CAP):
+                try:
+                    second.append(client.post("/v1/completions", json=BODY, timeout=10))
+                except httpx.TimeoutException:
+                    second.append(None)
+        return [_completed(stream) for stream in first], second
 
 
 def test_vllms_own_refusals_are_counted_and_exported(vllm_server: VllmServer, tmp_path: Path) -> None:
@@ -92,11 +109,11 @@ def test_vllms_own_refusals_are_counted_and_exported(vllm_server: VllmServer, tm
     try:
         sidecar.wait_ready(timeout_s=30)
         before = _refused(fetch_metrics(vllm_server.base_url))
-        first, second = _fill_then_overflow(vllm_server.base_url)
-        assert [response.status_code for response in first] == [200] * QUEUE_CAP
-        refused = [response for response in second if response.status_code == 503]
-        codes = sorted(response.status_code for response in second)
-        assert refused, f"{OVER_CAP} requests over a full cap of {QUEUE_CAP}: none refused ({codes})"
+        first, second = _fill_then_overflow(vllm_server)
+        assert first == [True] * QUEUE_CAP, "the first wave's streams, once the engine resumed"
+        refused = [response for response in second if response and response.status_code == 503]
+        codes = [response.status_code if response else "no answer" for response in second]
+        assert len(refused) == OVER_CAP, f"{OVER_CAP} requests over a full cap of {QUEUE_CAP}: {codes}"
         assert "cannot accept new requests" in refused[0].text
         after = _refused(fetch_metrics(vllm_server.base_url))
         assert after - before == len(refused)
