@@ -27,6 +27,7 @@ SETS = {
     "heldout-25e",
     "heldout-25f",
     "heldout-25g",
+    "heldout-25h",
 }
 
 
