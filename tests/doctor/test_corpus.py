@@ -28,6 +28,7 @@ SETS = {
     "heldout-25f",
     "heldout-25g",
     "heldout-25h",
+    "heldout-25i",
 }
 
 
