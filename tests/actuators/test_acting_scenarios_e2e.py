@@ -1,5 +1,7 @@
-"""End to end under a real systemd: the simulator's `burst` and `leak` scenarios, load sent the way a router
-sends it (only while the sidecar's /readyz says 200), and the daemon acting through the systemd adapter."""
+"""End to end under a real systemd: the simulator's `leak` scenario as a unit, load sent the way a router sends it
+(only while the sidecar's /readyz says 200), and the daemon's planned restart through the systemd adapter. (The
+`burst`, where the sidecar only pauses admission, is a virtual-time story in
+tests/scenarios/test_virtual_time_stories.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from tests.adapters.daemon_process import SidecarProcess
 from tests.loopback import closed_port
 
-from .test_acting_systemd_e2e import ReadinessWatch, _healthy, _main_pid, _wait
+from .test_acting_systemd_e2e import _healthy, _main_pid, _wait
 from .units import python_lines, service
 from .user_systemd import UserSystemd
 
@@ -65,41 +67,6 @@ def _loadtest(url: str, sidecar: SidecarProcess, *args: str) -> subprocess.Popen
 
 def _events(sidecar: SidecarProcess) -> list[dict[str, Any]]:
     return [json.loads(line) for line in sidecar.log_path.read_text().splitlines() if line.startswith("{")]
-
-
-def test_burst_pauses_admission_before_the_oom_and_vllm_survives(user_systemd: UserSystemd, tmp_path: Path) -> None:
-    vllm_log = tmp_path / "vllm.log"
-    unit, url = _start_sim_unit(user_systemd, "burst", vllm_log)
-    first_pid = _main_pid(user_systemd, unit)
-    sidecar = _sidecar(user_systemd, unit, url, tmp_path)
-    readiness = ReadinessWatch(sidecar.url)
-    # The same load that kills this simulator in ~10 s without the sidecar (see tests/scenarios).
-    load = _loadtest(
-        url, sidecar, "--rate", "8", "--prompt-tokens", "2000", "--output-tokens", "256", "--duration", "25"
-    )
-    try:
-        stdout, _ = load.communicate(timeout=90)
-        report = json.loads(stdout)
-        readiness.stop()
-        alive = _healthy(url)
-        pid_after = _main_pid(user_systemd, unit)
-        status = sidecar.get("/status").json()
-    finally:
-        load.kill()
-        sidecar.kill()
-        user_systemd.call("StopUnit", "ss", unit, "replace")
-    assert alive, "vLLM died despite the pause"
-    assert pid_after == first_pid, "vLLM was restarted: it should only have been protected by the pause"
-    assert report["server"]["died"] is False
-    assert report["requests"]["failures"]["not_ready"] > 0, "the router never held traffic"
-    assert 503 in readiness.statuses
-    pauses = [e for e in _events(sidecar) if e["event"] == "action" and e["action"] == "pause_admission"]
-    assert pauses, "the sidecar never paused admission"
-    assert "GPU free memory" in pauses[0]["reason"]
-    assert status["policy"]["restarts"] == {}
-    printed = vllm_log.read_text()
-    assert "Uvicorn running" in printed  # the log does hold what vLLM printed...
-    assert "OutOfMemoryError" not in printed  # ...and it never ran out of memory
 
 
 def test_leak_gets_a_planned_restart_before_it_kills_vllm(user_systemd: UserSystemd, tmp_path: Path) -> None:

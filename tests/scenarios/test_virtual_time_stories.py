@@ -11,6 +11,11 @@ What each test expects was worked out from the scenario and the policy's default
   2 running requests finish (well inside --drain-timeout's 120 s) because no new request is admitted meanwhile.
   (Corrected after the first run: "one restart by 1300 s" was wrong. The second vLLM leaks alike and reaches
   600 s of uptime at about 1210 s, so it is restarted too; the test now checks that cadence.)
+- the burst, under its own calibrated load (which kills a vLLM left alone between 10 and 40 s,
+  test_scenario_signals.py), sent only while /readyz admits, the sidecar polling every 0.5 s on its defaults:
+  admission is paused, first for GPU free memory, before any death; vLLM lives through 60 s; nothing is
+  restarted. (This replaced a real-time test under systemd that asserted the same; the systemd adapter's restart
+  is the leak's test there.)
 """
 
 from __future__ import annotations
@@ -57,3 +62,17 @@ async def test_the_sidecar_restarts_the_slow_leak_before_it_kills_vllm(tmp_path:
     assert drained["wall_time_s"] is not None
     assert began["wall_time_s"] is not None
     assert drained["wall_time_s"] - began["wall_time_s"] < 30.0  # the 2 running requests finish in seconds
+
+
+@pytest.mark.looptime
+async def test_the_sidecar_pauses_admission_through_the_burst_and_vllm_survives(tmp_path: Path) -> None:
+    vllm = InProcessVllm(scenario_config("burst"), scenario_load("burst"))
+    story = Story(vllm=vllm, policy=policy_settings(interval_s=0.5), state_dir=tmp_path, interval_s=0.5)
+    acting = await story.play(until_s=60.0)
+    (life,) = vllm.lives
+    assert life.died_s is None, f"vLLM died of {life.death} at {life.died_s:.0f} s"
+    assert dict(acting.restarts) == {}
+    pauses = [decision for decision in acting.recent if "pause_admission" in decision["actions"]]
+    assert pauses, "the sidecar never paused admission"
+    assert "GPU free memory" in pauses[0]["reason"], pauses[0]
+    assert life.finished_requests > 0
