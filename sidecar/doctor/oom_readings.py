@@ -1,12 +1,14 @@
 """The readings of an out-of-memory error where vLLM's own budget is not what to change. Pure.
 
-Checked before the budget's readings (`log_memory`): sleep mode could not map its memory back; the card had
-the memory; another process holds what the budget counts on; one step asked for more than any budget leaves;
-the weights do not fit the card. Also here: the stranded-memory test both use, and the phase's words.
+Checked before the budget's readings (`log_memory`): a TPU kernel's on-chip scratch, not the device's memory;
+sleep mode could not map its memory back; the card had the memory; another process holds what the budget counts
+on; one step asked for more than any budget leaves; the weights do not fit the card. Also here: the
+stranded-memory test both use, and the phase's words.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from sidecar.doctor import remedies
@@ -24,6 +26,9 @@ MIN_SLACK_BYTES = 64 * 2**20  # stranded memory under this is the caching alloca
 STRANDED_MARGIN = 4  # a small shortfall is fragmentation when the stranded memory holds it this many times
 NOT_SHORT_FREE_SHARE = 0.1  # free at the error at least this share of the card (and twice the ask): no shortage
 MAX_TRANSIENT_SHARE = 0.2  # a shortfall beyond this share of the card is no transient a budget makes room for
+# XLA's on-chip memory spaces (a TensorCore's vector and scalar scratch), as its RESOURCE_EXHAUSTED names them:
+# a kernel's own need while compiling, which no budget of the device's memory (HBM) changes.
+_ON_CHIP = re.compile(r"memory space (vmem|smem)\b", re.IGNORECASE)
 _PHASE_TEXT = {
     OomPhase.WEIGHT_LOADING: "loading the model's weights",
     OomPhase.PROFILING: "profiling memory at start (before the KV cache)",
@@ -42,8 +47,8 @@ def not_the_budget(
 ) -> Finding | None:
     """The readings where vLLM's own budget is not what to tune, checked first: sleep mode's wake-up, memory that
     was free, another process, one step larger than any margin, weights beyond the card."""
-    if phase is OomPhase.WAKE_UP:
-        return _wake_up(lines)
+    if (outside := _outside_the_budget(oom, phase, lines)) is not None:
+        return outside
     if _not_short(oom):
         return _not_a_shortage(oom, phase, lines)
     if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
@@ -53,6 +58,29 @@ def not_the_budget(
     if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
         return weights_do_not_fit(oom, ledger, setup, lines)
     return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
+
+
+def _outside_the_budget(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding | None:
+    """Memory the budget does not share out: a TPU kernel's on-chip scratch, sleep mode's mapping back."""
+    if (on_chip := _ON_CHIP.search(oom.message)) is not None:
+        return _on_chip_scratch(on_chip.group(1).upper(), lines)
+    return _wake_up(lines) if phase is OomPhase.WAKE_UP else None
+
+
+def _on_chip_scratch(space: str, lines: list[str]) -> Finding:
+    return Finding(
+        cause=Cause.OTHER,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"a TPU kernel needed more of the core's on-chip {space} than it has, while compiling: not the device "
+            "memory vLLM's budget governs"
+        ),
+        evidence=(*lines, f"{space} is a TensorCore's own scratch memory, not HBM: no budget or length changes it"),
+        steps=(
+            "no memory flag applies; the kernel's tiling for the shape it compiled does: try a smaller compiled "
+            "batch (--max-num-batched-tokens) and report the program's requirement to the TPU backend",
+        ),
+    )
 
 
 def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> bool:

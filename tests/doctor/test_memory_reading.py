@@ -381,3 +381,19 @@ def test_a_bare_cuda_error_in_any_case_is_an_out_of_memory_error() -> None:
     assert parse_log("Runtime Error: Cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp: 62").oom
     assert parse_log("RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62").oom
     assert parse_log("an error in the kernel's memory accounting").oom is None
+
+
+def test_a_tpu_kernels_on_chip_scratch_is_not_the_devices_memory() -> None:
+    """XLA names the memory space it ran out of: `hbm` is the device's memory, which vLLM's budget shares out;
+    `vmem` is a TensorCore's own scratch, a compiled kernel's need that no budget or length changes."""
+    error = (
+        "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in "
+        "memory space vmem. Used 80.00M of 64.00M vmem. Exceeded vmem capacity by 16.00M."
+    )
+    start = "ERROR 06-03 07:41:11 [core.py:1184] EngineCore failed to start.\n"
+    finding = _finding(f"{start}{error}\n")
+    assert finding.cause is Cause.OTHER
+    assert "VMEM" in finding.summary
+    assert not finding.recommendations
+    hbm = error.replace("memory space vmem", "memory space hbm").replace("vmem", "hbm")
+    assert _finding(f"{start}{hbm}\n").cause is not Cause.OTHER
