@@ -51,6 +51,9 @@ XID = 79
 # ~2 %).
 KV_BLOCKS = 864
 MAX_NUM_SEQS = 10  # of the 12 clients: 2 wait for capacity
+# Prometheus has stored every scrape that began this long ago (1 s interval and timeout): an instant that old
+# reads the same at any later query.
+SETTLED_S = 2.0
 
 # The exec adapter's command: fails the first time (as a missing unit would), succeeds after.
 RESTART_SCRIPT = """#!/bin/sh
@@ -208,9 +211,11 @@ class DashboardStack:
             time.sleep(0.25)
         raise RuntimeError(f"sidecar A never exported {pattern!r}: {self.sidecar.log_path.read_text()[-3000:]}")
 
-    def wait_complete(self, timeout_s: float = 60.0) -> None:
+    def wait_complete(self, timeout_s: float = 60.0) -> float:
         """Until Prometheus holds every state the dashboard shows: the slowest is time to OOM, which needs 30 s
-        of memory history in the sidecar."""
+        of memory history in the sidecar. Returns the instant at which all of them held, every query evaluated
+        at it: a state can come and go (the forecast flickers as the leak's trend moves), and a check that reads
+        each at its own "now" passed in CI run 29 with time to OOM gone a moment later, at the window's end."""
         assert self.prometheus is not None
         wanted = {
             "time to OOM": "vllm_sidecar_gpu_time_to_oom_seconds",
@@ -224,9 +229,10 @@ class DashboardStack:
         deadline = time.monotonic() + timeout_s
         missing = list(wanted)
         while time.monotonic() < deadline:
-            missing = [what for what, expr in wanted.items() if not self.prometheus.query(expr)]
+            at = time.time() - SETTLED_S
+            missing = [what for what, expr in wanted.items() if not self.prometheus.query(expr, at=at)]
             if not missing:
-                return
+                return at
             time.sleep(1)
         raise RuntimeError(f"Prometheus still lacks {missing} after {timeout_s} s")
 

@@ -17,7 +17,6 @@ import json
 import math
 import re
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,8 +280,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     try:
         prometheus = stack.start()
         stack.exercise()
-        stack.wait_complete(timeout_s=75)
-        yield Live(prometheus, prometheus.started_at, time.time())
+        # The window ends where every state the dashboard shows was in Prometheus at once.
+        yield Live(prometheus, prometheus.started_at, stack.wait_complete(timeout_s=75))
     finally:
         stack.stop()
 
