@@ -45,8 +45,9 @@ _PHASE_TEXT = {
 def not_the_budget(
     oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, *, log: LogFacts, lines: list[str]
 ) -> Finding | None:
-    """The readings where vLLM's own budget is not what to tune, checked first: sleep mode's wake-up, memory that
-    was free, another process, one step larger than any margin, weights beyond the card."""
+    """The readings where vLLM's own budget is not what to tune, checked first: a TPU kernel's on-chip scratch,
+    sleep mode's wake-up, memory that was free, another process, one step larger than any margin, weights beyond
+    the card."""
     if (outside := _outside_the_budget(oom, phase, lines)) is not None:
         return outside
     if _not_short(oom):

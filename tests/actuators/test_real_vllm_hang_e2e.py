@@ -342,7 +342,8 @@ def _stop_while_busy(engine_pid: int, url: str, timeline: Timeline) -> float:
     """SIGSTOP the EngineCore at a moment its frozen metrics show requests running; the wall time of that stop.
 
     vLLM's API server shows the stats the engine last sent: a stop just as its requests changed can freeze them
-    at 0 running, which is the idle wedge (phase 2), not this one. Then it goes on and is stopped again.
+    at 0 running, which is the idle wedge (tests/chaos/test_back_fast_real_vllm.py's), not this one. Then it goes
+    on and is stopped again.
     """
     for _ in range(5):
         os.kill(engine_pid, signal.SIGSTOP)
