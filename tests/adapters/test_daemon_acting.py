@@ -49,6 +49,13 @@ def _wait_for(predicate: object, timeout_s: float = 20.0) -> float:
     raise AssertionError("condition not met in time")
 
 
+def _past_startup_grace(sidecar: SidecarProcess) -> None:
+    """Wait until the policy acts. The capture is frozen: its 8 running requests never progress, so from the
+    second poll on the stall reads `pressure` (and pauses at --stall-pause-after). `normal` shows for one poll
+    at most, and waiting for it raced a busy box."""
+    _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] in ("normal", "pressure"))
+
+
 def _polls(vllm: LoopbackServer, count: int) -> None:
     """Wait until the sidecar has asked vLLM for /metrics `count` more times: `count - 1` whole polls from now
     (the first may have read the route as it was)."""
@@ -80,7 +87,7 @@ def test_kv_pressure_pauses_admission_with_hysteresis_and_dwell(vllm: LoopbackSe
     # stall pause would (rightly) hold admission past the KV resume this test is about.
     sidecar = _start(vllm, tmp_path, "--stall-pause-after", "3600")
     try:
-        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        _past_startup_grace(sidecar)
         vllm.routes["/metrics"] = respond(body=_with_usage(0.95))
         _wait_for(lambda: sidecar.get("/readyz").status_code == 503, 5)
         ready = sidecar.get("/readyz")
@@ -146,12 +153,10 @@ def test_dry_run_decides_and_reports_but_never_pauses(vllm: LoopbackServer, tmp_
 def test_admin_api_needs_the_token_and_logs_the_caller(vllm: LoopbackServer, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    # The capture is frozen (see above): its stall reads `pressure` from the first polls and would pause
-    # admission at 10 s. Waiting for `normal` raced it (failed once in CI under load, passed alone): the stall
-    # pause is moved out of the way, and any state past the startup grace will do.
+    # The frozen capture's stall would pause admission at 10 s: moved out of the way.
     sidecar = _start(vllm, tmp_path, "--admin-token-file", str(token_file), "--stall-pause-after", "3600")
     try:
-        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] in ("normal", "pressure"))
+        _past_startup_grace(sidecar)
         pause = sidecar.url + "/admin/pause"
         assert httpx.post(pause, timeout=5).status_code == 401
         assert httpx.post(pause, headers={"Authorization": "Bearer not-the-token-000000"}, timeout=5).status_code == 403
@@ -210,9 +215,12 @@ def test_pause_is_posted_to_a_signed_webhook(vllm: LoopbackServer, tmp_path: Pat
     key_file = tmp_path / "hmac.key"
     key_file.write_text("a-shared-signing-key")
     hook = f"http://127.0.0.1:{server.server_address[1]}/hooks/S3CRETPATH"
-    sidecar = _start(vllm, tmp_path, "--webhook-url", hook, "--webhook-hmac-key-file", str(key_file))
+    # The stall pause is moved out of the way, so the one pause is the KV one.
+    sidecar = _start(
+        vllm, tmp_path, "--webhook-url", hook, "--webhook-hmac-key-file", str(key_file), "--stall-pause-after", "3600"
+    )
     try:
-        _wait_for(lambda: sidecar.get("/status").json()["policy"]["state"] == "normal")
+        _past_startup_grace(sidecar)
         vllm.routes["/metrics"] = respond(body=_with_usage(0.96))
         _wait_for(lambda: len(received) >= 1, 10)
     finally:
