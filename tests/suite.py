@@ -27,6 +27,7 @@ tests/unit`). Each run has its own temporary folder and its own pytest cache (wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -193,7 +194,8 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
                 )
                 if output is not None:
                     output.close()  # the child holds its own copy
-            codes = tuple(process.wait() for process in processes)
+            spent = _wait_for_lanes(processes, started)
+            codes = tuple(process.returncode for process in processes)
         finally:
             for process in processes:
                 if process.poll() is None:
@@ -215,9 +217,30 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
         ended = time.monotonic() - started
         exits = ", ".join(f"{lane.name} exit {code}" for lane, code in zip(runs, codes, strict=True))
         print(f"\nsuite: {ended:.0f} s in all; {exits}", flush=True)
+        print(
+            "  lanes (ended after, CPU of the lane and the processes it waited for): "
+            + "; ".join(
+                f"{lane.name} {wall:.0f} s, {cpu:.0f} CPU-s" for lane, (wall, cpu) in zip(runs, spent, strict=True)
+            )
+        )
         for line in lines:
             print(f"  {line}")
     return 0 if ok else 1
+
+
+def _wait_for_lanes(processes: list[subprocess.Popen[bytes]], started: float) -> list[tuple[float, float]]:
+    """Wait for every lane; per lane, when it ended (s after `started`) and the CPU seconds it and the processes
+    it waited for used (os.wait4's rusage): where the stage's two cores went."""
+    spent = [(0.0, 0.0)] * len(processes)
+    by_pid = {process.pid: index for index, process in enumerate(processes)}
+    while by_pid:
+        pid, status, usage = os.wait4(-1, 0)
+        index = by_pid.pop(pid, None)
+        if index is None:
+            continue  # not a lane (none is started here; kept safe)
+        processes[index].returncode = os.waitstatus_to_exitcode(status)
+        spent[index] = (time.monotonic() - started, usage.ru_utime + usage.ru_stime)
+    return spent
 
 
 def main(argv: list[str]) -> int:

@@ -116,7 +116,7 @@ def sequences(draw: st.DrawFn) -> list[Snapshot]:
     backs=st.lists(st.sampled_from([0.0, 1.0, 3.0, 10.0, 1e9]), min_size=1, max_size=4),
     horizon=st.sampled_from([1, 2, 5]),
 )
-@budget(2.0)
+@budget()  # 200 examples: drawing 40 snapshots is most of each one's time (PROPERTY_PROFILE=long soaks)
 def test_trackers_equal_the_functions_over_the_window(  # noqa: PLR0917 - hypothesis passes what it draws
     shots: list[Snapshot], span_s: float, max_snapshots: int, steps: list[str], backs: list[float], horizon: int
 ) -> None:
