@@ -43,6 +43,7 @@ from sidecar.doctor.start_readings import (
     free_memory_refusal,
     kv_refusal,
     no_kv_room,
+    profile_check,
     sampler_warmup,
     sequences,
 )
@@ -63,6 +64,8 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
         finding = sampler_warmup(refusal, ledger, setup, log)
     elif refusal is not None and refusal.kind is RefusalKind.CPU_KV_OVER_AVAILABLE:
         finding = cpu_kv_refusal(refusal)
+    elif refusal is not None and refusal.kind is RefusalKind.PROFILE_FREE_DID_NOT_FALL:
+        finding = profile_check(refusal)
     elif refusal is not None and refusal.kind in (RefusalKind.MAX_LEN_EXCEEDS_KV, RefusalKind.NO_CACHE_MEMORY):
         finding = kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
     elif log.oom is not None:

@@ -86,6 +86,11 @@ _CPU_NODE = loose(
     r"Available memory on node \d+ \(" + _NUM + "/" + _NUM + r" GiB\) on kv cache allocation is less than requested "
     r"memory for kv \(" + _NUM + "/" + _NUM + r" GiB\)"
 )
+# The memory profile's own check (V0 worker.py 0.5-0.6, then V0/V1 gpu workers to 0.10+): "Error in memory
+# profiling." alone (0.5), or with "Initial free memory X, current free memory Y" after it: bytes (0.6), GiB (0.7+).
+_PROFILE_CHECK = loose(
+    r"Error in memory profiling\.(?: Initial free memory " + _NUM + r"( GiB)?, current free memory " + _NUM + ")?"
+)
 _SAMPLER = loose(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
 _AVAILABLE_AT_START = loose(
     r"Available memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) is below required GPU memory "
@@ -353,6 +358,24 @@ def _sampler(match: re.Match[str], facts: Facts) -> None:
     )
 
 
+def _profile_check(match: re.Match[str], facts: Facts) -> None:
+    text = match.string
+    at = text.find("AssertionError:")
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.PROFILE_FREE_DID_NOT_FALL,
+        line=text[at:].strip() if at >= 0 else text[match.start() :].strip(),
+        free_gib=_gib_or_bytes(match.group(1), in_gib=bool(match.group(2))),
+        free_after_gib=_gib_or_bytes(match.group(3), in_gib=bool(match.group(2))),
+    )
+
+
+def _gib_or_bytes(number: str | None, *, in_gib: bool) -> float | None:
+    if not number:
+        return None
+    value = float(number)
+    return value if in_gib else value / 2**30
+
+
 def _error_line(match: re.Match[str]) -> str:
     text = match.string
     at = text.find("RuntimeError:")
@@ -492,6 +515,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
     _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
     _simple(_SAMPLER, _sampler, needle="sampler"),
+    _simple(_PROFILE_CHECK, _profile_check, needle="profiling"),
     _simple(_CPU_NODE, _cpu_node, needle="node"),
     _simple(_STATS, _stats, needle="Running"),
     _simple(_PREEMPTED, _preempted, needle="preempted"),

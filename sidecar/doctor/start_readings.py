@@ -10,6 +10,8 @@
   what is free, or fewer sequences and batched tokens when the activations are what ate it.
 * The sampler's warm-up with max_num_seqs dummy requests: fewer sequences; a lower budget only when the
   warm-up ran after the KV cache was allocated (in the profile run the budget does not cap it).
+* The memory profile's own check (free memory did not fall while vLLM loaded and profiled): the card's free count
+  moved underneath vLLM (another process freed memory) or is not the device's (a GPU-sharing layer): no flag.
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ def free_memory_refusal(refusal: Refusal) -> Finding:
         summary="vLLM could not start: the card has less free memory than gpu_memory_utilization asks for",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def profile_check(refusal: Refusal) -> Finding:
+    """vLLM sizes its KV cache from how far the card's free memory fell while it loaded and profiled: when free
+    memory did not fall, that reading is not vLLM's alone, and no budget, length or batch changes it."""
+    lines = [f"vLLM refused to start: {refusal.line}"]
+    if refusal.free_gib is not None and refusal.free_after_gib is not None:
+        rose = refusal.free_after_gib - refusal.free_gib
+        moved = f"rose by {rose:.2f} GiB" if rose > 0 else "did not move"
+        lines.append(
+            f"free memory {refusal.free_gib:.2f} GiB before loading, {refusal.free_after_gib:.2f} GiB after the "
+            f"profile run: it {moved}, though vLLM had just loaded its weights there"
+        )
+    return Finding(
+        cause=Cause.OTHER,
+        severity=Severity.CRITICAL,
+        summary=(
+            "vLLM could not measure its own memory: the card's free memory did not fall while vLLM loaded and "
+            "profiled, so another process released memory meanwhile, or the free count is not the device's"
+        ),
+        evidence=tuple(lines),
+        steps=(
+            "start vLLM once nothing else on the card is starting or exiting (a previous vLLM or job still "
+            "releasing memory: see nvidia-smi's processes), or give vLLM a card of its own",
+            "under a GPU-sharing layer (vGPU, HAMi, a device plugin that slices cards) check that the free memory "
+            "it reports moves with allocations; it is that layer's count vLLM reads. No memory flag changes this",
+        ),
     )
 
 

@@ -397,3 +397,37 @@ def test_a_tpu_kernels_on_chip_scratch_is_not_the_devices_memory() -> None:
     assert not finding.recommendations
     hbm = error.replace("memory space vmem", "memory space hbm").replace("vmem", "hbm")
     assert _finding(f"{start}{hbm}\n").cause is not Cause.OTHER
+
+
+@pytest.mark.parametrize(
+    ("line", "moved"),
+    [
+        (  # 0.7+: GiB, the same number twice (a GPU-sharing layer's fixed count)
+            "AssertionError: Error in memory profiling. Initial free memory 23.4375 GiB, current free memory "
+            "23.4375 GiB. This happens when other processes sharing the same container release GPU memory while "
+            "vLLM is profiling during initialization.",
+            "did not move",
+        ),
+        (  # 0.6: bytes, free memory rose (another process released some)
+            "AssertionError: Error in memory profiling. Initial free memory 20401094656, current free memory "
+            "22548578304. This happens when the GPU memory was not properly cleaned up before initializing the "
+            "vLLM instance.",
+            "rose by 2.00 GiB",
+        ),
+        (  # 0.5: no numbers
+            "AssertionError: Error in memory profiling. This happens when the GPU memory was not properly cleaned "
+            "up before initializing the vLLM instance.",
+            None,
+        ),
+    ],
+)
+def test_the_memory_profiles_own_check_is_no_budget_problem(line: str, moved: str | None) -> None:
+    """vLLM sizes its KV cache from how far free memory fell while it loaded and profiled; its assertion that it
+    fell is about the card's count, not the configuration: cause other, no flag."""
+    finding = _finding(f"ERROR 06-03 07:41:11 [core.py:1184] EngineCore failed to start.\n{line}\n")
+    assert finding.cause is Cause.OTHER
+    assert not finding.recommendations
+    assert finding.steps
+    if moved is not None:
+        assert any(moved in text for text in finding.evidence), finding.evidence
+    assert parse_log("INFO 06-03 07:41:11 [gpu_worker.py:1] Memory profiling takes 3.20 seconds\n").refusal is None
