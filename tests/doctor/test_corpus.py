@@ -29,6 +29,7 @@ SETS = {
     "heldout-25g",
     "heldout-25h",
     "heldout-25i",
+    "heldout-25j",
 }
 
 
