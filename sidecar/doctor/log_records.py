@@ -9,7 +9,10 @@ group contents erased) starts enough lines of this log. `22.5 GiB KV cache is ne
 terminal wrapped, not a line with a `22.5` prefix.
 
 A line continues the record before it when it does not start a record of its own: it has no learned prefix,
-and it is neither indented (a traceback's code), nor a traceback or exception line, nor a progress bar. The
+and it is neither indented (a traceback's code), nor a traceback or exception line, nor a progress bar, nor led
+by a clock time (a record whose prefix shape is this log's only one of it). An indented line does continue a record
+when its indentation is exactly where the record's message starts after its head: a hanging indent, as a
+logger or an author wraps a long message under itself. The
 continuation is appended to the record (with no space where a word was cut, `KV cach` + `e is needed`), so a
 message wrapped at any point reads as one line. Message patterns are written whitespace-tolerant (`loose`)
 for wraps that fell on a space the paste dropped.
@@ -54,6 +57,7 @@ _RECORD_START = re.compile(
          | [\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault)\b  # an exception line
          | .{0,80}?\d+%\|                        # a progress bar
          | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\ \d\d-\d\d  # vLLM's own logger, even on a line of its own
+         | (?:\d{4}-\d\d-\d\d[T\ ])?\d\d:\d\d:\d\d\b  # a clock time: a record of a shape seen once (no wrap)
          )""",
     re.VERBOSE,
 )
@@ -110,14 +114,16 @@ def join_lines(lines: list[str]) -> list[Record]:
     prefixes = [_learned_prefix(line, head, learned) for line, head in zip(lines, heads, strict=True)]
     non_empty = [prefix for line, prefix in zip(lines, prefixes, strict=True) if line.strip()]
     prefixed_log = bool(non_empty) and sum(1 for prefix in non_empty if prefix) >= _PREFIXED_LOG_SHARE * len(non_empty)
-    # Each record as its prefix and its parts, joined once at the end (a long run of continuations stays linear).
+    # Each record as its prefix and its parts, joined once at the end (a long run of continuations stays linear),
+    # and the column its message starts at after its head (0 without one): where a hanging indent puts the rest.
     joined: list[tuple[str, list[str]]] = []
+    message_at = 0
     size = 0
-    for line, prefix in zip(lines, prefixes, strict=True):
+    for line, prefix, head in zip(lines, prefixes, heads, strict=True):
         if (
             joined
             and size + len(line) <= _MAX_RECORD_CHARS
-            and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log)
+            and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log, hanging=message_at)
         ):
             parts = joined[-1][1]
             glue = _glue(parts[-1], line)
@@ -125,6 +131,7 @@ def join_lines(lines: list[str]) -> list[Record]:
             size += len(glue)
         else:
             joined.append((prefix, [line]))
+            message_at = head[-1][1] if head else 0
             size = len(line)
     return [Record(text="".join(parts), prefix=prefix) for prefix, parts in joined]
 
@@ -203,10 +210,13 @@ def _learned_prefix(line: str, head: list[tuple[str, int]], learned: set[tuple[s
     return ""
 
 
-def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefixed_log: bool) -> bool:
+def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefixed_log: bool, hanging: int) -> bool:
     last_part = previous[1][-1]
     if prefix or not line.strip() or not last_part.strip():
         return False
+    indent = len(line) - len(line.lstrip(" "))
+    if hanging and indent == hanging and not _RECORD_START.match(line[indent:]):
+        return True  # a hanging indent, under the message it continues
     if _RECORD_START.match(line):
         return False
     if prefixed_log:
@@ -220,6 +230,8 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
 def _glue(before: str, after: str) -> str:
     """`after` as it continues `before`: with no space where a word was cut (`KV cach` + `e`; loose patterns
     absorb a space the paste lost), with one where the wrap fell between punctuation and a word."""
+    if after[:1] == " " and not before[-1:].isspace():
+        return " " + after.lstrip(" ")  # a hanging indent: the wrap fell on a space
     if before[-1:].isspace() or after[:1].isspace():
         return after
     if before[-1:].isalpha() and after[:1].isalpha():

@@ -95,6 +95,35 @@ def test_a_traceback_keeps_its_lines_and_an_unprefixed_wrap_joins_the_line_befor
     ]
 
 
+def test_a_hanging_indent_continues_the_message_above_it_and_a_clock_time_starts_a_record() -> None:
+    """A logger (or a note's author) that wraps a long message under itself, at the column its message starts;
+    a record whose head is the log's only one of its shape still starts at its clock time."""
+    at = " " * len("22:12:16  INFO [worker.py:295] ")
+    text = "\n".join(
+        [
+            "22:12:15  INFO [worker.py:295] Memory profiling takes 257.11 seconds",
+            "22:12:16  INFO [worker.py:295] model weights take 6.59GiB; non_torch_memory takes 8.29GiB;",
+            at + "PyTorch activation peak memory takes 4.93GiB;",
+            at + "the rest of the memory reserved for KV Cache is -7.83GiB.",
+            "22:12:16.774710Z [error] vLLM model 'm' failed: No available memory",
+            " " * len("22:12:16.774710Z [error] ") + "for the cache blocks. Try increasing `gpu_memory_utilization`.",
+            "Traceback (most recent call last):",
+            " " * 2 + 'File "x.py", line 1, in f',
+        ]
+    )
+    read = [record.text for record in records(text)]
+    assert read[1] == (
+        "22:12:16  INFO [worker.py:295] model weights take 6.59GiB; non_torch_memory takes 8.29GiB; PyTorch activation"
+        " peak memory takes 4.93GiB; the rest of the memory reserved for KV Cache is -7.83GiB."
+    )
+    assert read[2].endswith("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.")
+    assert read[3:] == ["Traceback (most recent call last):", '  File "x.py", line 1, in f']
+    facts = parse_log(text)
+    assert facts.refusal is not None
+    assert facts.refusal.kind is RefusalKind.NO_CACHE_MEMORY
+    assert facts.profile is not None
+
+
 def test_the_rank_and_the_process_come_from_the_prefix() -> None:
     text = "\n".join(
         f"(VllmWorker rank={rank} pid={100 + rank}) ERROR 05-10 16:00:15 [multiproc_executor.py:470] line {rank}"
