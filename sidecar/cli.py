@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -26,7 +27,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"vllm-sidecar: error: {message} (see {self.prog} --help)\n")
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's parser (a misspelt flag or variable is told apart from another command's). Built once per
+    process: it reads nothing but the settings models, and parsing leaves it as it was."""
     parser = _Parser(
         prog="vllm-sidecar",
         description="Watches a vLLM server and its GPUs, derives what vLLM does not export, and re-exports it.",
