@@ -74,7 +74,7 @@ def diagnose(evidence: Evidence) -> Diagnosis:
 def _for_version(finding: Finding, setup: Setup) -> Finding:
     """The last guard of the version table: no flag the detected vLLM does not have (the rules check it where
     they choose between flags; this catches any that does not)."""
-    kept = tuple(r for r in finding.recommendations if available(r.flag, setup.version))
+    kept = tuple(r for r in finding.recommendations if available(r.flag, setup.version, v0_log=setup.v0_log))
     return finding if len(kept) == len(finding.recommendations) else replace(finding, recommendations=kept)
 
 

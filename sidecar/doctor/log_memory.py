@@ -26,6 +26,7 @@ from sidecar.doctor.capture_sizes import fewer_graphs
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib
+from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, RefusalKind
 from sidecar.doctor.oom_readings import (
@@ -70,6 +71,8 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
         finding = kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
     elif log.oom is not None:
         finding = _oom(log.oom, ledger, setup, log)
+    elif log.host_memory is not None:
+        finding = host_memory_finding(log.host_memory, log)
     elif log.num_gpu_blocks == 0 or (ledger.kv is not None and ledger.kv.value_bytes <= 0):
         finding = no_kv_room(None, ledger, setup, log)
     else:

@@ -14,7 +14,16 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.doctor.log_records import Record, join_lines, loose, records
-from sidecar.doctor.logfacts import LogFacts, MemoryProfile, Refusal, RefusalKind, SchedulerStats, ServerArgs
+from sidecar.doctor.logfacts import (
+    HostMemory,
+    HostMemoryKind,
+    LogFacts,
+    MemoryProfile,
+    Refusal,
+    RefusalKind,
+    SchedulerStats,
+    ServerArgs,
+)
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, oom_phase
 
@@ -64,6 +73,11 @@ _V0_PROFILE = loose(
 _KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
 _CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
 _BLOCKS = loose(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
+_CPU_BLOCKS = loose(r"# CPU blocks: (\d+)")
+# The host's memory: a file the host would not map (safetensors maps each weights file whole), the kernel's OOM
+# killer as a shell, dmesg or Kubernetes reports it.
+_MAP_REFUSED = loose(r"unable to mmap (\d+) bytes from file .*Cannot allocate mem")
+_KILLED = re.compile(r"(?:^|\s)Killed\s*$|\bOOMKilled\b|Out of memory: Killed process \d+")
 _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
 # Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
 # total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
@@ -134,6 +148,8 @@ _ARG_TYPES: dict[str, type] = {
     "dtype": str,
     "pipeline_parallel_size": int,
     "enforce_eager": bool,
+    "swap_space": float,
+    "cpu_offload_gb": float,
 }
 
 Facts = dict[str, object]
@@ -161,7 +177,7 @@ def shows_serving(lines: list[str]) -> bool:
 
 
 def _failed(facts: LogFacts) -> bool:
-    return facts.refusal is not None or facts.oom is not None or facts.engine_dead
+    return facts.refusal is not None or facts.oom is not None or facts.engine_dead or facts.host_memory is not None
 
 
 def _facts(log: list[Record]) -> LogFacts:
@@ -457,6 +473,17 @@ def _available_bytes(match: re.Match[str], facts: Facts) -> None:
     facts["available_kv_gib"] = available / 2**30
 
 
+def _map_refused(match: re.Match[str], facts: Facts) -> None:
+    text = match.string
+    at = text.find("RuntimeError:")
+    line = text[at:].strip() if at >= 0 else text[match.start() :].strip()
+    facts["host_memory"] = HostMemory(kind=HostMemoryKind.MAP_REFUSED, line=line, bytes=int(match.group(1)))
+
+
+def _killed(match: re.Match[str], facts: Facts) -> None:
+    facts["host_memory"] = HostMemory(kind=HostMemoryKind.KILLED, line=match.string.strip())
+
+
 def _blocks(match: re.Match[str], facts: Facts) -> None:
     facts["num_gpu_blocks"] = int(match.group(1) or match.group(2))
 
@@ -525,6 +552,9 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_KV_TOKENS, _store("kv_cache_tokens", lambda text: int(_number(text)))),
     _simple(_CONCURRENCY, _concurrency, needle="concurrency"),
     _simple(_BLOCKS, _blocks, needle="blocks"),
+    _simple(_CPU_BLOCKS, _store("cpu_blocks", int), needle="CPU"),
+    _simple(_MAP_REFUSED, _map_refused, needle="mmap"),
+    _simple(_KILLED, _killed, needle="Kill"),
     _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(_WEIGHTS, _weights, needle="took"),

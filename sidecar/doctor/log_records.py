@@ -58,6 +58,7 @@ _RECORD_START = re.compile(
          | .{0,80}?\d+%\|                        # a progress bar
          | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\ \d\d-\d\d  # vLLM's own logger, even on a line of its own
          | (?:\d{4}-\d\d-\d\d[T\ ])?\d\d:\d\d:\d\d\b  # a clock time: a record of a shape seen once (no wrap)
+         | Killed\s*$                           # a shell's word for a process SIGKILL ended
          )""",
     re.VERBOSE,
 )

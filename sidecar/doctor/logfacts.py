@@ -35,6 +35,8 @@ class ServerArgs:
     dtype: str | None = None
     pipeline_parallel_size: int | None = None
     enforce_eager: bool | None = None
+    swap_space: float | None = None  # V0: GiB of pinned host memory per GPU for swapped-out KV blocks
+    cpu_offload_gb: float | None = None
 
 
 class RefusalKind(StrEnum):
@@ -126,6 +128,20 @@ class CudaOom:
         return max(0, self.tried_bytes - self.free_bytes)
 
 
+class HostMemoryKind(StrEnum):
+    MAP_REFUSED = "map_refused"  # the host refused to map a file (a weights file) into memory: ENOMEM
+    KILLED = "killed"  # the process was killed: the kernel's OOM killer (a container's memory limit), or SIGKILL
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostMemory:
+    """The host's memory, not the accelerator's, gave out."""
+
+    kind: HostMemoryKind
+    line: str  # as printed, without the log's prefix
+    bytes: int | None = None  # what a refused map asked for
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryProfile:
     """The budget arithmetic vLLM logged at start (V0 `Memory profiling` or V1 `Free memory on device`)."""
@@ -172,6 +188,8 @@ class LogFacts:
     graph_capture_gib: float | None = None
     refusal: Refusal | None = None
     oom: CudaOom | None = None
+    host_memory: HostMemory | None = None
+    cpu_blocks: int | None = None  # V0: KV blocks in pinned host memory (--swap-space), from `# CPU blocks: N`
     preemptions: int | None = None  # V0's cumulative count from its warnings; V1 (0.11.2+) the stats lines' sum
     v1_preemptions: int | None = None  # the part of it from V1's stats lines (`Preemptions: N`)
     preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning

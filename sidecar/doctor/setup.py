@@ -52,6 +52,7 @@ class Setup:
     device: str | None  # "cpu" when the log says vLLM runs on the CPU backend
     weights_gib: Fact[float] | None
     card: GpuDevice | None  # the first watched GPU, for defaults that depend on its size
+    v0_log: bool = False  # the log is V0's (its engine, or its `# CPU blocks` line): a release before V0's removal
 
 
 def resolve(evidence: Evidence) -> Setup:
@@ -98,6 +99,7 @@ def resolve(evidence: Evidence) -> Setup:
         or 1,
         quantization=(args.quantization if args is not None else None) or (log.quantization if log else None),
         kv_cache_dtype=(args.kv_cache_dtype if args is not None else None) or (log.kv_cache_dtype if log else None),
+        v0_log=log is not None and (log.engine == "v0" or log.cpu_blocks is not None),
         device=log.device if log is not None else None,
         weights_gib=Fact(log.weights_gib, "the model-loading line of the log")
         if log is not None and log.weights_gib is not None

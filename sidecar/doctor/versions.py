@@ -25,6 +25,7 @@ class FlagSpan:
 # Checked against vLLM's own argument parser (vllm/engine/arg_utils.py) and envs.py of every release from 0.7.3 to
 # 0.33.0 and of 0.5.4 and 0.6.6 (`pip download --no-deps vllm==X`); docs/doctor.md ("Version table") lists them.
 CHECKED = "0.5.4, 0.6.6, 0.7.3 to 0.33.0"
+V0_REMOVED: Version = (0, 11, 0)  # the first release without V0's engine (vllm-project/vllm #25033 and its kin)
 
 
 FLAGS: dict[str, FlagSpan] = {
@@ -41,6 +42,12 @@ FLAGS: dict[str, FlagSpan] = {
         FlagSpan(flag="--kv-cache-dtype", since=None, source="EngineArgs, every release checked (fp8 since 0.5)"),
         FlagSpan(flag="--enforce-eager", since=None, source="EngineArgs, every release checked"),
         FlagSpan(flag="--cpu-offload-gb", since=None, source="EngineArgs, every release checked (0.5.4 on)"),
+        FlagSpan(
+            flag="--swap-space",
+            since=None,
+            until=(0, 18, 0),
+            source="EngineArgs.swap_space to 0.17.1, gone in 0.18.0 (vllm-project/vllm #36216; V1 never allocates it)",
+        ),
         FlagSpan(
             flag="--no-enable-prefix-caching",
             since=(0, 8, 0),
@@ -99,11 +106,14 @@ def parse_version(text: str | None) -> Version | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
-def available(flag: str, version: Version | None) -> bool:
-    """Whether `flag` may be recommended to a vLLM of `version` (None: unknown version)."""
+def available(flag: str, version: Version | None, *, v0_log: bool = False) -> bool:
+    """Whether `flag` may be recommended to a vLLM of `version` (None: unknown version); `v0_log`: the log shows
+    V0's engine, so the version, if unknown, is older than V0's removal."""
     span = FLAGS.get(flag)
     if span is None:
         raise KeyError(f"{flag} is not in the doctor's version table")
+    if span.until is not None and version is None and v0_log and span.since is None and span.until > V0_REMOVED:
+        return True  # in every release up to the last with V0, which this log's vLLM is one of
     if span.until is not None and (version is None or version >= span.until):
         return False  # gone from newer releases: only said to a version known to have it
     if span.since is None:

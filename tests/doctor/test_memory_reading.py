@@ -431,3 +431,45 @@ def test_the_memory_profiles_own_check_is_no_budget_problem(line: str, moved: st
     if moved is not None:
         assert any(moved in text for text in finding.evidence), finding.evidence
     assert parse_log("INFO 06-03 07:41:11 [gpu_worker.py:1] Memory profiling takes 3.20 seconds\n").refusal is None
+
+
+V0_BLOCKS = (
+    "INFO 01-23 07:32:42 model_runner.py:1071] Loading model weights took 4.3752 GB\n"
+    "INFO 01-23 07:34:26 gpu_executor.py:122] # GPU blocks: 11836, # CPU blocks: 4681\n"
+)
+
+
+def test_a_process_the_oom_killer_ended_is_the_hosts_memory() -> None:
+    """A shell's `Killed` (or Kubernetes' OOMKilled): host memory, which no GPU flag changes; right after V0 sized
+    its CPU blocks, the --swap-space it pins in host memory is the one vLLM flag that gives some back."""
+    after_blocks = _finding(V0_BLOCKS + "Killed\n")
+    assert after_blocks.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(after_blocks) == {"--swap-space": 1}
+    assert "4,681 CPU blocks" in " ".join(after_blocks.evidence)
+    bare = _finding("INFO 01-23 07:32:42 model_runner.py:1071] Loading model weights took 4.3752 GB\nKilled\n")
+    assert bare.cause is Cause.OTHER
+    assert not bare.recommendations
+    assert any("dmesg" in step for step in bare.steps)
+    assert parse_log("  Last State:  Terminated\n    Reason:  OOMKilled\n").host_memory is not None
+    assert parse_log("INFO 01-23 07:32:42 engine.py:1] the request was Killed by the user? no\n").host_memory is None
+    assert parse_log("INFO 01-23 07:32:42 engine.py:1] Skilled workers\n").host_memory is None
+
+
+def test_a_weights_file_the_host_would_not_map_is_the_hosts_memory() -> None:
+    line = (
+        "ERROR 06-02 09:39:03 [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file "
+        "</root/.cache/model.safetensors>: Cannot allocate memory (12)\n"
+    )
+    finding = _finding(line)
+    assert finding.cause is Cause.OTHER
+    assert not finding.recommendations
+    assert "15.77 GiB" in finding.summary
+
+
+def test_swap_space_is_said_only_to_a_release_that_has_it() -> None:
+    from sidecar.doctor.versions import available
+
+    assert available("--swap-space", (0, 6, 3))
+    assert not available("--swap-space", (0, 18, 0))
+    assert not available("--swap-space", None), "an unknown version may be one without it"
+    assert available("--swap-space", None, v0_log=True), "a V0 log is a release before 0.11.0"
