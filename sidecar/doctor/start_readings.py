@@ -31,6 +31,7 @@ from sidecar.doctor.versions import available
 MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
 LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
 MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
+FOREIGN_NON_TORCH_BYTES = 4 * GIB  # non-torch memory from here on is not vLLM's own: another process's, profiled
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
 
 
@@ -204,6 +205,12 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
     recommendations = _room_for_kv(ledger, setup, log, lines)
     if fit is None:
         lines.append(_what_would_decide(ledger))
+    if ledger.non_torch is not None and ledger.non_torch.value_bytes >= FOREIGN_NON_TORCH_BYTES:
+        lines.append(
+            f"non-torch memory {gib(ledger.non_torch.value_bytes)} is more than vLLM's own takes (the CUDA context, "
+            "NCCL and cuBLAS: under 2 GiB): vLLM counts memory another process took on the card while it profiled "
+            "as its own, so a start once that process is done, or a card of its own, may leave the KV cache room"
+        )
     if not recommendations:
         return _short_at_full_budget(ledger, setup, lines)
     return Finding(

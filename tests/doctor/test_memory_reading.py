@@ -473,3 +473,18 @@ def test_swap_space_is_said_only_to_a_release_that_has_it() -> None:
     assert not available("--swap-space", (0, 18, 0))
     assert not available("--swap-space", None), "an unknown version may be one without it"
     assert available("--swap-space", None, v0_log=True), "a V0 log is a release before 0.11.0"
+
+
+def test_non_torch_memory_beyond_vllms_own_is_named_as_another_processes() -> None:
+    """V0 counts any memory that grew on the card during its profile run, less PyTorch's, as its non-torch
+    memory: several GiB of it is another process's, and the reading says so beside its recommendation."""
+    profile = (
+        "INFO 01-01 00:00:00 worker.py:295] model weights take 6.59GiB; non_torch_memory takes {}GiB; PyTorch "
+        "activation peak memory takes 4.93GiB; the rest of the memory reserved for KV Cache is -7.83GiB.\n"
+        "ERROR 01-01 00:00:01 engine.py:1] ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.\n"
+    )
+    foreign = _finding(profile.format("8.29"))
+    assert any("another process took on the card" in line for line in foreign.evidence), foreign.evidence
+    own = _finding(profile.format("0.29"))
+    assert not any("another process took on the card" in line for line in own.evidence)
