@@ -30,6 +30,7 @@ SETS = {
     "heldout-25h",
     "heldout-25i",
     "heldout-25j",
+    "heldout-25k",
 }
 
 
