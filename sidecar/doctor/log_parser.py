@@ -83,6 +83,7 @@ _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
 # total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
 _AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
 _WEIGHTS = loose(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
+_GRAPHS_PROFILED = loose(r"Profiling CUDA graph memory")
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
@@ -523,6 +524,10 @@ def _traceback(_: re.Match[str], facts: Facts) -> None:
     facts["traceback"] = True
 
 
+def _graphs_profiled(_: re.Match[str], facts: Facts) -> None:
+    facts["graphs_profiled"] = True
+
+
 def _kv_check(_: re.Match[str], facts: Facts) -> None:
     facts["kv_check_failed"] = True
 
@@ -559,6 +564,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
+    _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),
     _simple(_PREEMPTIONS, _preemptions, needle="total_num_cumulative_preemption"),
     _simple(_ENGINE_DEAD, _dead),

@@ -111,7 +111,7 @@ def records(text: str) -> list[Record]:
 
 def join_lines(lines: list[str]) -> list[Record]:
     heads = [_head(line) for line in lines]
-    learned = _learned_shapes(heads)
+    learned = _learned_shapes(heads, sum(1 for line in lines if line.strip()))
     prefixes = [_learned_prefix(line, head, learned) for line, head in zip(lines, heads, strict=True)]
     non_empty = [prefix for line, prefix in zip(lines, prefixes, strict=True) if line.strip()]
     prefixed_log = bool(non_empty) and sum(1 for prefix in non_empty if prefix) >= _PREFIXED_LOG_SHARE * len(non_empty)
@@ -191,15 +191,16 @@ def _shape(match: re.Match[str]) -> str:
     return kind  # level, month, tag, where: their words vary line to line
 
 
-def _learned_shapes(heads: list[list[tuple[str, int]]]) -> set[tuple[str, ...]]:
+def _learned_shapes(heads: list[list[tuple[str, int]]], non_empty: int) -> set[tuple[str, ...]]:
     """Head shapes (each leading run of tokens) that start enough lines of this log to be its prefix."""
     counts: Counter[tuple[str, ...]] = Counter()
     for head in heads:
         shapes = tuple(shape for shape, _ in head)
         counts.update(shapes[: n + 1] for n in range(len(shapes)))
     lines = sum(1 for head in heads if head) or 1
-    # A one-line paste has nothing to compare with: its own head is its prefix.
-    needed = max(min(_MIN_PREFIX_LINES, lines), math.ceil(_MIN_PREFIX_SHARE * lines))
+    # A one-line paste has nothing to compare with: its own head is its prefix. One head among several lines is
+    # no prefix (`69.27 MiB is reserved ...`, a wrapped message's number).
+    needed = max(min(_MIN_PREFIX_LINES, max(non_empty, 1)), math.ceil(_MIN_PREFIX_SHARE * lines))
     return {shapes for shapes, count in counts.items() if count >= needed}
 
 

@@ -186,6 +186,7 @@ class LogFacts:
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)
     profile: MemoryProfile | None = None
     graph_capture_gib: float | None = None
+    graphs_profiled: bool = False  # `Profiling CUDA graph memory` (0.2x+): their memory is kept out of the KV budget
     refusal: Refusal | None = None
     oom: CudaOom | None = None
     host_memory: HostMemory | None = None

@@ -31,6 +31,8 @@ _FAMILY = loose(
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
     r"|memory mapping failed with OOM|Tried to allocate "
     + _SIZE
+    # Apple's Metal (vllm-metal): a command buffer the GPU could not give memory to.
+    + r"|kIOGPUCommandBufferCallbackErrorOutOfMemory|\[METAL\][^\n]{0,200}Insufficient Memory"
     # PyTorch's caching allocator on its out-of-memory path asks NVML for the card's memory to word the error;
     # where NVML may not answer (a MIG slice in a container, Jetson) that call's assert is all that is printed
     # (pytorch/pytorch#112377, #185240): an OOM with no numbers.
@@ -66,8 +68,14 @@ _LEGACY = loose(
     + r" reserved in total by PyTorch\)"
 )  # fmt: skip  (XPU's allocator leaves out the free field; torch_npu adds "current active")
 _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
+# The sentences of PyTorch's out-of-memory message after its first, as they start.
+_SENTENCE = re.compile(
+    r"\s*(?:GPU \d+ has a total capac|Of the allocated memory|Process \d+ has|Including non-PyTorch memory"
+    r"|this process has|[\d.]+ ?\w+ is reserved by PyTorch|If reserved but unallocated|See documentation for Memory)"
+)
+_MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
-_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU)\b|\bhip|\bhbm\b")
+_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
 _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
@@ -93,7 +101,7 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
     if not family:
         return None
     last = family[-1]
-    payloads = [records[index].payload for index in reversed(family)]
+    payloads = [_message(records, index) for index in reversed(family)]
     numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy, _mapping))), None)
     numbers = numbers or next((found for payload in payloads if (found := _numbers(payload, _tried_only))), None)
     phase, where = OomPhase.UNKNOWN, "no traceback frame or progress line places it"
@@ -111,6 +119,17 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
         rank=next((records[i].rank for i in reversed(family) if records[i].rank is not None), None),
         **(numbers or _no_numbers()),  # type: ignore[arg-type]
     )
+
+
+def _message(records: Sequence[Record], index: int) -> str:
+    """The error's record with the sentences of PyTorch's message that a paste put on records of their own (each
+    starts with a capital, so nothing joined them): its numbers read as one message."""
+    parts = [records[index].payload]
+    for record in records[index + 1 : index + 1 + _MAX_SENTENCES]:
+        if not _SENTENCE.match(record.payload):
+            break
+        parts.append(record.payload.strip())
+    return " ".join(parts)
 
 
 def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:

@@ -344,7 +344,25 @@ def _room_for_kv(ledger: MemoryLedger, setup: Setup, log: LogFacts, lines: list[
         fewer = sequences(setup, log, "the profile run and the sampler run max_num_seqs dummy requests")
         if fewer is not None:
             recommendations.append(fewer)
+    eager = without_graphs(log)
+    if eager is not None:
+        recommendations.append(eager)
     return recommendations
+
+
+def without_graphs(log: LogFacts) -> Recommendation | None:
+    """vLLM 0.2x profiles CUDA graphs' memory before it sizes the KV cache and keeps it out of the KV budget:
+    without graphs, that memory goes to the KV cache (for some decode speed)."""
+    if not log.graphs_profiled or (log.args is not None and log.args.enforce_eager):
+        return None
+    return Recommendation(
+        flag="--enforce-eager",
+        value="",
+        why=(
+            "vLLM profiled CUDA graphs' memory before sizing the KV cache and kept it out of the KV budget: "
+            "without graphs that memory is the KV cache's (decoding runs slower)"
+        ),
+    )
 
 
 def _non_kv_bytes(ledger: MemoryLedger) -> float | None:
@@ -403,6 +421,9 @@ def _more_kv(
         raised = _raise_for_kv(refusal, ledger, lines)
         if raised is not None:
             out.append(raised)
+    eager = without_graphs(log)
+    if eager is not None:
+        out.append(eager)
     if setup.kv_cache_dtype in (None, "auto") and 2 * fits >= wanted:
         out.append(
             Recommendation(

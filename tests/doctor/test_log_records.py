@@ -155,3 +155,22 @@ def test_a_run_of_loose_lines_is_cut_into_bounded_records() -> None:
     assert len(read) > 1
     assert max(len(record.text) for record in read) <= 65536
     assert sum(len(record.text) for record in read) == 20000 * len("a plain line that starts in lower case")
+
+
+def test_pytorchs_message_on_lines_of_its_own_reads_as_one() -> None:
+    """A note's author broke PyTorch's message at its sentences: each starts with a capital (so no line continues
+    the one before it), and the line that starts with a number is a wrap, not a prefix of its own."""
+    text = "\n".join(
+        [
+            "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 222.00 MiB.",
+            "GPU 0 has a total capacity of 23.98 GiB of which 26.00 MiB is free.",
+            "Of the allocated memory 23.59 GiB is allocated by PyTorch, and",
+            "69.27 MiB is reserved by PyTorch but unallocated.",
+        ]
+    )
+    assert [record.prefix for record in records(text)] == ["", "", ""]
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.device, oom.total_bytes, oom.free_bytes) == ("HIP", int(23.98 * 2**30), 26 * 2**20)
+    assert oom.allocated_bytes == int(23.59 * 2**30)
+    assert oom.reserved_unallocated_bytes == int(69.27 * 2**20)

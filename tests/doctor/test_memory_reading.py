@@ -488,3 +488,29 @@ def test_non_torch_memory_beyond_vllms_own_is_named_as_another_processes() -> No
     assert any("another process took on the card" in line for line in foreign.evidence), foreign.evidence
     own = _finding(profile.format("0.29"))
     assert not any("another process took on the card" in line for line in own.evidence)
+
+
+def test_apples_metal_out_of_memory_is_of_the_family() -> None:
+    text = (
+        "(APIServer pid=1) INFO 04-15 07:20:01 [loggers.py:259] Engine 000: Running: 1 reqs, Waiting: 0 reqs, "
+        "GPU KV cache usage: 0.2%\n"
+        "libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command buffer "
+        "execution failed: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert oom.device == "METAL"
+    assert _finding(text).cause is Cause.CONFIGURATION_OVERSHOOT
+
+
+def test_graphs_profiled_before_the_kv_cache_can_give_it_their_memory() -> None:
+    """vLLM 0.2x keeps the CUDA graphs' profiled memory out of the KV budget: --enforce-eager returns it."""
+    refusal = (
+        "Profiling CUDA graph memory: PIECEWISE=6 (largest=32), FULL=4 (largest=16)\n"
+        "Available KV cache memory: 0.24 GiB\n"
+        "ValueError: To serve at least one request with the model's max seq len (1000000), 3.09 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.24 GiB). Estimated maximum model length is "
+        "57344.\n"
+    )
+    assert "--enforce-eager" in _flags(_finding(refusal))
+    assert "--enforce-eager" not in _flags(_finding(refusal.split("\n", 1)[1]))
