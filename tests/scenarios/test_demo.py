@@ -74,17 +74,29 @@ def _lines(path: Path) -> list[str]:
 
 
 def _capture(session: str, demo_log: Path, width: int, height: int) -> Capture:
+    """The pane once it has redrawn since `demo.log` was read: its newest event at least the log's newest then.
+    The screen refreshes once a second; on a starved box (a cold CI run's first minute: the demo's newest row
+    2.5 s behind the log) a redraw can come later, so the frame is looked at again, for at most 20 s, before
+    `_check_frame` judges it. A capture can also land mid-redraw (CI run 20, after a resize: the events table's
+    first row half drawn): the same looking again covers it."""
     before = _lines(demo_log)
-    time.sleep(2.5)  # a refresh at least (one a second, a slow /status answer included)
+    deadline = time.monotonic() + 20
+    time.sleep(1.0)
     screen = _tmux("capture-pane", "-p", "-J", "-t", session)
-    # A capture can land mid-redraw (CI run 20, just after a resize on a busy box: the events table's first
-    # row half drawn, nothing under it): look again, a little later, before judging the frame.
-    for _ in range(5):
-        if not before or any(EVENT_ROW.match(row) for row in screen.splitlines()):
-            break
+    while not _shows_newest(screen, before, _lines(demo_log)) and time.monotonic() < deadline:
         time.sleep(0.5)
         screen = _tmux("capture-pane", "-p", "-J", "-t", session)
     return Capture(width, height, screen, before, _lines(demo_log))
+
+
+def _shows_newest(screen: str, before: list[str], after: list[str]) -> bool:
+    if not before:
+        return True
+    events = [row.rstrip() for row in screen.splitlines() if EVENT_ROW.match(row)]
+    if not events:
+        return False
+    at = [i for i, line in enumerate(after) if line.startswith(events[-1].rstrip("…"))]
+    return bool(at) and at[-1] >= len(before) - 1
 
 
 def _check_frame(capture: Capture) -> None:
