@@ -315,9 +315,10 @@ def _simple(
     return handler
 
 
-def _refusal_line(match: re.Match[str]) -> str:
+def _refusal_line(match: re.Match[str], error: str = "ValueError:") -> str:
+    """The error as vLLM raised it: from `error` on where the record has it, else from the match."""
     text = match.string
-    at = text.find("ValueError:")
+    at = text.find(error)
     return text[at:].strip() if at >= 0 else text[match.start() :].strip()
 
 
@@ -376,11 +377,9 @@ def _sampler(match: re.Match[str], facts: Facts) -> None:
 
 
 def _profile_check(match: re.Match[str], facts: Facts) -> None:
-    text = match.string
-    at = text.find("AssertionError:")
     facts["refusal"] = Refusal(
         kind=RefusalKind.PROFILE_FREE_DID_NOT_FALL,
-        line=text[at:].strip() if at >= 0 else text[match.start() :].strip(),
+        line=_refusal_line(match, "AssertionError:"),
         free_gib=_gib_or_bytes(match.group(1), in_gib=bool(match.group(2))),
         free_after_gib=_gib_or_bytes(match.group(3), in_gib=bool(match.group(2))),
     )
@@ -394,9 +393,7 @@ def _gib_or_bytes(number: str | None, *, in_gib: bool) -> float | None:
 
 
 def _error_line(match: re.Match[str]) -> str:
-    text = match.string
-    at = text.find("RuntimeError:")
-    return text[at:].strip() if at >= 0 else text[match.start() :].strip()
+    return _refusal_line(match, "RuntimeError:")
 
 
 def _stats(match: re.Match[str], facts: Facts) -> None:
@@ -475,10 +472,9 @@ def _available_bytes(match: re.Match[str], facts: Facts) -> None:
 
 
 def _map_refused(match: re.Match[str], facts: Facts) -> None:
-    text = match.string
-    at = text.find("RuntimeError:")
-    line = text[at:].strip() if at >= 0 else text[match.start() :].strip()
-    facts["host_memory"] = HostMemory(kind=HostMemoryKind.MAP_REFUSED, line=line, bytes=int(match.group(1)))
+    facts["host_memory"] = HostMemory(
+        kind=HostMemoryKind.MAP_REFUSED, line=_error_line(match), bytes=int(match.group(1))
+    )
 
 
 def _killed(match: re.Match[str], facts: Facts) -> None:
