@@ -103,7 +103,8 @@ def _connect_when_listening(address: str) -> DBusConnection:
     deadline = time.monotonic() + 10
     while True:
         try:
-            return open_dbus_connection(address)
+            # 10 s, not jeepney's 1: an expired auth deadline surfaces as BlockingIOError on a starved box.
+            return open_dbus_connection(address, auth_timeout=10)
         except (FileNotFoundError, ConnectionRefusedError):
             if time.monotonic() > deadline:
                 raise

@@ -125,7 +125,12 @@ def test_wall_clock_jumps_neither_stall_polling_nor_reset_or_block_the_restart_b
             )
             wait_until(witness.exists, 20, "the budget to free up (the old restarts leaving the hour) and a restart")
             figures["restart_after_backward_jump_s"] = time.monotonic() - back_at
-            wait_until(lambda: policy(sidecar)["state"] == "cooldown", 20, "the restart to complete")
+            wait_until(
+                lambda: policy(sidecar)["state"] == "cooldown",
+                20,
+                "the restart to complete",
+                lambda: f"; policy: {policy(sidecar)}; log tail: {sidecar.log_path.read_text()[-3000:]}",
+            )
             assert value(scrape(sidecar), "vllm_sidecar_restart_budget_remaining") == 1.0
 
             # 4 h forward (2 h ahead of the real time): the restart just done still counts.

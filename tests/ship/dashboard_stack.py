@@ -51,9 +51,12 @@ XID = 79
 # ~2 %).
 KV_BLOCKS = 864
 MAX_NUM_SEQS = 10  # of the 12 clients: 2 wait for capacity
-# Prometheus has stored every scrape that began this long ago (1 s interval and timeout): an instant that old
-# reads the same at any later query.
-SETTLED_S = 2.0
+# 2 s, not 1: on a starved CI box a run of 1 s scrapes timing out left a gap longer than the panels' 4 s rate
+# interval around the Xid, and no window held both sides of its counter's step (run 44: the Xid panel read 0).
+SCRAPE_INTERVAL_S = 2.0
+# Prometheus has stored every scrape that began this long ago (interval and timeout): an instant that old reads
+# the same at any later query.
+SETTLED_S = 2 * SCRAPE_INTERVAL_S
 
 # The exec adapter's command: fails the first time (as a missing unit would), succeeds after.
 RESTART_SCRIPT = """#!/bin/sh
@@ -152,6 +155,7 @@ class DashboardStack:
                 "vllm-sidecar": [f"127.0.0.1:{self.sidecar.port}", f"127.0.0.1:{xid_sidecar.port}"],
                 "vllm": [f"127.0.0.1:{leak.port}", f"127.0.0.1:{old.port}"],
             },
+            scrape_interval=f"{SCRAPE_INTERVAL_S:g}s",
         )
         self._stoppers.append(self.prometheus.stop)
         leak.wait_healthy()

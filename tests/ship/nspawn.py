@@ -101,7 +101,9 @@ class Container:
         return variant[1] if isinstance(variant, tuple) else variant  # jeepney: a variant is (signature, value)
 
     def _call(self, message: object) -> tuple[object, ...]:
-        with open_dbus_connection(self.bus_address) as connection:
+        # jeepney authenticates within 1 s by default; past it, its deadline leaves the socket non-blocking and
+        # the starved box sees BlockingIOError from recv, not a timeout (CI run 44).
+        with open_dbus_connection(self.bus_address, auth_timeout=CALL_TIMEOUT_S) as connection:
             reply = connection.send_and_get_reply(message, timeout=CALL_TIMEOUT_S)
         if reply.header.message_type is MessageType.error:
             name = str(reply.header.fields.get(HeaderFields.error_name, "unknown error"))
