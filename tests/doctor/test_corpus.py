@@ -31,6 +31,7 @@ SETS = {
     "heldout-25i",
     "heldout-25j",
     "heldout-25k",
+    "heldout-25l",
 }
 
 
