@@ -45,6 +45,7 @@ from sidecar.doctor.start_readings import (
     kv_refusal,
     no_kv_room,
     profile_check,
+    prompt_over_kv,
     sampler_warmup,
     sequences,
 )
@@ -67,6 +68,8 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
         finding = cpu_kv_refusal(refusal)
     elif refusal is not None and refusal.kind is RefusalKind.PROFILE_FREE_DID_NOT_FALL:
         finding = profile_check(refusal)
+    elif refusal is not None and refusal.kind is RefusalKind.PROMPT_OVER_KV:
+        finding = prompt_over_kv(refusal, ledger, setup)
     elif refusal is not None and refusal.kind in (RefusalKind.MAX_LEN_EXCEEDS_KV, RefusalKind.NO_CACHE_MEMORY):
         finding = kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
     elif log.oom is not None:

@@ -54,6 +54,8 @@ _MAX_LEN_V0 = loose(
     r"cache \((\d+)\)"
 )
 _NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
+# V0 before 0.2.7 started with a max_model_len its KV cache could not hold and ignored each such prompt.
+_PROMPT_OVER_KV = loose(r"Input prompt \((\d+) tokens\) is too long and exceeds the capacity of block_manager")
 _FREE_AT_START = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired GPU "
     r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
@@ -342,6 +344,12 @@ def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
     )
 
 
+def _prompt_over_kv(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.PROMPT_OVER_KV, line=_refusal_line(match, "Input prompt"), prompt_tokens=int(match.group(1))
+    )
+
+
 def _no_cache(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=_refusal_line(match))
 
@@ -540,6 +548,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
     _simple(_MAX_LEN_V0, _max_len_v0, needle="seq"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
+    _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
     _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
     _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
     _simple(_SAMPLER, _sampler, needle="sampler"),

@@ -59,6 +59,8 @@ _RECORD_START = re.compile(
          | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\ \d\d-\d\d  # vLLM's own logger, even on a line of its own
          | (?:\d{4}-\d\d-\d\d[T\ ])?\d\d:\d\d:\d\d\b  # a clock time: a record of a shape seen once (no wrap)
          | Killed\s*$                           # a shell's word for a process SIGKILL ended
+         | \[rank\d+\]:                          # torch.distributed's rank prefix on a line of its own
+         | \[?[IWEF]\d{3,4}\ \d\d:\d\d:\d\d        # c10's and glog's head: [W318 13:41:30.26 ...]
          )""",
     re.VERBOSE,
 )

@@ -46,6 +46,7 @@ class RefusalKind(StrEnum):
     SAMPLER_WARMUP = "sampler_warmup"  # V1: CUDA OOM warming up the sampler with max_num_seqs dummy requests
     CPU_KV_OVER_AVAILABLE = "cpu_kv_over_available"  # CPU backend: the KV cache asked for more than the node has
     PROFILE_FREE_DID_NOT_FALL = "profile_free_did_not_fall"  # the memory profile's check: free memory did not fall
+    PROMPT_OVER_KV = "prompt_over_kv"  # V0 before 0.2.7: a prompt longer than the whole KV cache, ignored
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +58,7 @@ class Refusal:
     needed_gib: float | None = None  # V1: KV cache one max_model_len request needs
     available_gib: float | None = None  # V1: KV cache memory there is
     estimated_max_len: int | None = None  # V1: what vLLM says would fit
+    prompt_tokens: int | None = None  # V0's ignored prompt: the KV cache holds fewer tokens than this
     free_gib: float | None = None  # insufficient free memory: free and total at start (the profile check: at start)
     free_after_gib: float | None = None  # the profile check: free after loading and profiling
     total_gib: float | None = None

@@ -48,6 +48,7 @@ _MODERN = loose(
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
+_NO_CARD_HOLDS = 2**50  # bytes (1 PiB): a process figure above it is an overflow, not memory in use
 _THIS_PROCESS = loose(r"this process has " + _SIZE + r" memory in use")
 _UNALLOCATED = loose(_SIZE + r" is reserved by PyTorch but unallocated")
 _ALLOCATED = loose(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
@@ -185,6 +186,8 @@ def _modern(line: str) -> dict[str, object] | None:
     allocated = size_bytes(allocated_match.group(1)) if allocated_match else None
     processes = [(int(pid), size_bytes(size)) for pid, size in _OTHER_PROCESS.findall(rest)]
     process_bytes = size_bytes(process.group(1)) if process else None
+    if process_bytes is not None and process_bytes > _NO_CARD_HOLDS:
+        process_bytes = None  # not a measurement (WSL printed 17179869184.00 GiB, 2^64 bytes: a wrapped count)
     if process_bytes is None and processes:
         # In a container PyTorch cannot tell its own PID apart and lists itself as "Process N": the one
         # process that holds at least what PyTorch allocated is vLLM's own; with that number cut off, the

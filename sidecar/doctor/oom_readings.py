@@ -48,7 +48,7 @@ def not_the_budget(
     """The readings where vLLM's own budget is not what to tune, checked first: a TPU kernel's on-chip scratch,
     sleep mode's wake-up, memory that was free, another process, one step larger than any margin, weights beyond
     the card."""
-    if (outside := _outside_the_budget(oom, phase, lines)) is not None:
+    if (outside := _outside_the_budget(oom, phase, setup, log, lines)) is not None:
         return outside
     if _not_short(oom):
         return _not_a_shortage(oom, phase, lines)
@@ -61,11 +61,42 @@ def not_the_budget(
     return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
 
 
-def _outside_the_budget(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding | None:
+def _outside_the_budget(oom: CudaOom, phase: OomPhase, setup: Setup, log: LogFacts, lines: list[str]) -> Finding | None:
     """Memory the budget does not share out: a TPU kernel's on-chip scratch, sleep mode's mapping back."""
     if (on_chip := _ON_CHIP.search(oom.message)) is not None:
-        return _on_chip_scratch(on_chip.group(1).upper(), lines)
+        space = on_chip.group(1).upper()
+        return _block_tables(setup, log, lines) if space == "SMEM" else _on_chip_scratch(space, lines)
     return _wake_up(lines) if phase is OomPhase.WAKE_UP else None
+
+
+def _block_tables(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
+    """SMEM holds what the attention kernel prefetches as scalars: the block tables of every sequence a step may
+    run (max_num_seqs x max_model_len / block_size entries), so fewer sequences or a shorter length shrink it."""
+    recommendations = [
+        r
+        for r in (
+            sequences(setup, log, "SMEM holds a block table per sequence the kernel was compiled for"),
+            remedies.shorter_max_model_len(setup, "and each table has max_model_len / block_size entries"),
+        )
+        if r is not None
+    ]
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=(
+            "a TPU attention kernel's scalar arguments (the block tables) outgrew the core's on-chip SMEM while "
+            "compiling: max_num_seqs x max_model_len sizes them, not the HBM budget"
+        ),
+        evidence=(
+            *lines,
+            "SMEM is a TensorCore's scalar scratch, not HBM: gpu_memory_utilization does not change it; the "
+            "kernel prefetches max_num_seqs x (max_model_len / block_size) block-table entries into it",
+        ),
+        recommendations=tuple(recommendations),
+        steps=()
+        if recommendations
+        else ("the log states neither max_num_seqs nor max_model_len: halve either (their product sizes SMEM's use)",),
+    )
 
 
 def _on_chip_scratch(space: str, lines: list[str]) -> Finding:

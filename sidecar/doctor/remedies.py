@@ -22,6 +22,7 @@ TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GP
 MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
+MIN_HALVED_MODEL_LEN = 1024  # not halved below: shorter prompts than this are refused by most chat templates' use
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
@@ -126,11 +127,17 @@ def raise_budget(
     # say it): recommending the default itself would repeat the likeliest configuration that just failed.
     base = current if current is not None else DEFAULT_UTILIZATION
     wanted = max(DEFAULT_UTILIZATION, base + KV_MARGIN_RATIO)
-    arithmetic = (
-        f"the log does not say what the budget must hold; one step of {KV_MARGIN_RATIO:.0%} of the card above "
-        + (f"today's {current:g}" if current is not None else f"vLLM's default {DEFAULT_UTILIZATION:g}")
-        + f" = {wanted:.2f}"
+    step = f"one step of {KV_MARGIN_RATIO:.0%} of the card above " + (
+        f"today's {current:g}" if current is not None else f"vLLM's default {DEFAULT_UTILIZATION:g}"
     )
+    arithmetic = "the log does not say what the budget must hold; " + (
+        f"{step} = {wanted:.2f}"
+        if wanted == base + KV_MARGIN_RATIO
+        else f"vLLM's default {DEFAULT_UTILIZATION:g}, above {step}"
+    )
+    scaled = _scaled_by_the_kv_shortfall(ledger, needed_bytes, current)
+    if scaled is not None and scaled[0] < wanted:  # enough by that count; above the step, the step (it errs high)
+        wanted, arithmetic = scaled
     if needed_bytes is not None and total is not None and total.value_bytes > 0:
         wanted = needed_bytes / total.value_bytes + KV_MARGIN_RATIO
         arithmetic = (
@@ -155,6 +162,29 @@ def raise_budget(
     )
 
 
+def _scaled_by_the_kv_shortfall(
+    ledger: MemoryLedger, needed_bytes: float | None, current: float | None
+) -> tuple[float, str] | None:
+    """Without the card's size, today's budget and a KV cache it left at or below zero still size the raise:
+    today's budget held the weights (and what else the log states) plus that KV cache, so it must grow by the
+    ratio of what it must hold to what it held, then take the KV margin. What the log omits (activations,
+    non-torch memory) makes today's budget larger than counted, so the ratio errs high, never short; where it
+    comes out above the step without it, the step is taken."""
+    kv = ledger.kv
+    if needed_bytes is None or current is None or kv is None or kv.value_bytes > 0:
+        return None
+    held = needed_bytes + kv.value_bytes  # today's budget in bytes, or less
+    if held <= 0:
+        return None
+    wanted = current * needed_bytes / held + KV_MARGIN_RATIO
+    arithmetic = (
+        f"the card's size is not in the log, but today's budget held {gib(held)} or more (what it must hold, "
+        f"{gib(needed_bytes)}, with a KV cache of {gib(kv.value_bytes)}): {current:g} x {gib(needed_bytes)} / "
+        f"{gib(held)} + {KV_MARGIN_RATIO:.0%} of the card for the KV cache = {wanted:.4f}"
+    )
+    return wanted, arithmetic
+
+
 def fewer_batched_tokens(setup: Setup, why: str) -> Recommendation | None:
     """Half of max_num_batched_tokens (a multiple of 256): the profile run's and a prefill step's peak."""
     current = setup.max_num_batched_tokens
@@ -175,6 +205,16 @@ def fewer_sequences(seqs: int, source: str, why: str) -> Recommendation | None:
         return None
     halved = seqs // 2
     return Recommendation(flag="--max-num-seqs", value=halved, why=f"{why}: {seqs} ({source}) / 2 -> {halved}")
+
+
+def shorter_max_model_len(setup: Setup, why: str) -> Recommendation | None:
+    """Half of max_model_len as the log states it, for a need that grows with it (not the KV cache's refusal,
+    which sizes the length from the capacity it states)."""
+    current = setup.max_model_len
+    if current is None or current.value < 2 * MIN_HALVED_MODEL_LEN:
+        return None
+    halved = current.value // 2
+    return Recommendation(flag="--max-model-len", value=halved, why=f"{why}: {current.value} ({current.source}) / 2")
 
 
 def expandable_segments(why: str, device: str = "CUDA") -> Recommendation:

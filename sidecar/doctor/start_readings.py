@@ -182,6 +182,42 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
     )
 
 
+def prompt_over_kv(refusal: Refusal, ledger: MemoryLedger, setup: Setup) -> Finding:
+    """V0 before 0.2.7 started with a max_model_len its KV cache could not hold, and ignored each prompt longer
+    than the whole cache (finished with no output): the start-time refusal of later releases, one request late."""
+    prompt = refusal.prompt_tokens or 0
+    limit = setup.max_model_len
+    said = f" {tokens(limit.value)} ({limit.source})" if limit is not None else ""
+    lines = [f"vLLM ignored a request: {refusal.line} (finished with no output)", *ledger.lines()]
+    fits = ledger.kv_tokens
+    recommendations: list[Recommendation] = []
+    steps: tuple[str, ...] = ()
+    if fits is not None and fits >= MIN_REQUEST_TOKENS:
+        block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
+        value = fits // block * block
+        why = (
+            f"the KV cache holds {tokens(fits)} tokens ({ledger.kv_tokens_source}), rounded down to {block} -> {value}"
+        )
+        recommendations.append(Recommendation(flag="--max-model-len", value=value, why=why))
+    else:
+        steps = (
+            "find '# GPU blocks: N' among vLLM's start lines: the KV cache holds N x the block size (16) tokens, "
+            f"fewer than {tokens(prompt)}; set --max-model-len at most that, or give the KV cache more memory: "
+            "--gpu-memory-utilization up to 0.95, or --tensor-parallel-size to split the weights over more GPUs",
+        )
+    return Finding(
+        cause=Cause.KV_CACHE_BLOWOUT,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"vLLM's KV cache holds fewer than {tokens(prompt)} tokens: it ignored a prompt that long, which "
+            f"max_model_len{said} let in"
+        ),
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=steps,
+    )
+
+
 def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
     """Nothing (or a sliver) is left for the KV cache: whether the weights fit decides the direction."""
     lines = [f"vLLM refused to start: {line}"] if line else []

@@ -174,3 +174,25 @@ def test_pytorchs_message_on_lines_of_its_own_reads_as_one() -> None:
     assert (oom.device, oom.total_bytes, oom.free_bytes) == ("HIP", int(23.98 * 2**30), 26 * 2**20)
     assert oom.allocated_bytes == int(23.59 * 2**30)
     assert oom.reserved_unallocated_bytes == int(69.27 * 2**20)
+
+
+def test_torchs_rank_prefixed_warning_starts_a_record_of_its_own() -> None:
+    """c10's `[rank0]:[W318 13:41:30.26 ProcessGroupNCCL.cpp:1565] Warning: ...` after vLLM's last line is a record
+    of its own, not a terminal's wrap of the refusal before it."""
+    text = "\n".join(
+        [
+            "(EngineCore_DP0 pid=191) ERROR 03-18 13:41:29 [core.py:866] ValueError: No available memory for the "
+            "cache blocks.",
+            "(EngineCore_DP0 pid=191) ERROR 03-18 13:41:29 [core.py:866] raise",
+            "[rank0]:[W318 13:41:30.265537082 ProcessGroupNCCL.cpp:1565] Warning: WARNING: destroy_process_group() "
+            "was not called before program exit",
+            "W0318 13:41:31.000000 191 torch/distributed/elastic/x.py:1] closing",
+        ]
+    )
+    assert [record.payload for record in records(text)] == [
+        "ValueError: No available memory for the cache blocks.",
+        "raise",
+        "[rank0]:[W318 13:41:30.265537082 ProcessGroupNCCL.cpp:1565] Warning: WARNING: destroy_process_group() was "
+        "not called before program exit",
+        "W0318 13:41:31.000000 191 torch/distributed/elastic/x.py:1] closing",
+    ]

@@ -514,3 +514,65 @@ def test_graphs_profiled_before_the_kv_cache_can_give_it_their_memory() -> None:
     )
     assert "--enforce-eager" in _flags(_finding(refusal))
     assert "--enforce-eager" not in _flags(_finding(refusal.split("\n", 1)[1]))
+
+
+def test_a_wrapped_count_of_the_processes_memory_is_no_measurement() -> None:
+    """WSL printed "this process has 17179869184.00 GiB memory in use" (2^64 bytes): sized from it, the weights
+    needed 16 EiB and the CPU offload as much. It is dropped; the rest of PyTorch's message still reads."""
+    oom = _oom(total="6.00 GiB", free="0 bytes", process="17179869184.00 GiB", allocated="12.43 GiB")
+    facts = parse_log(f"{oom}\n").oom
+    assert facts is not None
+    assert facts.process_bytes is None
+    assert facts.allocated_bytes == pytest.approx(12.43 * GIB, rel=1e-3)
+    assert facts.total_bytes == 6 * GIB
+
+
+def test_a_negative_kv_cache_sizes_the_raise_without_the_cards_size() -> None:
+    """Today's 0.15 held 15.22 GiB of weights and a KV cache of -1.30 GiB, so 13.92 GiB or more: it must grow
+    by 15.22 / 13.92, plus the KV margin (0.15 x 1.093 + 0.05 = 0.214), not jump to vLLM's default 0.9."""
+    text = (
+        "INFO 03-18 13:41:20 [default_loader.py:291] Loading weights took 20.51 seconds\n"
+        "INFO 03-18 13:41:21 [gpu_model_runner.py:3950] Model loading took 15.22 GiB memory and 21.4 seconds\n"
+        "INFO 03-18 13:41:28 [gpu_worker.py:375] Available KV cache memory: -1.30 GiB\n"
+        "ERROR 03-18 13:41:29 [core.py:866] ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.\n"
+    )
+    args = "INFO 03-18 13:41:00 [utils.py:1] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.15}\n"
+    finding = _finding(args + text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding)["--gpu-memory-utilization"] == 0.22
+    unstated = _flags(_finding(text))["--gpu-memory-utilization"]  # today's not in the log: the default, then a step
+    assert unstated == 0.95
+
+
+def test_a_tpu_kernels_scalar_memory_holds_the_block_tables_which_sequences_and_length_size() -> None:
+    """SMEM holds what the attention kernel prefetches as scalars, the block tables: max_num_seqs x max_model_len
+    / block_size entries. Fewer sequences or a shorter length shrink them; the HBM budget does not."""
+    error = (
+        "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory "
+        "in memory space smem. Used 1.00M of 1.00M smem. Exceeded smem capacity by 1.7K.\n"
+    )
+    bare = _finding(error)
+    assert bare.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert not bare.recommendations
+    assert "max_num_seqs" in bare.steps[0]
+    args = "INFO 09-09 10:00:00 api_server.py:1] args: Namespace(max_model_len=16384, max_num_seqs=256)\n"
+    sized = _flags(_finding(args + error))
+    assert sized == {"--max-num-seqs": 128, "--max-model-len": 8192}
+
+
+def test_v0s_ignored_prompt_longer_than_the_kv_cache_is_a_blowout() -> None:
+    """Before 0.2.7, V0 started with a max_model_len its KV cache could not hold and ignored each prompt longer
+    than the whole cache: the length it holds, from '# GPU blocks', or how to find it."""
+    warning = (
+        "WARNING 12-19 10:21:05 scheduler.py:161] Input prompt (1217 tokens) is too long and exceeds the capacity "
+        "of block_manager\n"
+        "INFO 12-19 10:21:05 async_llm_engine.py:111] Finished request cmpl-b8c7.\n"
+    )
+    bare = _finding(warning)
+    assert bare.cause is Cause.KV_CACHE_BLOWOUT
+    assert "1,217" in bare.summary
+    assert not bare.recommendations
+    assert "# GPU blocks" in bare.steps[0]
+    blocks = "INFO 12-19 10:20:00 llm_engine.py:222] # GPU blocks: 70, # CPU blocks: 2048\n"
+    assert _flags(_finding(blocks + warning)) == {"--max-model-len": 1120}
