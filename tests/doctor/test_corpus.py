@@ -32,6 +32,7 @@ SETS = {
     "heldout-25j",
     "heldout-25k",
     "heldout-25l",
+    "heldout-25m",
 }
 
 
