@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+HOLD_LIMIT_S = 15.0  # a client that queues requests never reaches the hold: the test fails after this long
+
 
 @dataclass
 class Behaviour:
@@ -35,6 +37,9 @@ class Behaviour:
     preemptions_per_request: int = 0
     die_at_request: int | None = None  # kill() when the n-th completion request arrives: a death mid-run by count
     piece_text: str = " tok"  # each streamed piece's text, written unescaped where JSON allows (as vLLM writes UTF-8)
+    # Answer nothing until this many requests are in flight at once (for at most HOLD_LIMIT_S): proves a client
+    # can have that many out together, whatever the box's speed lets overlap by chance.
+    hold_until_in_flight: int | None = None
 
 
 @dataclass
@@ -66,6 +71,7 @@ class FakeOpenAI:
         self.seen = Seen()
         self.lock = threading.Lock()
         self.killed = threading.Event()
+        self.all_in = threading.Event()  # behaviour.hold_until_in_flight requests were in flight at once
         self.killed_at_s: float | None = None  # monotonic, when kill() began
         self.connections: set[socket.socket] = set()
         self.preemptions = self.behaviour.preemptions_at_start
@@ -158,6 +164,11 @@ class _Handler(BaseHTTPRequestHandler):
             fake.seen.in_flight += 1
             fake.seen.max_in_flight = max(fake.seen.max_in_flight, fake.seen.in_flight)
             fake.preemptions += fake.behaviour.preemptions_per_request
+            hold = fake.behaviour.hold_until_in_flight
+            if hold is not None and fake.seen.in_flight >= hold:
+                fake.all_in.set()
+        if fake.behaviour.hold_until_in_flight is not None:
+            fake.all_in.wait(HOLD_LIMIT_S)
         if number == fake.behaviour.die_at_request:
             fake.kill()  # this request, and every one in flight, is cut mid-answer
         try:

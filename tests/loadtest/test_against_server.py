@@ -208,6 +208,8 @@ def test_tokens_with_unicode_line_separators_are_read_whole(capsys: pytest.Captu
 def test_closed_loop_never_exceeds_its_concurrency(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
     fake.behaviour.token_delay_s = 0.02
     # 20 workers: more than one of the client's connection pools (16 each), none of which may queue a request.
+    # The server answers once 20 are in (CI run 46 saw 17 overlap by chance on a starved box, with none queued).
+    fake.behaviour.hold_until_in_flight = 20
     code, report = loadtest(capsys, fake, "--concurrency", "20", "--max-requests", "60", "--output-tokens", "5")
     assert code == 0
     assert fake.seen.max_in_flight == 20
