@@ -33,6 +33,7 @@ SETS = {
     "heldout-25k",
     "heldout-25l",
     "heldout-25m",
+    "heldout-25n",
 }
 
 
