@@ -120,5 +120,8 @@ def derived_max_len(refusal: Refusal) -> int | None:
         and refusal.needed_gib > 0
         and refusal.available_gib > 0
     ):
-        return math.floor(refusal.max_model_len * refusal.available_gib / refusal.needed_gib)
+        # From the numbers as printed, at the ends of their rounding that make the fewest tokens fit.
+        error = refusal.printed_half_unit_gib
+        available, needed = refusal.available_gib - error, refusal.needed_gib + error
+        return max(0, math.floor(refusal.max_model_len * available / needed))
     return None

@@ -49,6 +49,8 @@ _MAX_LEN_V1 = loose(
     r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\."
     r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
 )
+# The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).
+_ESTIMATED_MAX_LEN = loose(r"Based on the available memory, the estimated maximum model length is (\d+)")
 _MAX_LEN_V0 = loose(
     r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
     r"cache \((\d+)\)"
@@ -331,8 +333,26 @@ def _max_len_v1(match: re.Match[str], facts: Facts) -> None:
         max_model_len=int(match.group(1)),
         needed_gib=float(match.group(2)),
         available_gib=float(match.group(3)),
+        printed_half_unit_gib=max(_half_unit(match.group(2)), _half_unit(match.group(3))),
         estimated_max_len=int(match.group(4)) if match.group(4) else None,
     )
+
+
+def _half_unit(number: str) -> float:
+    """The rounding error of a number as printed: 1.75 -> 0.005, 1.1 -> 0.05, 2 -> 0.5."""
+    decimals = len(number.partition(".")[2])
+    return 0.5 * 10.0**-decimals
+
+
+def _estimated_max_len(match: re.Match[str], facts: Facts) -> None:
+    refusal = facts.get("refusal")
+    if (
+        isinstance(refusal, Refusal)
+        and refusal.kind is RefusalKind.MAX_LEN_EXCEEDS_KV
+        and refusal.estimated_max_len is None
+        and refusal.needed_gib is not None  # V1's refusal: the sentence is the end of its message
+    ):
+        facts["refusal"] = replace(refusal, estimated_max_len=int(match.group(1)))
 
 
 def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
@@ -546,6 +566,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _engine_config,
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
+    _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="estimated"),
     _simple(_MAX_LEN_V0, _max_len_v0, needle="seq"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),

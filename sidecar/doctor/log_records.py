@@ -102,13 +102,17 @@ class Record:
         return int(next(group for group in match.groups() if group is not None))
 
 
-def strip_colours(text: str) -> str:
-    """Terminal colours, real or pasted as `^[[`, dropped."""
-    return _ANSI.sub("", text)
+# What a web page or a word processor made of the ASCII quotes a log printed (U+2019 in "The model's").
+_TYPOGRAPHIC = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def undo_the_paste(text: str) -> str:
+    """Terminal colours, real or pasted as `^[[`, dropped; typographic quotes a paste made back to ASCII."""
+    return _ANSI.sub("", text).translate(_TYPOGRAPHIC)
 
 
 def records(text: str) -> list[Record]:
-    return join_lines(strip_colours(text).splitlines())
+    return join_lines(undo_the_paste(text).splitlines())
 
 
 def join_lines(lines: list[str]) -> list[Record]:

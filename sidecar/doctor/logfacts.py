@@ -57,6 +57,7 @@ class Refusal:
     capacity_tokens: int | None = None  # V0: tokens the KV cache holds
     needed_gib: float | None = None  # V1: KV cache one max_model_len request needs
     available_gib: float | None = None  # V1: KV cache memory there is
+    printed_half_unit_gib: float = 0.0  # V1: half the last printed digit of those two (1.1 GiB: 0.05), the error
     estimated_max_len: int | None = None  # V1: what vLLM says would fit
     prompt_tokens: int | None = None  # V0's ignored prompt: the KV cache holds fewer tokens than this
     free_gib: float | None = None  # insufficient free memory: free and total at start (the profile check: at start)

@@ -323,8 +323,24 @@ def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: Lo
     )
     if halved is not None:
         recommendations.append(halved)
+    steps: list[str] = []
+    after_kv = refusal.phase in (OomPhase.WARMUP, OomPhase.AFTER_KV_CACHE)
     if refusal.phase is OomPhase.PROFILING:
         lines.append("the warm-up ran in the profile run, before the KV cache: gpu_memory_utilization does not cap it")
+    elif not after_kv:
+        # vLLM runs the sampler's warm-up in the profile run (no budget caps it) and again after the KV cache (the
+        # budget's margin must hold it); without frames the log does not say which failed.
+        steps.append(
+            "if the traceback runs through compile_or_warm_up_model (after the KV cache), the budget left the warm-up "
+            f"too little room: lower --gpu-memory-utilization by {SAMPLER_UTILIZATION_STEP:g} below what you set; "
+            "through profile_run, the budget does not cap it and fewer sequences is the way"
+        )
+    elif ledger.utilization_assumed:
+        steps.append(
+            f"or keep max_num_seqs: lower --gpu-memory-utilization by {SAMPLER_UTILIZATION_STEP:g} below what you set "
+            f"(the log does not say it; from vLLM's default {ledger.utilization:g} that is "
+            f"{formula.floor_hundredths(ledger.utilization - SAMPLER_UTILIZATION_STEP):.2f})"
+        )
     else:
         lowered = formula.floor_hundredths(ledger.utilization - SAMPLER_UTILIZATION_STEP)
         recommendations.append(
@@ -344,6 +360,7 @@ def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: Lo
         summary=f"vLLM ran out of memory warming up its sampler with {dummy} dummy requests (max_num_seqs)",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+        steps=tuple(steps),
     )
 
 
@@ -417,9 +434,11 @@ def _where(refusal: Refusal) -> str:
         return "estimate of the longest request its KV cache holds"
     if refusal.capacity_tokens is not None:
         return "KV capacity"
+    error = refusal.printed_half_unit_gib
     return (
-        f"numbers (this version prints no estimate): {refusal.max_model_len:,} tokens x {refusal.available_gib:.2f} "
-        f"GiB available / {refusal.needed_gib:.2f} GiB needed, the KV cache growing linearly with the length, ="
+        f"numbers (no estimate in the log): {refusal.max_model_len:,} tokens x {refusal.available_gib:g} GiB "
+        f"available / {refusal.needed_gib:g} GiB needed, each at the end of its printed rounding (+-{error:g} GiB) "
+        "that fits fewer, the KV cache growing linearly with the length, ="
     )
 
 

@@ -187,8 +187,18 @@ def test_a_sampler_warm_up_in_the_profile_run_does_not_lower_the_budget() -> Non
     )
     in_profile = _finding(_traceback(V1, ["profile_run", "_dummy_sampler_run"], message))
     assert _flags(in_profile) == {"--max-num-seqs": 512}
-    after_kv = _finding(_traceback(V1, ["compile_or_warm_up_model", "_dummy_sampler_run"], message))
-    assert _flags(after_kv) == {"--max-num-seqs": 512, "--gpu-memory-utilization": 0.88}
+    after_kv = _traceback(V1, ["compile_or_warm_up_model", "_dummy_sampler_run"], message)
+    budget = "INFO 03-20 17:30:00 [utils.py:1] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.85}\n"
+    assert _flags(_finding(budget + after_kv)) == {"--max-num-seqs": 512, "--gpu-memory-utilization": 0.83}
+    # The budget not in the log: its lowering is a step, from vLLM's default only as an example.
+    unstated = _finding(after_kv)
+    assert _flags(unstated) == {"--max-num-seqs": 512}
+    assert "below what you set" in unstated.steps[0]
+    assert "0.88" in unstated.steps[0]
+    # No frame: the warm-up runs in both places, so the budget is a step that says how to tell them apart.
+    bare = _finding(message + "\n")
+    assert _flags(bare) == {"--max-num-seqs": 512}
+    assert "compile_or_warm_up_model" in bare.steps[0]
 
 
 def test_a_preemption_storm_without_a_stats_line_halves_max_num_seqs_as_a_first_step() -> None:
@@ -576,3 +586,25 @@ def test_v0s_ignored_prompt_longer_than_the_kv_cache_is_a_blowout() -> None:
     assert "# GPU blocks" in bare.steps[0]
     blocks = "INFO 12-19 10:20:00 llm_engine.py:222] # GPU blocks: 70, # CPU blocks: 2048\n"
     assert _flags(_finding(blocks + warning)) == {"--max-model-len": 1120}
+
+
+def test_a_kv_refusal_broken_over_lines_keeps_its_estimate_and_a_ratio_errs_short() -> None:
+    """A paste put V1's refusal on three lines, its estimate ("Based on ...") capitalised on the last: it is
+    still vLLM's estimate. Without one, the ratio of the printed GiB is taken at the ends of their rounding that
+    fit fewer tokens (1.1 may be 1.05), never above what fits: 20,592 from the bare ratio was above vLLM's 20,512."""
+    refusal = (
+        "ValueError: To serve at least one request with the model's max seq len (32768),\n"
+        "(1.75 GiB KV cache is needed, which is larger than the available KV cache memory (1.1 GiB).\n"
+    )
+    estimate = "Based on the available memory, the estimated maximum model length is 20512.\n"
+    assert _flags(_finding(refusal + estimate))["--max-model-len"] == 20512
+    from_ratio = _flags(_finding(refusal))["--max-model-len"]
+    assert from_ratio == 32768 * (1.1 - 0.05) / (1.75 + 0.05) // 16 * 16  # 19,114 rounded down to 16
+
+
+def test_typographic_quotes_a_paste_made_are_read_as_the_logs_own() -> None:
+    line = (
+        "ValueError: The model\u2019s max seq len (32768) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (1152). Try increasing gpu_memory_utilization or decreasing max_model_len.\n"
+    )
+    assert _flags(_finding(line)) == {"--max-model-len": 1152}
