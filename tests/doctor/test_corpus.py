@@ -34,6 +34,7 @@ SETS = {
     "heldout-25l",
     "heldout-25m",
     "heldout-25n",
+    "heldout-25o",
 }
 
 
