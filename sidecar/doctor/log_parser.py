@@ -204,6 +204,7 @@ def _facts(log: list[Record]) -> LogFacts:
     ranks = [record.tp_rank for record in log if record.tp_rank is not None]
     if ranks:
         facts["ranks_seen"] = max(ranks) + 1
+    facts["parallel_workers"] = any(record.parallel_worker for record in log) or len(set(ranks)) > 1
     result = LogFacts(lines_read=len(log), lines_recognised=recognised, oom=oom)
     return replace(result, **facts)  # type: ignore[arg-type]
 

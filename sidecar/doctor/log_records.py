@@ -65,8 +65,12 @@ _RECORD_START = re.compile(
     re.VERBOSE,
 )
 _PROCESS = re.compile(r"\([^()]*\bpid=\d+[^()]*\)|\[rank\d+\]")
-_TP_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|\bTP(\d+)\b", re.IGNORECASE)
-_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|\bTP(\d+)\b|\bDP(\d+)\b", re.IGNORECASE)
+# `Worker_TP3`: an underscore is a word character, so no \b before TP.
+_TP_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|(?<![A-Za-z])TP(\d+)\b", re.IGNORECASE)
+_RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|(?<![A-Za-z])TP(\d+)\b|(?<![A-Za-z])DP(\d+)\b", re.IGNORECASE)
+# A worker process of a multi-GPU executor (V1's `Worker_TP0`, V0's `VllmWorkerProcess`, which serves ranks 1 on):
+# more than one GPU holds the model even where only one rank speaks. Not Ray's wrapper, which also runs one GPU.
+_PARALLEL_WORKER = re.compile(r"Worker_[TP]P\d|VllmWorker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,10 @@ class Record:
         of one traceback share it when several processes print at once."""
         match = _PROCESS.search(self.prefix)
         return match.group(0) if match is not None else ""
+
+    @property
+    def parallel_worker(self) -> bool:
+        return _PARALLEL_WORKER.search(self.prefix) is not None
 
     @property
     def tp_rank(self) -> int | None:

@@ -208,6 +208,7 @@ class LogFacts:
     dtype: str | None = None  # the engine config's dtype (torch.bfloat16, float16, ...)
     pipeline_parallel_size: int | None = None
     ranks_seen: int | None = None  # the highest rank a prefix names + 1: at least this many GPUs serve the model
+    parallel_workers: bool = False  # prefixes name a multi-GPU executor's workers: the model spans several GPUs
     max_capture_size: int | None = None  # the largest of them as the config line states it
     # The log ends while a later start was still starting; these are the facts of the start before it, which failed.
     later_start_unfinished: bool = False

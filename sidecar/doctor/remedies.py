@@ -33,7 +33,21 @@ def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: flo
     usable = ledger.usable_bytes
     remedies: list[Recommendation] = []
     current = max(1, setup.tensor_parallel_size)
-    if usable is not None and usable > 0:
+    if usable is not None and usable > 0 and setup.tensor_parallel_unknown:
+        # A size computed as if today's were 1 could be below it: a second pipeline stage doubles the GPUs
+        # whatever today's tensor parallel size is.
+        remedies.append(
+            Recommendation(
+                flag="--pipeline-parallel-size",
+                value=2,
+                why=(
+                    f"the log's workers span several GPUs but it does not say how many: two pipeline stages halve "
+                    f"what each holds, {gib(weights_bytes)} -> {gib(weights_bytes / 2)}, whatever today's "
+                    "--tensor-parallel-size (or double that)"
+                ),
+            )
+        )
+    elif usable is not None and usable > 0:
         size = current * 2
         while size <= MAX_TENSOR_PARALLEL and weights_bytes * current / size > TARGET_WEIGHT_SHARE * usable:
             size *= 2

@@ -53,6 +53,8 @@ class Setup:
     weights_gib: Fact[float] | None
     card: GpuDevice | None  # the first watched GPU, for defaults that depend on its size
     v0_log: bool = False  # the log is V0's (its engine, or its `# CPU blocks` line): a release before V0's removal
+    # no argument, config or rank beyond 0 says how many GPUs hold the model, but the log's workers span several
+    tensor_parallel_unknown: bool = False
 
 
 def resolve(evidence: Evidence) -> Setup:
@@ -93,10 +95,11 @@ def resolve(evidence: Evidence) -> Setup:
         prefix_caching=Fact(caching, CACHE_CONFIG) if caching is not None else from_args("enable_prefix_caching", None),
         kv_pool_tokens=_pool_tokens(configs, log),
         shutdown_timeout=from_args("shutdown_timeout", 0 if at_least(version, (0, 18, 0)) else None),
-        tensor_parallel_size=(args.tensor_parallel_size if args is not None else None)
-        or (log.tensor_parallel_size if log is not None else None)
-        or _ranks(log)
-        or 1,
+        tensor_parallel_size=_stated_tensor_parallel(log) or _ranks(log) or 1,
+        tensor_parallel_unknown=_stated_tensor_parallel(log) is None
+        and _ranks(log) is None
+        and log is not None
+        and log.parallel_workers,
         quantization=(args.quantization if args is not None else None) or (log.quantization if log else None),
         kv_cache_dtype=(args.kv_cache_dtype if args is not None else None) or (log.kv_cache_dtype if log else None),
         v0_log=log is not None and (log.engine == "v0" or log.cpu_blocks is not None),
@@ -106,6 +109,12 @@ def resolve(evidence: Evidence) -> Setup:
         else None,
         card=card,
     )
+
+
+def _stated_tensor_parallel(log: LogFacts | None) -> int | None:
+    if log is None:
+        return None
+    return (log.args.tensor_parallel_size if log.args is not None else None) or log.tensor_parallel_size
 
 
 def _ranks(log: LogFacts | None) -> int | None:

@@ -37,6 +37,7 @@ FLAGS: dict[str, FlagSpan] = {
         FlagSpan(flag="--gpu-memory-utilization", since=None, source="EngineArgs, every release checked"),
         FlagSpan(flag="--block-size", since=None, source="EngineArgs, every release checked"),
         FlagSpan(flag="--tensor-parallel-size", since=None, source="EngineArgs, every release checked"),
+        FlagSpan(flag="--pipeline-parallel-size", since=None, source="EngineArgs, every release checked"),
         FlagSpan(flag="--quantization", since=None, source="EngineArgs, every release checked (fp8 since 0.5)"),
         FlagSpan(flag="--dtype", since=None, source="EngineArgs, every release checked"),
         FlagSpan(flag="--kv-cache-dtype", since=None, source="EngineArgs, every release checked (fp8 since 0.5)"),

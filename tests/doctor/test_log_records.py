@@ -134,6 +134,11 @@ def test_the_rank_and_the_process_come_from_the_prefix() -> None:
     assert read[1].process == "(VllmWorker rank=1 pid=101)"
     assert records("[rank3]: torch.OutOfMemoryError: x\n[rank3]: y")[0].rank == 3
     assert records("plain line")[0].rank is None
+    # V1's multiproc workers: the underscore before TP is a word character, so a \b there never matched.
+    worker = records(
+        "(Worker_TP3 pid=9) ERROR 11-05 21:25:41 [x.py:1] a\n(Worker_TP3 pid=9) ERROR 11-05 21:25:41 [x.py:1] b"
+    )
+    assert [(record.rank, record.tp_rank, record.parallel_worker) for record in worker] == [(3, 3, True)] * 2
 
 
 def test_colours_are_dropped_real_or_pasted() -> None:

@@ -608,3 +608,21 @@ def test_typographic_quotes_a_paste_made_are_read_as_the_logs_own() -> None:
         "stored in KV cache (1152). Try increasing gpu_memory_utilization or decreasing max_model_len.\n"
     )
     assert _flags(_finding(line)) == {"--max-model-len": 1152}
+
+
+def test_workers_spanning_gpus_of_unstated_count_get_a_pipeline_stage_not_a_smaller_tensor_parallel_size() -> None:
+    """`(Worker_TP0 pid=..)` says several GPUs hold the model, not how many (it was 16): a tensor parallel size
+    computed as if today's were 1 said 2, fewer GPUs than the run had. A second pipeline stage halves what each
+    GPU holds whatever today's size is."""
+    worker = "(Worker_TP0 pid=248987) ERROR 11-05 21:25:41 [multiproc_executor.py:597] "
+    oom = _oom("NPU", tried="898.00 MiB", total="60.97 GiB", free="850.00 MiB", process="58.31 GiB",
+               allocated="58.21 GiB", stranded="100.00 MiB")  # fmt: skip
+    text = _traceback(worker, ["run_engine_core", "load_model", "create_weights"], oom.replace("torch.", ""))
+    facts = parse_log(text)
+    assert facts.parallel_workers
+    flags = _flags(_finding(text))
+    assert flags.get("--pipeline-parallel-size") == 2
+    assert "--tensor-parallel-size" not in flags
+    single = _flags(_finding(_traceback("", ["run_engine_core", "load_model", "create_weights"], oom)))
+    assert single["--tensor-parallel-size"] == 2  # one GPU stated by nothing else: 1 -> 2
+    assert "--pipeline-parallel-size" not in single
