@@ -22,7 +22,7 @@ TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GP
 MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
-MIN_HALVED_MODEL_LEN = 1024  # not halved below: shorter prompts than this are refused by most chat templates' use
+MIN_HALVED_MODEL_LEN = 1024  # --max-model-len is not halved below this: shorter would refuse ordinary prompts
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
