@@ -35,6 +35,7 @@ SETS = {
     "heldout-25m",
     "heldout-25n",
     "heldout-25o",
+    "heldout-25p",
 }
 
 
