@@ -226,6 +226,8 @@ class DashboardStack:
             "a failed restart": 'vllm_sidecar_action_failures_total{action="restart"} > 0',
             "a manual restart": 'vllm_sidecar_restarts_total{reason="manual"} > 0',
             "an Xid": "vllm_sidecar_gpu_last_xid",
+            # The pause annotation's state (cold CI run 48: no pause was stored in the window, and it went blank).
+            "a pause of admission": "max_over_time(vllm_sidecar_admission_paused[10m]) > 0",
             "allocator retries": "increase(vllm_sidecar_torch_alloc_retries_total[1m]) > 0",
             "requests waiting, split by reason": "vllm_sidecar_requests_waiting_deferred_ratio",
             "TTFT on both vLLM versions": "count(count by (model_name) (vllm:time_to_first_token_seconds_count)) == 2",
