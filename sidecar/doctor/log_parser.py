@@ -41,11 +41,13 @@ _GPU_NAME = re.compile(
 )
 # A command line pasted with the log: `vllm serve MODEL ...`, `--model MODEL` (api_server, launchers).
 _COMMAND_MODEL = re.compile(r"\bvllm serve\s+(?!-)([\w./@:-]+)|--model[= ]+(?!-)([\w./@:-]+)")
+# V1's model runner names what it loads (0.8 on): `Starting to load model Qwen/Qwen3-32B...`.
+_LOADING_MODEL = re.compile(r"Starting to load model ([\w./@:-]+?)\.{0,3}\s*$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
 
 # 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
 _MAX_LEN_V1 = loose(
-    r"To serve at least one request with the models?'s max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
+    r"To serve at least one request with the model(?:s?'s)? max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
     r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\."
     r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
 )
@@ -601,6 +603,7 @@ _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check, needle="cache"),
     _simple(_COMMAND_MODEL, _command_model),
+    _simple(_LOADING_MODEL, _command_model, needle="Starting to load model"),
     _simple(_GPU_NAME, _gpu_name),
     _simple(_ENGINE_GENERATION, _engine),
 )

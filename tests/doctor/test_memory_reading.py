@@ -626,3 +626,26 @@ def test_workers_spanning_gpus_of_unstated_count_get_a_pipeline_stage_not_a_smal
     single = _flags(_finding(_traceback("", ["run_engine_core", "load_model", "create_weights"], oom)))
     assert single["--tensor-parallel-size"] == 2  # one GPU stated by nothing else: 1 -> 2
     assert "--pipeline-parallel-size" not in single
+
+
+def test_the_model_v1_starts_loading_names_its_weights() -> None:
+    """`Starting to load model Qwen/Qwen3-32B...` names the model: its 61 GiB of bf16 weights size the GPUs,
+    where the 22.9 GiB PyTorch held when the load failed on a 24 GB card said only 2."""
+    prefix = "[vllm]                 | "
+    text = (
+        f"{prefix}INFO 05-29 04:44:25 [gpu_model_runner.py:1276] Starting to load model Qwen/Qwen3-32B...\n"
+        f"{prefix}ERROR 05-29 04:44:26 [core.py:387] "
+        + _oom(tried="100.00 MiB", total="23.64 GiB", free="58.81 MiB", process="22.82 GiB", allocated="22.37 GiB")
+        + "\n"
+    )
+    assert parse_log(text).model == "Qwen/Qwen3-32B"
+    assert _flags(_finding(text))["--tensor-parallel-size"] == 4  # 65.6 GiB / 4 <= 0.75 x 23.64
+
+
+def test_v1s_refusal_read_without_the_apostrophe_some_releases_dropped() -> None:
+    line = (
+        "ValueError: To serve at least one request with the model max seq len (250000), 3.19 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
+        "estimated maximum model length is 256.\n"
+    )
+    assert _flags(_finding(line)) == {"--max-model-len": 256}
