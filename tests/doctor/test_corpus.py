@@ -36,6 +36,7 @@ SETS = {
     "heldout-25n",
     "heldout-25o",
     "heldout-25p",
+    "heldout-25q",
 }
 
 
