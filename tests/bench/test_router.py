@@ -97,13 +97,16 @@ def test_round_robin_over_ready_replicas_passes_answers_through(backends: tuple[
 
 def test_a_replica_leaves_after_its_failure_threshold_and_returns(backends: tuple[_Backend, _Backend]) -> None:
     a, b = backends
-    router = Router([a.replica(failures=2), b.replica()]).start()
+    # b must stay in while a is out: at 2 failures, two of its 50 ms probes timing out on a starved CI box took it
+    # out too (run 49: "no ready replica"). 20 failures in a row (1 s of them) take it out when it fails for real.
+    router = Router([a.replica(failures=2), b.replica(failures=20)]).start()
     try:
+        _until(lambda: router.replicas[1].is_ready)
         a.healthy = False
         _until(lambda: not router.replicas[0].is_ready)
         assert {_post(router).text for _ in range(4)} == {"b:x"}
         b.healthy = False
-        _until(lambda: not router.replicas[1].is_ready)
+        _until(lambda: not router.replicas[1].is_ready, timeout_s=10)
         refused = _post(router)
         assert (refused.status_code, refused.text) == (503, "no ready replica")
         assert router.unrouted == 1
