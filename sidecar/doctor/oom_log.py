@@ -72,7 +72,8 @@ _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
 # The sentences of PyTorch's out-of-memory message after its first, as they start.
 _SENTENCE = re.compile(
     r"\s*(?:GPU \d+ has a total capac|Of the allocated memory|Process \d+ has|Including non-PyTorch memory"
-    r"|this process has|[\d.]+ ?\w+ is reserved by PyTorch|If reserved but unallocated|See documentation for Memory)"
+    r"|this process has|[\d.]+ ?\w+ is reserved by PyTorch|If reserved but unallocated|See documentation for Memory"
+    r"|PyTorch but unallocated)"  # a wrap inside "is reserved by / PyTorch but unallocated"
 )
 _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in

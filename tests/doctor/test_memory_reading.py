@@ -649,3 +649,19 @@ def test_v1s_refusal_read_without_the_apostrophe_some_releases_dropped() -> None
         "estimated maximum model length is 256.\n"
     )
     assert _flags(_finding(line)) == {"--max-model-len": 256}
+
+
+def test_pytorchs_message_wrapped_inside_a_sentence_keeps_its_stranded_memory() -> None:
+    """A paste broke "744.36 MiB is reserved by / PyTorch but unallocated." at a capital: the fragment is still
+    PyTorch's message, and the 744 MiB it strands (8.7x the 85 MiB short) make it fragmentation."""
+    text = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 304.00 MiB.\n"
+        "GPU 0 has a total capacity of 94.97 GiB of which 218.81 MiB is free.\n"
+        "Including non-PyTorch memory, this process has 93.84 GiB memory in use.\n"
+        "Of the allocated memory 91.19 GiB is allocated by PyTorch, with 118.00 MiB\n"
+        "allocated in private pools (e.g., CUDA Graphs), and 744.36 MiB is reserved by\n"
+        "PyTorch but unallocated.\n"
+    )
+    finding = _finding(text)
+    assert finding.cause is Cause.ALLOCATOR_FRAGMENTATION
+    assert _flags(finding) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
