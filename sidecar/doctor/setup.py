@@ -69,6 +69,7 @@ def resolve(evidence: Evidence) -> Setup:
     card = _card(evidence)
     configs = _cache_configs(evidence)
     defaults_known = args is not None and not args.complete
+    stated_tp, ranks_tp = _stated_tensor_parallel(log), _ranks(log)
 
     def from_args(name: str, default: T | None) -> Fact[T] | None:
         value = getattr(args, name) if args is not None else None
@@ -95,11 +96,8 @@ def resolve(evidence: Evidence) -> Setup:
         prefix_caching=Fact(caching, CACHE_CONFIG) if caching is not None else from_args("enable_prefix_caching", None),
         kv_pool_tokens=_pool_tokens(configs, log),
         shutdown_timeout=from_args("shutdown_timeout", 0 if at_least(version, (0, 18, 0)) else None),
-        tensor_parallel_size=_stated_tensor_parallel(log) or _ranks(log) or 1,
-        tensor_parallel_unknown=_stated_tensor_parallel(log) is None
-        and _ranks(log) is None
-        and log is not None
-        and log.parallel_workers,
+        tensor_parallel_size=stated_tp or ranks_tp or 1,
+        tensor_parallel_unknown=stated_tp is None and ranks_tp is None and log is not None and log.parallel_workers,
         quantization=(args.quantization if args is not None else None) or (log.quantization if log else None),
         kv_cache_dtype=(args.kv_cache_dtype if args is not None else None) or (log.kv_cache_dtype if log else None),
         v0_log=log is not None and (log.engine == "v0" or log.cpu_blocks is not None),

@@ -146,8 +146,7 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
     )
     if fits is None or fits < MIN_REQUEST_TOKENS:
         return None  # a sliver: the model or the budget is the problem, not max_model_len (no_kv_room)
-    block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
-    value = fits // block * block
+    block, value = _to_blocks(fits, setup)
     if refusal is not None:
         lines = [f"vLLM refused to start: {refusal.line}"]
         where = _where(refusal)
@@ -193,8 +192,7 @@ def prompt_over_kv(refusal: Refusal, ledger: MemoryLedger, setup: Setup) -> Find
     recommendations: list[Recommendation] = []
     steps: tuple[str, ...] = ()
     if fits is not None and fits >= MIN_REQUEST_TOKENS:
-        block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
-        value = fits // block * block
+        block, value = _to_blocks(fits, setup)
         why = (
             f"the KV cache holds {tokens(fits)} tokens ({ledger.kv_tokens_source}), rounded down to {block} -> {value}"
         )
@@ -216,6 +214,12 @@ def prompt_over_kv(refusal: Refusal, ledger: MemoryLedger, setup: Setup) -> Find
         recommendations=tuple(recommendations),
         steps=steps,
     )
+
+
+def _to_blocks(tokens: int, setup: Setup) -> tuple[int, int]:
+    """The block size and `tokens` rounded down to it: a length the KV cache holds whole blocks of."""
+    block = setup.block_size.value if setup.block_size is not None else DEFAULT_BLOCK_SIZE
+    return block, tokens // block * block
 
 
 def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
