@@ -195,7 +195,8 @@ def _after_kv(
         elif lowered is not None and ledger.total is not None:
             step = (oom.shortfall_bytes or 0) / ledger.total.value_bytes + formula.GRAPH_MARGIN_RATIO
             steps.append(
-                f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; from "
+                _unless_before_kv(oom, phase, ledger, step)
+                or f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; from "
                 f"vLLM's default {ledger.utilization:g} that is {lowered.value}): the transient lacked "
                 f"{gib(oom.shortfall_bytes or 0)} of {gib(ledger.total.value_bytes)}"
             )
@@ -225,6 +226,27 @@ def _after_kv(
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
         steps=tuple(steps),
+    )
+
+
+def _unless_before_kv(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, step: float) -> str | None:
+    """A lower budget helps a transient only once the KV cache fills the budget. With the budget assumed and
+    vLLM's process far under it, the log does not say which held: a budget set that low, or a KV cache not yet
+    allocated (the profile run's dummy batch, which no budget caps). The step that says both, or None."""
+    held = oom.process_bytes or oom.allocated_bytes
+    budget, total = ledger.budget_bytes, ledger.total
+    if phase is not OomPhase.UNKNOWN or budget is None or total is None or held is None:
+        return None
+    if held >= BEFORE_KV_SHARE * budget:
+        return None
+    share = held / total.value_bytes
+    return (
+        f"vLLM's process held {gib(held)} ({share:.0%} of the card), far under the budget assumed from vLLM's "
+        f"default {ledger.utilization:g}: the KV cache, which fills the budget, was probably not allocated yet, so a "
+        "lower budget frees nothing; the profile run's dummy batch is the likelier demand (halve --max-num-seqs or "
+        f"--max-num-batched-tokens). If you set --gpu-memory-utilization near {share:.2f}, lower it by {step:.3f} "
+        f"instead (the transient lacked {gib(oom.shortfall_bytes or 0)}). The engine's config line "
+        "(gpu_memory_utilization=...) settles which"
     )
 
 

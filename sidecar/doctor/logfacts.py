@@ -120,6 +120,7 @@ class CudaOom:
     process_bytes: int | None  # "this process has X memory in use" (non-PyTorch memory included)
     allocated_bytes: int | None = None  # "Of the allocated memory A is allocated by PyTorch"
     private_pool_bytes: int | None = None  # "with P allocated in private pools (e.g., CUDA Graphs)": graphs exist
+    allowed_bytes: int | None = None  # "X allowed;": a per-process memory fraction caps PyTorch's allocator
     reserved_unallocated_bytes: int | None
     other_processes: tuple[tuple[int, int], ...]  # (pid, bytes) of the other processes PyTorch lists
 

@@ -27,7 +27,9 @@ _DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
 # Any member of the family, for finding the records; the patterns below read their numbers.
 _FAMILY = loose(
     r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?i:(?:cuda|hip) error): out of memory"
-    r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED"
+    # (not PyTorch's hint after the error: "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/...")
+    r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
+    r"|CUBLAS_STATUS_ALLOC_FAILED"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
     r"|memory mapping failed with OOM|Tried to allocate "
     + _SIZE
@@ -53,6 +55,7 @@ _THIS_PROCESS = loose(r"this process has " + _SIZE + r" memory in use")
 _UNALLOCATED = loose(_SIZE + r" is reserved by PyTorch but unallocated")
 _ALLOCATED = loose(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _PRIVATE_POOLS = loose(r"with " + _SIZE + r" allocated in private pools")
+_ALLOWED = loose(_SIZE + r" allowed;")  # torch.cuda.set_per_process_memory_fraction's cap, when one is set
 # torch < 2.1: "Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; 14.56 GiB already allocated; 3.12 MiB
 # free; 14.66 GiB reserved in total by PyTorch)"
 _LEGACY = loose(
@@ -207,6 +210,7 @@ def _modern(line: str) -> dict[str, object] | None:
         "process_bytes": process_bytes,
         "allocated_bytes": allocated,
         "private_pool_bytes": size_bytes(pools.group(1)) if (pools := _PRIVATE_POOLS.search(rest)) else None,
+        "allowed_bytes": size_bytes(allowed.group(1)) if (allowed := _ALLOWED.search(rest)) else None,
         "reserved_unallocated_bytes": size_bytes(unallocated.group(1)) if unallocated else None,
         "other_processes": tuple(processes),
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from sidecar.doctor import remedies
+from sidecar.doctor import formula, remedies
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib
 from sidecar.doctor.ledger import MemoryLedger
@@ -48,7 +48,7 @@ def not_the_budget(
     """The readings where vLLM's own budget is not what to tune, checked first: a TPU kernel's on-chip scratch,
     sleep mode's wake-up, memory that was free, another process, one step larger than any margin, weights beyond
     the card."""
-    if (outside := _outside_the_budget(oom, phase, setup, log, lines)) is not None:
+    if (outside := _outside_the_budget(oom, phase, ledger=ledger, setup=setup, log=log, lines=lines)) is not None:
         return outside
     if _not_short(oom):
         return _not_a_shortage(oom, phase, lines)
@@ -61,8 +61,13 @@ def not_the_budget(
     return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
 
 
-def _outside_the_budget(oom: CudaOom, phase: OomPhase, setup: Setup, log: LogFacts, lines: list[str]) -> Finding | None:
-    """Memory the budget does not share out: a TPU kernel's on-chip scratch, sleep mode's mapping back."""
+def _outside_the_budget(
+    oom: CudaOom, phase: OomPhase, *, ledger: MemoryLedger, setup: Setup, log: LogFacts, lines: list[str]
+) -> Finding | None:
+    """Memory the budget does not share out: a TPU kernel's on-chip scratch, sleep mode's mapping back, a cap
+    on the process below the card."""
+    if _capped(oom):
+        return _capped_by_fraction(oom, phase, ledger, lines)
     if (on_chip := _ON_CHIP.search(oom.message)) is not None:
         space = on_chip.group(1).upper()
         return _block_tables(setup, log, lines) if space == "SMEM" else _on_chip_scratch(space, lines)
@@ -124,6 +129,54 @@ def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> b
         return False
     budget_allows = ledger.utilization if not ledger.utilization_assumed else 0.0
     return allocated >= BEYOND_ANY_BUDGET * total and budget_allows < BEYOND_ANY_BUDGET
+
+
+def _capped(oom: CudaOom) -> bool:
+    """PyTorch refused the allocation at the process's memory fraction while the card had room for it."""
+    allowed, tried, free = oom.allowed_bytes, oom.tried_bytes, oom.free_bytes
+    return allowed is not None and tried is not None and free is not None and free >= tried
+
+
+def _capped_by_fraction(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, lines: list[str]) -> Finding:
+    """`torch.cuda.set_per_process_memory_fraction`, which vLLM does not call but a framework that runs it can
+    (colocated training, a notebook), caps the caching allocator below the card: vLLM's budget, a share of the
+    whole card, must fit under that cap."""
+    allowed, total = oom.allowed_bytes or 0, oom.total_bytes or 0
+    lines.append(
+        f"PyTorch allowed this process {gib(allowed)} (a per-process memory fraction of "
+        f"{allowed / total if total else 0:.2f}): {gib(oom.free_bytes or 0)} was free on the card for the "
+        f"{gib(oom.tried_bytes or 0)} allocation, the cap refused it"
+    )
+    recommendations: list[Recommendation] = []
+    if total:
+        ceiling = formula.floor_hundredths(allowed / total - formula.GRAPH_MARGIN_RATIO)
+        if ceiling < ledger.utilization and ceiling >= remedies.MIN_USEFUL_UTILIZATION:
+            recommendations.append(
+                Recommendation(
+                    flag="--gpu-memory-utilization",
+                    value=ceiling,
+                    why=(
+                        f"{gib(allowed)} allowed / {gib(total)} - {formula.GRAPH_MARGIN_RATIO:.0%} margin = "
+                        f"{allowed / total - formula.GRAPH_MARGIN_RATIO:.4f}, rounded down -> {ceiling:.2f}: at most "
+                        f"this, so vLLM's budget fits under the cap (today {ledger.utilization:g}, "
+                        f"{ledger.utilization_source})"
+                    ),
+                )
+            )
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"{RAN_OUT} while {phase_text(phase)}: a per-process memory fraction capped PyTorch at "
+            f"{gib(allowed)}, below what vLLM's budget asks of the card"
+        ),
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=(
+            "or raise the fraction where it is set (torch.cuda.set_per_process_memory_fraction, by the program that "
+            "runs vLLM): vLLM sizes its budget from the whole card, not from the cap",
+        ),
+    )
 
 
 def _not_short(oom: CudaOom) -> bool:
