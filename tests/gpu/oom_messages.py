@@ -105,7 +105,7 @@ def case(name: str, out: Path) -> None:
         raise SystemExit(f"unknown case {name}")
 
 
-def _holder(gib: float, *, leave_mib: int | None = None) -> subprocess.Popen[str]:
+def holder_process(gib: float, *, leave_mib: int | None = None) -> subprocess.Popen[str]:
     """Another process on the card: holds `gib` GiB (or all but `leave_mib` MiB) and says when it does."""
     size = f"free - {leave_mib} * 2**20" if leave_mib is not None else f"int({gib} * 2**30)"
     code = (
@@ -130,9 +130,9 @@ def run_case(name: str, folder: Path) -> dict[str, Any]:
     holder = None
     try:
         if name == "other_process":
-            holder = _holder(100)
+            holder = holder_process(100)
         elif name == "context_full":
-            holder = _holder(0, leave_mib=64)
+            holder = holder_process(0, leave_mib=64)
     except SystemExit as failed:
         return {"case": name, "returncode": None, "seconds": 0, "figures": {}, "stderr": str(failed), "env": {}}
     if holder is not None:

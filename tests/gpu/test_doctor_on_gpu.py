@@ -1,0 +1,75 @@
+"""The doctor's live reading on a real GPU: another process holds part of the card (NVML lists it, /proc names
+it), the simulator serves as vLLM with its budget of 0.9. Needs an NVIDIA GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+from tests.gpu.oom_messages import GIB, holder_process
+from tests.loopback import closed_port
+
+REPO = Path(__file__).resolve().parents[2]
+HELD_GIB = 60
+
+
+def _wait_for_sim(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/metrics", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the simulator did not answer at {url} within {timeout_s} s")
+
+
+def test_doctor_bounds_the_budget_by_what_another_process_leaves(
+    torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
+) -> None:
+    torch = torch_cuda
+    total = torch.cuda.mem_get_info()[1]
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": path}
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "sim", "--listen", f"127.0.0.1:{port}"],
+        stdout=(tmp_path / "sim.log").open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    holder = holder_process(HELD_GIB)
+    try:
+        _wait_for_sim(url, 30)
+        done = subprocess.run(
+            [sys.executable, "-m", "sidecar", "doctor", "--vllm-url", url, "--gpu-source", "nvml", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        for process in (holder, sim):
+            process.kill()
+            process.wait()
+    record["exit"] = done.returncode
+    record["stderr"] = done.stderr[-4000:]
+    document = json.loads(done.stdout)
+    record["document"] = document
+    assert done.returncode == 1, done.stderr[-2000:]
+    (finding,) = [f for f in document["findings"] if f["cause"] == "configuration_overshoot"]
+    assert any(f"pid {holder.pid}" in line for line in finding["evidence"]), finding["evidence"]
+    (budget,) = [r["value"] for r in finding["recommendations"] if r["flag"] == "--gpu-memory-utilization"]
+    left = (total - HELD_GIB * GIB) / total
+    assert 0.1 <= budget <= left - 0.05 + 0.01  # vLLM's 5 % reserve, rounded down to hundredths
