@@ -68,6 +68,7 @@ class Policy:
         self._seen_healthy = False  # since the sidecar started or the last restart was accepted
         self._seen_polled = False
         self._failing_since_s: float | None = None  # health failing, after it had been healthy
+        self._failing_seen_s: float | None = None  # the last poll that saw it failing
         self._down_since_s: float | None = None  # nothing listening at vLLM's address, after it had been healthy
         self._up_since_s: float | None = None  # vLLM healthy without a break since (as observed here)
         self._healthy_again_s: float | None = None  # vLLM back from the last restart: the cooldown's start
@@ -264,6 +265,7 @@ class Policy:
                 self._down_since_s = None
                 if self._seen_healthy and self._failing_since_s is None:
                     self._failing_since_s = obs.now_s
+                self._failing_seen_s = obs.now_s
         self._seen_polled = self._seen_polled or obs.poll_ok
         return recovered
 
@@ -273,11 +275,18 @@ class Policy:
         failed for less than dead_after_s was a blip (a slow answer under load), not a death."""
         if self._down_since_s is not None:
             lost = f"nothing listened at its address for {seconds(now_s - self._down_since_s)}"
-        elif self._failing_since_s is not None and now_s - self._failing_since_s >= self.settings.dead_after_s:
-            lost = f"its /health failed for {seconds(now_s - self._failing_since_s)}"
+        elif (failed := self._failed_for()) is not None and failed >= self.settings.dead_after_s:
+            lost = f"its /health failed for {seconds(failed)}"
         else:
             return ""
         return f"vLLM is healthy again: {lost}, and it came back without a restart by the sidecar"
+
+    def _failed_for(self) -> float | None:
+        """How long /health was seen failing, first to last failing poll: what came between that last poll and
+        the healthy one is unknown, so a blip shorter than dead_after_s as seen is never reported as a death."""
+        if self._failing_since_s is None or self._failing_seen_s is None:
+            return None
+        return self._failing_seen_s - self._failing_since_s
 
     def _failing_for(self, now_s: float) -> float | None:
         return None if self._failing_since_s is None else now_s - self._failing_since_s

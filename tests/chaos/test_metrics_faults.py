@@ -69,7 +69,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             *("--max-response-bytes", str(CAP_BYTES), "--state-dir", str(folder / "state")),
             *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
             # As eager to restart as the settings allow: a fault read as a dead or hung engine would show.
-            *("--dead-after", "1", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
+            # --dead-after 2, not 1: /health itself can time out on a busy 2-core box (see below), and two such
+            # timeouts 1 s apart are an engine dead at 1 s; 2 s still lies inside every fault (>= FAULT_S).
+            *("--dead-after", "2", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
             *("--hung-without-probe-after", "1"),  # a false stall would restart at once: none may
         ],
         folder / "sidecar.log",
