@@ -37,6 +37,7 @@ SETS = {
     "heldout-25o",
     "heldout-25p",
     "heldout-25q",
+    "heldout-25r",
 }
 
 
