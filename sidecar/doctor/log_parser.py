@@ -48,7 +48,7 @@ _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+
 # 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
 _MAX_LEN_V1 = loose(
     r"To serve at least one request with the model(?:s?'s)? max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
-    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\."
+    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\.?"  # a paste can end there
     r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
 )
 # The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).

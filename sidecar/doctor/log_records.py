@@ -46,6 +46,7 @@ _MAX_HEAD_TOKENS = 14
 _MIN_PREFIX_LINES = 2  # a head shape must start at least this many lines ...
 _MIN_PREFIX_SHARE = 0.05  # ... and this share of the non-empty lines to count as the log's prefix
 _PREFIXED_LOG_SHARE = 0.5  # a log where at least this share of lines carry a prefix is a prefixed log
+_WRAPPED_AT = 60  # a line this long that no sentence's end closes was wrapped
 _MAX_RECORD_CHARS = 65536  # a wrapped message is never longer: past it, a run of loose lines starts a new record
 # A line that starts a record by its own shape, whatever prefix it has or lacks.
 _RECORD_START = re.compile(
@@ -233,6 +234,13 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     indent = len(line) - len(line.lstrip(" "))
     if hanging and indent == hanging and not _RECORD_START.match(line[indent:]):
         return True  # a hanging indent, under the message it continues
+    block = previous[1][0]  # the record's first line: its indent is the block's
+    if indent and indent == len(block) - len(block.lstrip(" ")) and not _RECORD_START.match(line[indent:]):
+        # A block indented as a whole (Markdown's code block): its wrapped lines keep the block's indent, so the
+        # rest of a sentence starts after it, or after a long line that no sentence's end closed.
+        rest = line[indent]
+        wrapped = len(last_part) >= _WRAPPED_AT and last_part[-1] not in ".:!?" and rest.isalnum()
+        return rest.islower() or rest.isdigit() or rest == "(" or wrapped
     if _RECORD_START.match(line):
         return False
     if prefixed_log:

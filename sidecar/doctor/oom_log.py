@@ -46,7 +46,7 @@ _MAPPING = loose(
     r"mapping failed with OOM on device (\d+) while trying to map (\d+) bytes \(free: (\d+), total: (\d+)\)"
 )
 _MODERN = loose(
-    _DEVICE + r" out of memory\. Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
+    r"(?:" + _DEVICE + r" out of memory\. )?Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
@@ -89,6 +89,8 @@ _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         re.compile(r"Failed to create \w+ (?:\w+ )?weights|while loading weights|Failed to load model"),
     ),
     (OomPhase.WAKE_UP, re.compile(r"cumem_allocator")),
+    # vLLM's hint on an OOM in its CUDA-graph memory profiling or capture names the switch of that estimate.
+    (OomPhase.GRAPH_CAPTURE, re.compile(r"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")),
 )
 
 

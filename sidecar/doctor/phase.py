@@ -34,7 +34,8 @@ _FRAME_PHASES: tuple[tuple[OomPhase, frozenset[str], tuple[str, ...]], ...] = (
         OomPhase.GRAPH_CAPTURE,
         frozenset(
             {"capture_model", "_capture_cudagraphs", "capture_graph", "graph_capture", "capture", "capture_end",
-             "capture_begin", "_capture_model", "capture_graphs"}
+             "capture_begin", "_capture_model", "capture_graphs", "profile_cudagraph_memory",
+             "_init_minimal_kv_cache_for_profiling"}
         ),
         ("cuda_graph", "cudagraph"),
     ),

@@ -201,3 +201,32 @@ def test_torchs_rank_prefixed_warning_starts_a_record_of_its_own() -> None:
         "not called before program exit",
         "W0318 13:41:31.000000 191 torch/distributed/elastic/x.py:1] closing",
     ]
+
+
+def test_a_block_indented_as_a_whole_joins_its_wrapped_sentences_and_keeps_a_tracebacks_lines() -> None:
+    """Markdown's code block: every line four spaces in. A sentence wrapped inside it continues at the block's
+    indent (lowercase, or after a long line no sentence's end closed); a traceback's lines, further in or
+    starting a record, stay apart."""
+    text = "\n".join(
+        [
+            "    Tried to allocate 136.00 MiB. GPU 0 has a total capacity of 22.36 GiB of",
+            "    which 120.88 MiB is free. If this problem persists, try setting",
+            "    VLLM_SOME_SETTING=0",
+            "    Traceback (most recent call last):",
+            '      File "x.py", line 1, in f',
+            "        g()",
+            "    RuntimeError: CUDA error: out of memory",
+            "    Short line.",
+            "    Another record",
+        ]
+    )
+    assert [record.payload.strip() for record in records(text)] == [
+        "Tried to allocate 136.00 MiB. GPU 0 has a total capacity of 22.36 GiB of which 120.88 MiB is free. If "
+        "this problem persists, try setting VLLM_SOME_SETTING=0",
+        "Traceback (most recent call last):",
+        'File "x.py", line 1, in f',
+        "g()",
+        "RuntimeError: CUDA error: out of memory",
+        "Short line.",
+        "Another record",
+    ]

@@ -665,3 +665,36 @@ def test_pytorchs_message_wrapped_inside_a_sentence_keeps_its_stranded_memory() 
     finding = _finding(text)
     assert finding.cause is Cause.ALLOCATOR_FRAGMENTATION
     assert _flags(finding) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_vllms_hint_on_the_graph_estimate_places_an_oom_in_graph_capture() -> None:
+    # A quote that starts at "Tried to allocate" (no "CUDA out of memory."), with vLLM's hint naming the switch of
+    # its CUDA-graph memory estimate: the graphs' phase, whose first remedy is no graphs.
+    text = (
+        "Tried to allocate 136.00 MiB. GPU 0 has a total capacity of 22.36 GiB of which 120.88 MiB is free. If this "
+        "problem persists, try setting VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.phase, oom.total_bytes) == (OomPhase.GRAPH_CAPTURE, int(22.36 * GIB))
+    assert "--enforce-eager" in _flags(_finding(text))
+
+
+def test_the_frames_of_the_graph_memory_profile_are_graph_capture() -> None:
+    # vLLM 0.21+ profiles the graphs' memory before it sizes the KV cache (gpu_worker.determine_available_memory ->
+    # gpu_model_runner.profile_cudagraph_memory -> _init_minimal_kv_cache_for_profiling).
+    text = _traceback(V1, ["determine_available_memory", "profile_cudagraph_memory",
+                           "_init_minimal_kv_cache_for_profiling"], _oom())  # fmt: skip
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert oom.phase is OomPhase.GRAPH_CAPTURE
+
+
+def test_a_kv_refusal_pasted_without_its_closing_period_is_read() -> None:
+    text = (
+        "ValueError: To serve at least one request with the models's max seq len (40960),\n"
+        "4.38 GiB KV cache is needed, which is larger than the available KV cache memory (0.85 GiB)\n"
+    )
+    refusal = parse_log(text).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.needed_gib, refusal.available_gib) == (40960, 4.38, 0.85)
