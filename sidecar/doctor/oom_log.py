@@ -46,7 +46,8 @@ _MAPPING = loose(
     r"mapping failed with OOM on device (\d+) while trying to map (\d+) bytes \(free: (\d+), total: (\d+)\)"
 )
 _MODERN = loose(
-    r"(?:" + _DEVICE + r" out of memory\. )?Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
+    r"(?:" + _DEVICE + r" out of memory\. )?"  # a quote can start at "Tried"
+    + r"Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
