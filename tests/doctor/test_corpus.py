@@ -38,6 +38,7 @@ SETS = {
     "heldout-25p",
     "heldout-25q",
     "heldout-25r",
+    "heldout-25s",
 }
 
 
