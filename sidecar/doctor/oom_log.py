@@ -30,7 +30,9 @@ _FAMILY = loose(
     # (not PyTorch's hint after the error: "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/...")
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
     r"|CUBLAS_STATUS_ALLOC_FAILED"
-    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm|RESOURCE_EXHAUSTED: .{0,200}memory"
+    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
+    # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
+    r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)"
     r"|memory mapping failed with OOM|Tried to allocate "
     + _SIZE
     # Apple's Metal (vllm-metal): a command buffer the GPU could not give memory to.
@@ -81,7 +83,7 @@ _SENTENCE = re.compile(
 )
 _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
-_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b")
+_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
 _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
@@ -153,7 +155,7 @@ def _device(records: Sequence[Record], family: list[int]) -> str:
     for index in reversed(family):
         match = _DEVICE_NAME.search(records[index].payload)
         if match is not None:
-            named = match.group(1) or ("TPU" if match.group(0) == "hbm" else "HIP")
+            named = match.group(1) or ("HIP" if match.group(0).lower() == "hip" else "TPU")
             return named.upper()
     return "CUDA"
 

@@ -698,3 +698,14 @@ def test_a_kv_refusal_pasted_without_its_closing_period_is_read() -> None:
     refusal = parse_log(text).refusal
     assert refusal is not None
     assert (refusal.max_model_len, refusal.needed_gib, refusal.available_gib) == (40960, 4.38, 0.85)
+
+
+def test_a_tpu_runtimes_refused_device_buffer_is_an_oom_of_the_tpu() -> None:
+    # PJRT's own line when XLA cannot place a buffer in HBM (no "memory" word in it).
+    text = (
+        "E0118 22:42:45.737331   20084 tpu_pjrt_client.cc:1889] TpuClient::AllocateBuffer returning error after 1 "
+        "attempt(s): RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 1.96G.\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert oom.device == "TPU"
