@@ -33,32 +33,58 @@ def _wait_for_sim(url: str, timeout_s: float) -> None:
     raise AssertionError(f"the simulator did not answer at {url} within {timeout_s} s")
 
 
-def test_doctor_bounds_the_budget_by_what_another_process_leaves(
-    torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
-) -> None:
-    torch = torch_cuda
-    total = torch.cuda.mem_get_info()[1]
+def _doctor(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "doctor", "--vllm-url", url, "--gpu-source", "nvml", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def _sim(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
     env = {**os.environ, "PYTHONPATH": path}
     port = closed_port()
-    url = f"http://127.0.0.1:{port}"
     sim = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "sim", "--listen", f"127.0.0.1:{port}"],
         stdout=(tmp_path / "sim.log").open("w"),
         stderr=subprocess.STDOUT,
         env=env,
     )
+    return sim, f"http://127.0.0.1:{port}", env
+
+
+def test_doctor_finds_nothing_to_change_on_a_healthy_card(
+    torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
+) -> None:
+    del torch_cuda  # only its check
+    sim, url, env = _sim(tmp_path)
+    try:
+        _wait_for_sim(url, 30)
+        done = _doctor(url, env)
+    finally:
+        sim.kill()
+        sim.wait()
+    document = json.loads(done.stdout)
+    record["exit"], record["document"] = done.returncode, document
+    changes = [r for f in document["findings"] for r in f["recommendations"]]
+    assert changes == [], document["findings"]
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_doctor_bounds_the_budget_by_what_another_process_leaves(
+    torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
+) -> None:
+    torch = torch_cuda
+    total = torch.cuda.mem_get_info()[1]
+    sim, url, env = _sim(tmp_path)
     holder = holder_process(HELD_GIB)
     try:
         _wait_for_sim(url, 30)
-        done = subprocess.run(
-            [sys.executable, "-m", "sidecar", "doctor", "--vllm-url", url, "--gpu-source", "nvml", "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-            check=False,
-        )
+        done = _doctor(url, env)
     finally:
         for process in (holder, sim):
             process.kill()
