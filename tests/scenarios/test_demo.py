@@ -78,15 +78,22 @@ def _capture(session: str, demo_log: Path, width: int, height: int) -> Capture:
     The screen refreshes once a second; on a starved box (a cold CI run's first minute: the demo's newest row
     2.5 s behind the log) a redraw can come later, so the frame is looked at again, for at most 20 s, before
     `_check_frame` judges it. A capture can also land mid-redraw (CI run 20, after a resize: the events table's
-    first row half drawn): the same looking again covers it."""
+    first row half drawn), or before the redraw a resize asked for (CI run 2 of 2026-11-29: the 120-column frame
+    still up a second after the window went back to 80): the same looking again covers both."""
     before = _lines(demo_log)
     deadline = time.monotonic() + 20
     time.sleep(1.0)
     screen = _tmux("capture-pane", "-p", "-J", "-t", session)
-    while not _shows_newest(screen, before, _lines(demo_log)) and time.monotonic() < deadline:
+    while (
+        not (_shows_newest(screen, before, _lines(demo_log)) and _fits(screen, width)) and time.monotonic() < deadline
+    ):
         time.sleep(0.5)
         screen = _tmux("capture-pane", "-p", "-J", "-t", session)
     return Capture(width, height, screen, before, _lines(demo_log))
+
+
+def _fits(screen: str, width: int) -> bool:
+    return all(len(row) <= width for row in screen.rstrip("\n").splitlines())
 
 
 def _shows_newest(screen: str, before: list[str], after: list[str]) -> bool:
