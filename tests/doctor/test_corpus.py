@@ -39,6 +39,7 @@ SETS = {
     "heldout-25q",
     "heldout-25r",
     "heldout-25s",
+    "heldout-25t",
 }
 
 
