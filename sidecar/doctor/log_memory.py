@@ -61,7 +61,7 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
     refusal = log.refusal
     finding: Finding | None = None
     if refusal is not None and refusal.kind is RefusalKind.INSUFFICIENT_FREE_MEMORY:
-        finding = free_memory_refusal(refusal)
+        finding = free_memory_refusal(refusal, ledger)
     elif refusal is not None and refusal.kind is RefusalKind.SAMPLER_WARMUP:
         finding = sampler_warmup(refusal, ledger, setup, log)
     elif refusal is not None and refusal.kind is RefusalKind.CPU_KV_OVER_AVAILABLE:

@@ -29,6 +29,7 @@ _FAMILY = loose(
     r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?i:(?:cuda|hip) error): out of memory"
     # (not PyTorch's hint after the error: "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/...")
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
+    r"|Triton Error \[(?:CUDA|HIP)\]: out of memory|not enough (?:GPU|device) memory"
     r"|CUBLAS_STATUS_ALLOC_FAILED"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
@@ -48,13 +49,13 @@ _MAPPING = loose(
     r"mapping failed with OOM on device (\d+) while trying to map (\d+) bytes \(free: (\d+), total: (\d+)\)"
 )
 _MODERN = loose(
-    r"(?:" + _DEVICE + r" out of memory\. )?"  # a quote can start at "Tried"
-    + r"Tried to allocate " + _SIZE + r"\. GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
+    r"(?:(?:" + _DEVICE + r" out of memory\. )?"  # a quote can start at "Tried", or after it (a trimmed paste)
+    + r"Tried to allocate " + _SIZE + r"\. )?GPU (\d+)? ?has a total capac(?:i)?ty of " + _SIZE
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
 _NO_CARD_HOLDS = 2**50  # bytes (1 PiB): a process figure above it is an overflow, not memory in use
-_THIS_PROCESS = loose(r"this process has " + _SIZE + r" memory in use")
+_THIS_PROCESS = loose(r"(?:this process|\bProcess) has " + _SIZE + r" memory in use")  # "Process has": trimmed
 _UNALLOCATED = loose(_SIZE + r" is reserved by PyTorch but unallocated")
 _ALLOCATED = loose(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _PRIVATE_POOLS = loose(r"with " + _SIZE + r" allocated in private pools")
@@ -78,7 +79,8 @@ _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
 # The sentences of PyTorch's out-of-memory message after its first, as they start.
 _SENTENCE = re.compile(
     r"\s*(?:GPU \d+ has a total capac|Of the allocated memory|Process \d+ has|Including non-PyTorch memory"
-    r"|this process has|[\d.]+ ?\w+ is reserved by PyTorch|If reserved but unallocated|See documentation for Memory"
+    r"|this process has|Process has|[\d.]+ ?\w+ is reserved by PyTorch|If reserved but unallocated"
+    r"|See documentation for Memory"
     r"|PyTorch but unallocated)"  # a wrap inside "is reserved by / PyTorch but unallocated"
 )
 _MAX_SENTENCES = 6
@@ -208,7 +210,7 @@ def _modern(line: str) -> dict[str, object] | None:
             process_bytes = own[0][1]
             processes.remove(own[0])
     return {
-        "tried_bytes": size_bytes(modern.group(2)),
+        "tried_bytes": size_bytes(modern.group(2)) if modern.group(2) else None,
         "gpu": int(modern.group(3)) if modern.group(3) else None,
         "total_bytes": size_bytes(modern.group(4)),
         "free_bytes": size_bytes(modern.group(5)),

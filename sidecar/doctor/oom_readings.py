@@ -324,9 +324,14 @@ def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stran
         recommendations.append(within)
     elif ledger.ceiling is not None and ledger.ceiling < remedies.MIN_USEFUL_UTILIZATION:
         lines.append(
-            f"what the other processes leave is {ledger.ceiling:.2f} of the card, too little to serve from: free the "
-            "GPU first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
+            f"what the other processes leave is {ledger.ceiling:.2f} of the card, too little to serve a model of any "
+            "size from: free the GPU first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
         )
+        usable, total = ledger.usable_bytes, ledger.total
+        if usable is not None and total is not None:
+            weights = ledger.weights.value_bytes if ledger.weights is not None else None
+            leftover = remedies.leftover_budget(total.value_bytes, usable, weights)
+            recommendations += [leftover] if leftover is not None else []
     else:
         steps = ("the budget already fits beside the other processes: what vLLM itself held was over it",)
     if stranded:

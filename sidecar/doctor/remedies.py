@@ -21,6 +21,9 @@ MAX_TENSOR_PARALLEL = 64  # past a node's 8 GPUs, tensor and pipeline parallel a
 TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GPU gives vLLM after a remedy
 MIN_BATCHED_TOKENS = 256
 MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is no way out: free the GPU
+MIN_LEFTOVER_UTILIZATION = 0.01  # ... unless the model is small: the least budget vLLM is given then
+LEFTOVER_MARGIN_RATIO = 0.01  # below the free memory at start, for vLLM's CUDA context and rounding
+MIN_LEFTOVER_BYTES = 2 * GIB  # a budget under this serves nothing but the smallest models: free the GPU instead
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
 MIN_HALVED_MODEL_LEN = 1024  # --max-model-len is not halved below this: shorter would refuse ordinary prompts
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
@@ -115,6 +118,32 @@ def budget_within_free(ledger: MemoryLedger) -> Recommendation | None:
         flag="--gpu-memory-utilization",
         value=computed.value,
         why=f"{computed.why}: at most this, so the budget fits in what the other processes leave (today {now})",
+    )
+
+
+def leftover_budget(total_bytes: float, free_bytes: float, weights_bytes: float | None) -> Recommendation | None:
+    """Other processes leave under a tenth of the card, so the 5 % reserve is theirs already: the budget that still
+    passes vLLM's start check (budget x total <= free at start, less 1 % of the card for its context and rounding),
+    for a model small enough to serve from it (an embedding model). None when nothing is left, or when the weights
+    the log states do not fit in it."""
+    if total_bytes <= 0:
+        return None
+    margin = LEFTOVER_MARGIN_RATIO * total_bytes
+    value = formula.floor_hundredths((free_bytes - margin) / total_bytes)
+    room = value * total_bytes
+    if value < MIN_LEFTOVER_UTILIZATION or room < MIN_LEFTOVER_BYTES:
+        return None
+    if weights_bytes is not None and weights_bytes >= room:
+        return None
+    return Recommendation(
+        flag="--gpu-memory-utilization",
+        value=value,
+        why=(
+            f"({gib(free_bytes)} free - {gib(margin)} (1 % of the card)) / {gib(total_bytes)} = "
+            f"{(free_bytes - margin) / total_bytes:.4f}, rounded down -> {value:.2f}: at most this, and only for a "
+            f"model whose weights, activations and KV cache fit in {gib(room)} (an embedding or small model); "
+            "otherwise free the GPU first"
+        ),
     )
 
 

@@ -35,7 +35,7 @@ FOREIGN_NON_TORCH_BYTES = 4 * GIB  # non-torch memory from here on is not vLLM's
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
 
 
-def free_memory_refusal(refusal: Refusal) -> Finding:
+def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
     """The refusal states every amount it needs: free and total at start, the budget asked for."""
     free = (refusal.free_gib or 0.0) * GIB
     total = (refusal.total_gib or 0.0) * GIB
@@ -53,9 +53,14 @@ def free_memory_refusal(refusal: Refusal) -> Finding:
             )
         else:
             lines.append(
-                f"what is left would be gpu_memory_utilization {computed.value:.2f}, too little to serve: free the GPU "
-                "first (a previous vLLM still exiting, another job), or move vLLM to another GPU"
+                f"what is left would be gpu_memory_utilization {computed.value:.2f} with the 5 % reserve, too little "
+                "to serve a model of any size: free the GPU first (a previous vLLM still exiting, another job), or "
+                "move vLLM to another GPU"
             )
+            weights = ledger.weights.value_bytes if ledger.weights is not None else None
+            leftover = remedies.leftover_budget(total, free, weights)
+            if leftover is not None:
+                recommendations.append(leftover)
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,

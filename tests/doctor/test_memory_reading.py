@@ -709,3 +709,44 @@ def test_a_tpu_runtimes_refused_device_buffer_is_an_oom_of_the_tpu() -> None:
     oom = parse_log(text).oom
     assert oom is not None
     assert oom.device == "TPU"
+
+
+@pytest.mark.parametrize(
+    ("free", "total", "expected"),
+    [
+        ("4.04", "119.63", 0.02),  # 2.39 GiB left once 1 % of the card is kept: a small model serves from it
+        ("7.34", "139.72", 0.04),
+        ("1.54", "22.05", None),  # 1.10 GiB: nothing but the smallest models, so free the GPU
+    ],
+)
+def test_a_card_other_processes_nearly_fill_gets_what_is_left_only_when_it_can_serve(
+    free: str, total: str, expected: float | None
+) -> None:
+    # vLLM 0.13's start check (gpu_worker.py: init_snapshot.free_memory < requested_memory).
+    line = (
+        f"ValueError: Free memory on device cuda:0 ({free}/{total} GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 99.00 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    finding = _finding(V1 + line)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding).get("--gpu-memory-utilization") == expected
+    assert any("free the GPU first" in line for line in finding.evidence)
+
+
+def test_tritons_own_out_of_memory_error_is_in_the_family() -> None:
+    oom = parse_log("RuntimeError: Triton Error [CUDA]: out of memory\n").oom
+    assert oom is not None
+    assert oom.tried_bytes is None
+
+
+def test_pytorchs_message_trimmed_to_the_card_and_the_process_is_read() -> None:
+    text = (
+        "ERROR: Failed to load model - not enough GPU memory.\n"
+        "GPU 0 has a total capacity of 22.03 GiB of which 17.06 MiB is free.\n"
+        "Process has 22.01 GiB memory in use.\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.phase, oom.tried_bytes) == (OomPhase.WEIGHT_LOADING, None)
+    assert (oom.total_bytes, oom.process_bytes) == (int(22.03 * GIB), int(22.01 * GIB))
+    assert _finding(text).cause is Cause.DOES_NOT_FIT
