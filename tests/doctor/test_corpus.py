@@ -40,6 +40,7 @@ SETS = {
     "heldout-25r",
     "heldout-25s",
     "heldout-25t",
+    "heldout-25u",
 }
 
 
