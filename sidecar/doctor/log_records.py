@@ -234,13 +234,8 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     indent = len(line) - len(line.lstrip(" "))
     if hanging and indent == hanging and not _RECORD_START.match(line[indent:]):
         return True  # a hanging indent, under the message it continues
-    block = previous[1][0]  # the record's first line: its indent is the block's
-    if indent and indent == len(block) - len(block.lstrip(" ")) and not _RECORD_START.match(line[indent:]):
-        # A block indented as a whole (Markdown's code block): its wrapped lines keep the block's indent, so the
-        # rest of a sentence starts after it, or after a long line that no sentence's end closed.
-        rest = line[indent]
-        wrapped = len(last_part) >= _WRAPPED_AT and last_part[-1] not in ".:!?" and rest.isalnum()
-        return rest.islower() or rest.isdigit() or rest == "(" or wrapped
+    if indent and _continues_indented(line, indent, previous[1]):
+        return True
     if _RECORD_START.match(line):
         return False
     if prefixed_log:
@@ -249,6 +244,18 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     first = line[0]
     last = last_part[-1]
     return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
+
+
+def _continues_indented(line: str, indent: int, parts: list[str]) -> bool:
+    """An indented line that goes on with the record's sentence rather than starting a traceback's line."""
+    block, last_part, rest = parts[0], parts[-1], line[indent]
+    if indent == len(block) - len(block.lstrip(" ")) and not _RECORD_START.match(line[indent:]):
+        # A block indented as a whole (Markdown's code block): its wrapped lines keep the block's indent, so the
+        # rest of a sentence starts after it, or after a long line that no sentence's end closed.
+        wrapped = len(last_part) >= _WRAPPED_AT and last_part[-1] not in ".:!?" and rest.isalnum()
+        return rest.islower() or rest.isdigit() or rest == "(" or wrapped
+    # A sentence cut at its comma, the rest indented under it (a note's author wrapped it).
+    return last_part.rstrip()[-1:] == "," and (rest.isdigit() or rest.islower())
 
 
 def _glue(before: str, after: str) -> str:

@@ -34,7 +34,7 @@ _FAMILY = loose(
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
     r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)"
-    r"|memory mapping failed with OOM|Tried to allocate "
+    r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
     + _SIZE
     # Apple's Metal (vllm-metal): a command buffer the GPU could not give memory to.
     + r"|kIOGPUCommandBufferCallbackErrorOutOfMemory|\[METAL\][^\n]{0,200}Insufficient Memory"
@@ -46,7 +46,8 @@ _FAMILY = loose(
 # PyTorch's allocator with expandable segments, when the driver cannot map more: "expandable_segments: memory
 # mapping failed with OOM on device 4 while trying to map 20971520 bytes (free: 17235968, total: 25295323136)".
 _MAPPING = loose(
-    r"mapping failed with OOM on device (\d+) while trying to map (\d+) bytes \(free: (\d+), total: (\d+)\)"
+    r"(?:mapping|memory allocation) failed with OOM on device (\d+) while trying to (?:map|allocate) (\d+) bytes "
+    r"\(free: (\d+), total: (\d+)\)"
 )
 _MODERN = loose(
     r"(?:(?:" + _DEVICE + r" out of memory\. )?"  # a quote can start at "Tried", or after it (a trimmed paste)

@@ -230,3 +230,16 @@ def test_a_block_indented_as_a_whole_joins_its_wrapped_sentences_and_keeps_a_tra
         "Short line.",
         "Another record",
     ]
+
+
+def test_a_sentence_cut_at_its_comma_goes_on_in_the_indented_line_under_it() -> None:
+    text = "\n".join(
+        [
+            "ValueError: To serve at least one request with the model's max seq len (16384),",
+            "  5.0 GiB KV cache is needed, which is larger than the available KV cache memory (0.3 GiB).",
+            "  Based on the available memory, the estimated maximum model length is 976.",
+        ]
+    )
+    refusal = parse_log(text).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (16384, 5.0, 976)

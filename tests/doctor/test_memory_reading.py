@@ -750,3 +750,14 @@ def test_pytorchs_message_trimmed_to_the_card_and_the_process_is_read() -> None:
     assert (oom.phase, oom.tried_bytes) == (OomPhase.WEIGHT_LOADING, None)
     assert (oom.total_bytes, oom.process_bytes) == (int(22.03 * GIB), int(22.01 * GIB))
     assert _finding(text).cause is Cause.DOES_NOT_FIT
+
+
+def test_the_caching_allocators_own_oom_warning_is_read_with_its_numbers() -> None:
+    # c10/cuda/CUCachingAllocator.cpp warns before it raises, with the driver's free and total in bytes.
+    text = (
+        "[rank0]:[W830 12:05:56.439466645 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+        "device 0 while trying to allocate 272629760 bytes (free: 125304832, total: 85017624576).\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.tried_bytes, oom.free_bytes, oom.total_bytes) == (272629760, 125304832, 85017624576)
