@@ -41,6 +41,7 @@ SETS = {
     "heldout-25s",
     "heldout-25t",
     "heldout-25u",
+    "heldout-25v",
 }
 
 
