@@ -16,6 +16,7 @@ from sidecar.doctor.blowout import MIN_REQUESTS
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock, tokens
+from sidecar.doctor.logfacts import SchedulerStats
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import sequences
 from sidecar.doctor.versions import available
@@ -82,8 +83,10 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     =N`): more requests ran than the KV cache holds. The stats line with the highest KV usage says how many
     requests filled it, which sizes max_num_seqs: running / usage x 90 %."""
     log = evidence.log
-    if log is None or not log.preemptions:
+    if log is None:
         return None
+    if not log.preemptions:
+        return _full_and_queued(log.busiest)
     mode = log.preemption_mode or "an unknown"
     lines = [
         f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} (its warning, {mode} mode): "
@@ -135,6 +138,33 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         ),
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+FULL_KV_USAGE = 0.99  # a stats line at this KV usage, with more waiting than running: requests queue for KV space
+
+
+def _full_and_queued(busiest: SchedulerStats | None) -> Finding | None:
+    """No preemption yet, but a stats line with the KV cache full and more requests waiting than running: the
+    cache, not the scheduler's limits, decides how many run, and the queue waits on it (clients time out). How
+    many more it should hold depends on the card and the requests, which the log does not say: no number."""
+    if busiest is None or busiest.kv_usage < FULL_KV_USAGE or busiest.waiting <= busiest.running:
+        return None
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.WARNING,
+        summary=(
+            f"vLLM's KV cache was full with {busiest.waiting:,} requests waiting behind {busiest.running} running: "
+            "more requests arrive at once than it holds"
+        ),
+        evidence=(
+            f"at the fullest stats line {busiest.running} running and {busiest.waiting:,} waiting requests, KV cache "
+            f"usage {busiest.kv_usage:.1%}: the running ones fill it, so the rest wait for its space",
+        ),
+        steps=(
+            "fewer requests at once from the clients (or a router that holds them), shorter max_tokens; "
+            + MORE_KV_ROOM,
+        ),
     )
 
 

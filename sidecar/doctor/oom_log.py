@@ -198,8 +198,12 @@ def _modern(line: str) -> dict[str, object] | None:
     allocated = size_bytes(allocated_match.group(1)) if allocated_match else None
     processes = [(int(pid), size_bytes(size)) for pid, size in _OTHER_PROCESS.findall(rest)]
     process_bytes = size_bytes(process.group(1)) if process else None
-    if process_bytes is not None and process_bytes > _NO_CARD_HOLDS:
-        process_bytes = None  # not a measurement (WSL printed 17179869184.00 GiB, 2^64 bytes: a wrapped count)
+    if process_bytes is not None and (
+        process_bytes > _NO_CARD_HOLDS or (allocated is not None and process_bytes < allocated)
+    ):
+        # Not a measurement: WSL printed 17179869184.00 GiB (2^64 bytes, a wrapped count); where NVML cannot see
+        # the process (a container, vGPU) PyTorch prints "0 bytes" beside the GiBs it allocated itself.
+        process_bytes = None
     if process_bytes is None and processes:
         # In a container PyTorch cannot tell its own PID apart and lists itself as "Process N": the one
         # process that holds at least what PyTorch allocated is vLLM's own; with that number cut off, the

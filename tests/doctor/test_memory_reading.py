@@ -761,3 +761,24 @@ def test_the_caching_allocators_own_oom_warning_is_read_with_its_numbers() -> No
     oom = parse_log(text).oom
     assert oom is not None
     assert (oom.tried_bytes, oom.free_bytes, oom.total_bytes) == (272629760, 125304832, 85017624576)
+
+
+def test_zero_bytes_for_a_process_that_allocated_gibs_is_no_measurement() -> None:
+    # NVML cannot see the process (a container, a vGPU): PyTorch prints "0 bytes" beside what it allocated itself.
+    oom = parse_log(_oom(process="0 bytes", allocated="34.94 GiB") + "\n").oom
+    assert oom is not None
+    assert oom.process_bytes is None
+    assert oom.allocated_bytes == int(34.94 * GIB)
+
+
+def test_a_full_kv_cache_with_a_queue_behind_it_is_a_finding_without_a_number() -> None:
+    stats = (
+        "INFO 07-24 12:06:25 [metrics.py:481] Avg prompt throughput: 613.2 tokens/s, Avg generation throughput: 6.3 "
+        "tokens/s, Running: 4 reqs, Swapped: 0 reqs, Pending: 36 reqs, GPU KV cache usage: 100.0%, CPU KV cache "
+        "usage: 0.0%.\n"
+    )
+    finding = _finding(stats)
+    assert finding.cause is Cause.CONCURRENCY_MISJUDGEMENT
+    assert not finding.recommendations
+    calm = stats.replace("Pending: 36", "Pending: 2")
+    assert not diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(calm))).findings
