@@ -42,6 +42,7 @@ SETS = {
     "heldout-25t",
     "heldout-25u",
     "heldout-25v",
+    "heldout-25w",
 }
 
 
