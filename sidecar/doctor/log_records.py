@@ -39,9 +39,10 @@ _HEAD_TOKEN = re.compile(
     r"|(?P<tag>(?:[\w.\-]+\s+)?[\w.\-/@]+\[\d+\]:|[\w.\-/@]+(?=\s+\|))"
     r"|(?P<where>[\w.\-/]+:\d+\])"  # V0's and glog's `engine.py:135]`
     r"|(?P<time>\d[\d\-:/.,T]*(?:Z|[+-]\d\d:?\d\d)?)"
-    r"|(?P<sep>[|>»:*\-])"
+    r"|(?P<sep>[|>»:*\-\u2502\u2503\u258c\u258d\u258e])"  # quote bars a rendered page's copy keeps: │ ┃ ▌ ▍ ▎
 )
 _SPACE = re.compile(r"[ \t]+")
+_QUOTE_BAR = re.compile(r"[ \t]*(?:[|>\u2502\u2503\u258c\u258d\u258e][ \t]*)+")
 _MAX_HEAD_TOKENS = 14
 _MIN_PREFIX_LINES = 2  # a head shape must start at least this many lines ...
 _MIN_PREFIX_SHARE = 0.05  # ... and this share of the non-empty lines to count as the log's prefix
@@ -136,13 +137,19 @@ def join_lines(lines: list[str]) -> list[Record]:
     message_at = 0
     size = 0
     for line, prefix, head in zip(lines, prefixes, heads, strict=True):
+        # A quoted paste (`> `, `│ `, `▎ ` on every line) repeats its bar on the lines a wrap made: under the same
+        # bar, a line is read as an unprefixed one would be.
+        quoted = bool(prefix) and bool(joined) and joined[-1][0] == prefix and _QUOTE_BAR.fullmatch(prefix)
+        body = line[len(prefix) :] if quoted else line
         if (
             joined
             and size + len(line) <= _MAX_RECORD_CHARS
-            and _continues(line, prefix, joined[-1], prefixed_log=prefixed_log, hanging=message_at)
+            and _continues(
+                body, "" if quoted else prefix, joined[-1], prefixed_log=prefixed_log and not quoted, hanging=message_at
+            )
         ):
             parts = joined[-1][1]
-            glue = _glue(parts[-1], line)
+            glue = _glue(parts[-1], body)
             parts.append(glue)
             size += len(glue)
         else:

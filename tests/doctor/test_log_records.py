@@ -243,3 +243,21 @@ def test_a_sentence_cut_at_its_comma_goes_on_in_the_indented_line_under_it() -> 
     refusal = parse_log(text).refusal
     assert refusal is not None
     assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (16384, 5.0, 976)
+
+
+@pytest.mark.parametrize("bar", ["> ", "\u258e ", "\u2502 "])
+def test_a_quoted_paste_learns_its_bar_and_joins_the_lines_a_wrap_made_under_it(bar: str) -> None:
+    """A quote copied from a rendered page keeps its bar on every line, the wrapped ones too."""
+    text = "\n".join(
+        bar + line
+        for line in [
+            "Available KV cache memory: 22.5 GiB",
+            "ValueError: To serve at least one request with the model's max seq len (196608),",
+            "23.25 GiB KV cache is needed, which is larger than the available KV cache memory (22.5 GiB).",
+            "Based on the available memory, the estimated maximum model length is 190272.",
+        ]
+    )
+    assert records(text)[0].payload == "Available KV cache memory: 22.5 GiB"
+    refusal = parse_log(text).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (196608, 23.25, 190272)
