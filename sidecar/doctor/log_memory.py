@@ -141,14 +141,22 @@ def _placed(oom: CudaOom, ledger: MemoryLedger) -> tuple[OomPhase, str]:
             f"{gib(oom.private_pool_bytes)} allocated in PyTorch's private pools: CUDA graphs exist, which vLLM "
             "captures after allocating its KV cache"
         )
-    budget = ledger.budget_bytes
-    held = oom.process_bytes or oom.allocated_bytes
-    if budget and held is not None and not ledger.utilization_assumed and held < BEFORE_KV_SHARE * budget:
+    held = _held_under_budget(oom, ledger)
+    if held is not None and not ledger.utilization_assumed:
         return OomPhase.PROFILING, (
-            f"vLLM's process held {gib(held)}, under {BEFORE_KV_SHARE:.0%} of its {gib(budget)} budget: the KV "
-            "cache, which fills the budget, was not allocated yet"
+            f"vLLM's process held {gib(held)}, under {BEFORE_KV_SHARE:.0%} of its {gib(ledger.budget_bytes or 0)} "
+            "budget: the KV cache, which fills the budget, was not allocated yet"
         )
     return OomPhase.UNKNOWN, oom.phase_evidence
+
+
+def _held_under_budget(oom: CudaOom, ledger: MemoryLedger) -> int | None:
+    """What vLLM's process held at the error, when that is under BEFORE_KV_SHARE of its budget; else None."""
+    budget = ledger.budget_bytes
+    held = oom.process_bytes or oom.allocated_bytes
+    if not budget or held is None or held >= BEFORE_KV_SHARE * budget:
+        return None
+    return held
 
 
 def _before_kv(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
@@ -233,11 +241,8 @@ def _unless_before_kv(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, step:
     """A lower budget helps a transient only once the KV cache fills the budget. With the budget assumed and
     vLLM's process far under it, the log does not say which held: a budget set that low, or a KV cache not yet
     allocated (the profile run's dummy batch, which no budget caps). The step that says both, or None."""
-    held = oom.process_bytes or oom.allocated_bytes
-    budget, total = ledger.budget_bytes, ledger.total
-    if phase is not OomPhase.UNKNOWN or budget is None or total is None or held is None:
-        return None
-    if held >= BEFORE_KV_SHARE * budget:
+    held, total = _held_under_budget(oom, ledger), ledger.total
+    if phase is not OomPhase.UNKNOWN or held is None or total is None:
         return None
     share = held / total.value_bytes
     return (
