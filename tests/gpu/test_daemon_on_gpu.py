@@ -3,11 +3,9 @@ allocator (the plugin loaded as vLLM loads it), the simulator as vLLM. Needs an 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,9 +13,7 @@ from typing import Any
 import httpx
 
 from tests.adapters.daemon_process import SidecarProcess
-from tests.loopback import closed_port
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.gpu.simulator import REPO, start_sim, wait_for
 
 
 def _sample(metrics: str, name: str) -> float | None:
@@ -27,33 +23,14 @@ def _sample(metrics: str, name: str) -> float | None:
     return None
 
 
-def _wait_for(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 def test_daemon_exports_nvml_and_the_allocator_probe(
     torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
 ) -> None:
     del torch_cuda  # only its check: the workload is a process of its own
     probe_dir = tmp_path / "probe"
-    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path, "VLLM_SIDECAR_PROBE_DIR": str(probe_dir)}
-    env["VLLM_SIDECAR_PROBE_INTERVAL"] = "0.5"
-    sim_port = closed_port()
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "sim", "--listen", f"127.0.0.1:{sim_port}"],
-        stdout=(tmp_path / "sim.log").open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    sim, sim_url, env = start_sim(tmp_path, VLLM_SIDECAR_PROBE_DIR=str(probe_dir), VLLM_SIDECAR_PROBE_INTERVAL="0.5")
     sidecar = SidecarProcess(
-        [f"--vllm-url=http://127.0.0.1:{sim_port}", "--gpu-source=nvml", f"--probe-dir={probe_dir}", "--interval=0.5"],
+        [f"--vllm-url={sim_url}", "--gpu-source=nvml", f"--probe-dir={probe_dir}", "--interval=0.5"],
         tmp_path / "sidecar.log",
     )
     workload = subprocess.Popen(
@@ -72,14 +49,13 @@ def test_daemon_exports_nvml_and_the_allocator_probe(
             assert line, f"the workload ended early: {(tmp_path / 'workload.log').read_text()[-2000:]}"
             phases.append(line)
         record["phases"] = phases
+
         # The retries rose while the sidecar watched: it pauses admission, with the allocator's numbers.
-        paused = _wait_for(
-            lambda: (
-                (answer := sidecar.get("/readyz")).status_code == 503 and "allocator" in answer.text and answer.text
-            ),
-            10,
-            "/readyz 503 for the allocator's retries",
-        )
+        def paused_for_the_allocator() -> str | None:
+            answer = sidecar.get("/readyz")
+            return answer.text if answer.status_code == 503 and "allocator" in answer.text else None
+
+        paused = wait_for(paused_for_the_allocator, 10, "/readyz 503 for the allocator's retries")
         record["readyz_paused"] = paused
         assert "PyTorch's allocator retried" in paused
         assert "on GPU 0" in paused
@@ -89,7 +65,7 @@ def test_daemon_exports_nvml_and_the_allocator_probe(
             ready = _sample(metrics, 'vllm_sidecar_source_success{source="probe"}') == 1.0
             return metrics if ready and "vllm_sidecar_gpu_memory_total_bytes{" in metrics else None
 
-        metrics = _wait_for(exported, 20, "the probe and NVML exported")
+        metrics = wait_for(exported, 20, "the probe and NVML exported")
         record["metrics"] = [line for line in metrics.splitlines() if "torch" in line or "gpu_memory" in line]
         assert _sample(metrics, 'vllm_sidecar_source_success{source="nvml"}') == 1.0
         retries = _sample(metrics, 'vllm_sidecar_torch_alloc_retries_total{gpu="0",rank="none"}')
@@ -107,8 +83,8 @@ def test_daemon_exports_nvml_and_the_allocator_probe(
         (probe_file,) = probe_dir.glob("*.json")
         workload.send_signal(signal.SIGKILL)
         workload.wait()
-        _wait_for(lambda: not probe_file.exists(), 10, f"{probe_file} removed")
-        after = _wait_for(
+        wait_for(lambda: not probe_file.exists(), 10, f"{probe_file} removed")
+        after = wait_for(
             lambda: (
                 sidecar.get("/metrics").text
                 if _sample(sidecar.get("/metrics").text, 'vllm_sidecar_source_success{source="probe"}') == 0.0

@@ -4,10 +4,8 @@ it), the simulator serves as vLLM with its budget of 0.9. Needs an NVIDIA GPU (s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,22 +13,16 @@ from typing import Any
 import httpx
 
 from tests.gpu.oom_messages import GIB, holder_process
-from tests.loopback import closed_port
+from tests.gpu.simulator import start_sim, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 HELD_GIB = 60
 
 
-def _wait_for_sim(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/metrics", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the simulator did not answer at {url} within {timeout_s} s")
+def _sim_answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/metrics", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _doctor(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -44,26 +36,13 @@ def _doctor(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _sim(tmp_path: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
-    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": path}
-    port = closed_port()
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "sim", "--listen", f"127.0.0.1:{port}"],
-        stdout=(tmp_path / "sim.log").open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    return sim, f"http://127.0.0.1:{port}", env
-
-
 def test_doctor_finds_nothing_to_change_on_a_healthy_card(
     torch_cuda: ModuleType, tmp_path: Path, record: dict[str, Any]
 ) -> None:
     del torch_cuda  # only its check
-    sim, url, env = _sim(tmp_path)
+    sim, url, env = start_sim(tmp_path)
     try:
-        _wait_for_sim(url, 30)
+        wait_for(lambda: _sim_answers(url), 30, f"the simulator to answer at {url}")
         done = _doctor(url, env)
     finally:
         sim.kill()
@@ -80,10 +59,10 @@ def test_doctor_bounds_the_budget_by_what_another_process_leaves(
 ) -> None:
     torch = torch_cuda
     total = torch.cuda.mem_get_info()[1]
-    sim, url, env = _sim(tmp_path)
+    sim, url, env = start_sim(tmp_path)
     holder = holder_process(HELD_GIB)
     try:
-        _wait_for_sim(url, 30)
+        wait_for(lambda: _sim_answers(url), 30, f"the simulator to answer at {url}")
         done = _doctor(url, env)
     finally:
         for process in (holder, sim):
