@@ -29,6 +29,7 @@ import binascii
 import contextlib
 import json
 import os
+import signal
 import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
@@ -129,6 +130,7 @@ class ExecCredentialAuth(httpx.Auth):
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group: what it starts is killed with it
             )
         except OSError as error:
             raise CredentialPluginError(
@@ -142,10 +144,11 @@ class ExecCredentialAuth(httpx.Auth):
             )
             await process.wait()
         except BaseException:  # the request's deadline passed: the plugin must not outlive it
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            _kill(process)
             await process.wait()
             raise
+        finally:
+            _close_pipes(process)
         if len(stdout) > MAX_PLUGIN_OUTPUT_BYTES:
             raise CredentialPluginError(f"exec plugin {plugin.command!r} printed over {MAX_PLUGIN_OUTPUT_BYTES} bytes")
         if process.returncode != 0:
@@ -178,6 +181,21 @@ class ExecCredentialAuth(httpx.Auth):
         return {"apiVersion": self._plugin.api_version, "kind": "ExecCredential", "spec": spec}
 
 
+def _kill(process: asyncio.subprocess.Process) -> None:
+    """The plugin and whatever it started (a wrapper script's child would hold our pipes open, and run on)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _close_pipes(process: asyncio.subprocess.Process) -> None:
+    """Close the plugin's pipes now. asyncio closes a subprocess's transport only once every pipe has reached its
+    end, and a pipe left unread (a plugin killed at the output cap: the paused pipe never sees its end) would be
+    closed by the garbage collector, after the event loop closed, raising 'Event loop is closed' there."""
+    transport = getattr(process, "_transport", None)  # Process has no public close
+    if isinstance(transport, asyncio.SubprocessTransport):
+        transport.close()
+
+
 async def _read_up_to(stream: asyncio.StreamReader, limit: int, process: asyncio.subprocess.Process) -> bytes:
     """The stream to its end, or `limit` + 1 bytes and the process killed: a plugin cannot fill our memory."""
     chunks: list[bytes] = []
@@ -186,8 +204,7 @@ async def _read_up_to(stream: asyncio.StreamReader, limit: int, process: asyncio
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+            _kill(process)
             break
     return b"".join(chunks)
 

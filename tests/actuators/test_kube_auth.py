@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import os
 import re
+import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -199,20 +201,56 @@ async def test_a_plugin_that_gives_no_token_fails_the_request_in_one_line_unsent
 
 
 async def test_a_plugin_still_running_at_the_deadline_is_killed(tmp_path: Path) -> None:
-    """A plugin waiting on a login that never comes must not outlive the request that started it."""
-    pid_file = tmp_path / "pid"
-    script = plugin_script(tmp_path, f'echo $$ > "{pid_file}"\nexec sleep 60')
+    """A plugin waiting on a login that never comes must not outlive the request that started it, nor must
+    what it started."""
+    pid_file, child_file = tmp_path / "pid", tmp_path / "child"
+    script = plugin_script(tmp_path, f'echo $$ > "{pid_file}"\nsleep 3600 &\necho $! > "{child_file}"\nwait')
     config = KubeConfig.from_one(cluster=Cluster(server="https://k8s.example"), user=User()).get()
     assert config is not None
     auth = ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(script)))
     credentials = KubeCredentials(config=config, source="kubeconfig k (context c)", auth=auth)
     kube = KubeClient(credentials, timeout_s=0.5, transport=httpx.MockTransport(Recorder("t")))
-    with pytest.raises(KubeTransportError, match=re.escape("no answer from https://k8s.example within 0.5 s")):
-        await kube.request("GET", "/x")
+    # Bounded far above the deadline: a child holding the plugin's pipes once kept asyncio waiting for them.
+    async with asyncio.timeout(30):
+        with pytest.raises(KubeTransportError, match=re.escape("no answer from https://k8s.example within 0.5 s")):
+            await kube.request("GET", "/x")
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(pid, 0)
+    assert not _running(int(child_file.read_text()))
     await kube.close()
+
+
+def _running(pid: int) -> bool:
+    """Alive, not a zombie (an orphan waits for whoever adopted it to reap it: pid 1 in a container may not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_plugin_killed_at_the_output_cap_leaves_nothing_open_for_the_garbage_collector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapper script's child once held the pipes open: the request waited for its deadline, the child ran on,
+    and the subprocess's transport, still open when the event loop ended, raised 'Event loop is closed' when
+    collected, in whichever test was running then. The plugin's whole process group is killed now, and its
+    pipes are closed as it ends."""
+    kube = client(
+        ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(plugin_script(tmp_path, "yes")))), Recorder("t")
+    )
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: raised.append(unraisable.exc_value))
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KubeTransportError, match="printed over 1048576 bytes"):
+            loop.run_until_complete(kube.request("GET", "/x"))
+        loop.run_until_complete(kube.close())
+    finally:
+        loop.close()  # at once, with no further turn that could have closed the pipes
+    gc.collect()
+    assert raised == []
 
 
 @pytest.mark.parametrize("loadable", [True, False])
