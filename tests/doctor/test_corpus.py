@@ -43,6 +43,7 @@ SETS = {
     "heldout-25u",
     "heldout-25v",
     "heldout-25w",
+    "heldout-25x",
 }
 
 
