@@ -49,10 +49,11 @@ _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+
 _MAX_LEN_V1 = loose(
     r"To serve at least one request with the model(?:s?'s)? max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
     r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\.?"  # a paste can end there
-    r"(?: Based on the available memory, the estimated maximum model length is (\d+)\.)?"
+    # A paste may elide the sentence's start (`... the estimated maximum model length is 11656.`).
+    r"(?: (?:\.\.\. )?(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)\.)?"
 )
 # The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).
-_ESTIMATED_MAX_LEN = loose(r"Based on the available memory, the estimated maximum model length is (\d+)")
+_ESTIMATED_MAX_LEN = loose(r"(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)")
 _MAX_LEN_V0 = loose(
     r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
     r"cache \((\d+)\)"

@@ -250,7 +250,10 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     # An unprefixed log (a bare traceback, a paste): a line that starts like the rest of a sentence continues it.
     first = line[0]
     last = last_part[-1]
-    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
+    # A long line cut after a word, then a word: a terminal or an author wrapped a sentence where its next word
+    # happens to be capitalised (`... larger than the available` + `KV cache memory (2.18 GiB).`).
+    cut_mid_sentence = len(last_part) >= _WRAPPED_AT and last.isalpha() and first.isalpha()
+    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",(" or cut_mid_sentence
 
 
 def _continues_indented(line: str, indent: int, parts: list[str]) -> bool:

@@ -31,6 +31,8 @@ _FAMILY = loose(
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
     r"|Triton Error \[(?:CUDA|HIP)\]: out of memory|not enough (?:GPU|device) memory"
     r"|CUBLAS_STATUS_ALLOC_FAILED"
+    # vLLM's linear layers' own words for an OOM in create_weights (it re-raises without PyTorch's message).
+    r"|insufficient memory to allocate the weight"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
     r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)"
@@ -85,6 +87,7 @@ _SENTENCE = re.compile(
     r"|PyTorch but unallocated)"  # a wrap inside "is reserved by / PyTorch but unallocated"
 )
 _MAX_SENTENCES = 6
+_EXCEPTION_LINE = re.compile(r"^\s*[\w.]*(?:Error|Exception): \S")
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
@@ -147,6 +150,10 @@ def _message(records: Sequence[Record], index: int) -> str:
 
 def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
     payload = records[index].payload
+    if index and _EXCEPTION_LINE.search(records[index - 1].payload) and not _FAMILY.search(records[index - 1].payload):
+        # The error's second sentence ("This may be caused by insufficient memory ..."): its first, the exception
+        # on the record before, says where it was.
+        payload = f"{records[index - 1].payload} {payload}"
     for phase, pattern in _PHASE_ON_THE_LINE:
         said = pattern.search(payload)
         if said is not None:

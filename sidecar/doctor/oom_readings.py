@@ -355,18 +355,29 @@ def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: 
     if ledger.weights is not None and high is not None and high > needed:
         # Remedies are sized from the high end of an estimate: more GPUs or offload than needed still start.
         needed, what = high, ledger.weights.source
-    lines.append(
-        f"the weights need at least {gib(needed)} per GPU"
-        + (f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else "")
-        + ": gpu_memory_utilization does not cap weight loading, lowering it cannot help"
-    )
+    if needed <= 0:  # the message has no sizes and nothing else in the log sizes the weights
+        lines.append("the log sizes neither the weights nor the card: " + _BUDGET_DOES_NOT_CAP_WEIGHTS)
+        sized: list[Recommendation] = []
+        steps: tuple[str, ...] = (
+            "fewer bytes per weight (an AWQ or GPTQ checkpoint, or --quantization fp8 on a card that runs fp8), "
+            "twice today's --tensor-parallel-size, or --cpu-offload-gb: the checkpoint's size (parameters x 2 "
+            "bytes in 16 bits) against the card's memory sizes them",
+        )
+    else:
+        card = f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else ""
+        lines.append(f"the weights need at least {gib(needed)} per GPU{card}: " + _BUDGET_DOES_NOT_CAP_WEIGHTS)
+        sized, steps = remedies.smaller_model_per_gpu(ledger, setup, needed, what), ()
     return Finding(
         cause=Cause.DOES_NOT_FIT,
         severity=Severity.CRITICAL,
         summary="the model's weights do not fit the GPU at this precision and parallelism",
         evidence=tuple(lines),
-        recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, needed, what)),
+        recommendations=tuple(sized),
+        steps=steps,
     )
+
+
+_BUDGET_DOES_NOT_CAP_WEIGHTS = "gpu_memory_utilization does not cap weight loading, lowering it cannot help"
 
 
 def phase_text(phase: OomPhase) -> str:

@@ -261,3 +261,48 @@ def test_a_quoted_paste_learns_its_bar_and_joins_the_lines_a_wrap_made_under_it(
     refusal = parse_log(text).refusal
     assert refusal is not None
     assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (196608, 23.25, 190272)
+
+
+@pytest.mark.parametrize(
+    ("lines", "estimated"),
+    [
+        # A note's author wrapped it after a word, before a capitalised one, and elided the middle with "...".
+        (
+            [
+                "ValueError: To serve at least one request with the model's max seq len",
+                "(131072), (6.68 GiB KV cache is needed, which is larger than the available",
+                "KV cache memory (2.18 GiB). ... estimated maximum model length is 42752.",
+            ],
+            42752,
+        ),
+        # A release that words the last sentence on its own, capitalised.
+        (
+            [
+                "ValueError: To serve at least one request with the model's max seq len",
+                "(1000000), 3.09 GiB KV cache is needed, which is larger than the available",
+                "KV cache memory (0.24 GiB). Estimated maximum model length is 57344.",
+            ],
+            57344,
+        ),
+        (
+            [
+                "ValueError: To serve at least one request with the model's max seq len (65536), 9.48 GiB KV cache",
+                "is needed, which is larger than the available KV cache memory (4.42 GiB). ... the estimated",
+                "maximum model length is 11656.",
+            ],
+            11656,
+        ),
+    ],
+)
+def test_a_refusal_wrapped_before_a_capital_or_elided_keeps_vllms_estimate(lines: list[str], estimated: int) -> None:
+    """vLLM's estimate is the length to give: the KV cache need is not always proportional to the length (a
+    fixed part per request), so one scaled from the two sizes can be far above it (30,496 against 11,656)."""
+    refusal = parse_log("\n".join(lines)).refusal
+    assert refusal is not None
+    assert refusal.estimated_max_len == estimated
+
+
+def test_a_short_line_ended_by_a_word_does_not_take_the_capitalised_line_after_it() -> None:
+    """Only a line long enough to have been wrapped: a short one is a line of its own."""
+    read = records("Loading the model now\nNCCL version 2.21.5+cuda12.4")
+    assert [record.payload for record in read] == ["Loading the model now", "NCCL version 2.21.5+cuda12.4"]

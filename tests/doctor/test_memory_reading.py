@@ -159,6 +159,18 @@ def test_weights_that_do_not_fit_never_lower_the_budget() -> None:
     assert _flags(finding)["--tensor-parallel-size"] == 2  # 22.59 + 0.11 GiB / 2 = 11.4 <= 0.75 x 23.65
 
 
+def test_vllms_own_words_for_an_oom_creating_weights_place_it_in_loading_with_no_sizes_invented() -> None:
+    """vLLM's linear layers re-raise an OOM in create_weights as two sentences of their own, no PyTorch numbers."""
+    finding = _finding(
+        "RuntimeError: Failed to create unquantized linear weights.\n"
+        "This may be caused by insufficient memory to allocate the weight."
+    )
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert finding.recommendations == ()  # nothing sizes them: a step says what would
+    assert not any("0.00 GiB" in line for line in finding.evidence)
+    assert any("--tensor-parallel-size" in step and "--cpu-offload-gb" in step for step in finding.steps)
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(
