@@ -1,7 +1,7 @@
 """Every threshold of the policy, with its unit in its name, validated at construction. Pure.
 
 The defaults are the issue's, and this is the one place each default and range is written: the daemon's flags
-take both from here (`sidecar/shell/settings.py`, the ranges through `sidecar.bounds`), and the alert rules' and
+take both from here (`sidecar/shell/settings/policy.py`, the ranges through `sidecar.bounds`), and the alert rules' and
 the dashboard's generators take the defaults (`alerts/generate.py`, `grafana/generate.py`);
 tests/alerts/test_threshold_drift.py fails when a shipped file shows another number. The shell builds one
 `PolicySettings` from the command line and passes it to `Policy`; nothing here reads the environment.
