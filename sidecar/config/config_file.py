@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
@@ -28,6 +29,10 @@ MAX_CONFIG_BYTES = 1024 * 1024  # a settings file is a few hundred bytes; anythi
 # Every command's setting names: each command's model adds its own when it is defined (`FileBackedSettings`), and
 # the CLI defines them all when it builds its parser, before any file is read.
 EVERY_COMMANDS_SETTINGS: set[str] = set()
+# The tables a file may group settings in, `[policy]` or `policy:`, with the settings each holds: the models a
+# command's settings are composed of register theirs (a class attribute `section`). A setting in its table is the
+# same as at the top; the flags and the environment name each setting alone.
+SECTIONS: dict[str, frozenset[str]] = {}
 
 
 class SettingsError(Exception):
@@ -76,8 +81,7 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise SettingsError(f"config file {path} must hold a table of settings, not {type(document).__name__}")
     values: dict[str, Any] = {}
-    for key, value in document.items():
-        name = str(key).replace("-", "_")
+    for key, name, value in _entries(document, path):
         if name not in known and name in EVERY_COMMANDS_SETTINGS and name != "config":
             continue
         if name not in known or name == "config":
@@ -86,12 +90,42 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, Any]:
     return values
 
 
-def _suggestion(key: str, known: set[str]) -> str:
+def _entries(document: dict[Any, Any], path: Path) -> list[tuple[str, str, Any]]:
+    """Each setting as written, its name with `_`, and its value: a section's table read as its settings."""
+    entries: list[tuple[str, str, Any]] = []
+    for key, value in document.items():
+        name = str(key).replace("-", "_")
+        if name not in SECTIONS or not isinstance(value, dict):
+            entries.append((str(key), name, value))
+            continue
+        for inner_key, inner_value in value.items():
+            inner = str(inner_key).replace("-", "_")
+            if inner not in SECTIONS[name]:
+                raise SettingsError(
+                    f"unknown setting {inner_key!r} in [{key}] of config file {path}; "
+                    f"{_suggestion(str(inner_key), set(SECTIONS[name]), tables=True)}"
+                )
+            entries.append((str(inner_key), inner, inner_value))
+    seen: set[str] = set()
+    for key, name, _ in entries:
+        if name in seen:
+            raise SettingsError(f"setting {key!r} is given twice in config file {path} (at the top and in its table)")
+        seen.add(name)
+    return entries
+
+
+def _section_of(name: str) -> str | None:
+    return next((section for section, names in SECTIONS.items() if name in names), None)
+
+
+def _suggestion(key: str, known: set[str], *, tables: bool = False) -> str:
     """'did you mean ...?' in the key's own spelling (dashes or underscores), else the list of known keys."""
     candidates = sorted(known - {"config"})
     match = closest(key.replace("-", "_"), sorted((known | EVERY_COMMANDS_SETTINGS) - {"config"}))
     if match is not None:
-        return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}?"
+        section = _section_of(match)
+        where = f" (in [{section}])" if tables and section is not None and match not in known else ""
+        return f"did you mean {(match.replace('_', '-') if '-' in key else match)!r}{where}?"
     return "known settings: " + ", ".join(candidates)
 
 
@@ -107,6 +141,10 @@ class FileBackedSettings(BaseSettings):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         EVERY_COMMANDS_SETTINGS.update(cls.model_fields)
+        for model in cls.__mro__:
+            section = model.__dict__.get("section")
+            if isinstance(section, str) and issubclass(model, BaseModel):
+                SECTIONS[section] = frozenset(model.model_fields) - model.__dict__.get("top_level", frozenset())
 
     @classmethod
     def settings_customise_sources(

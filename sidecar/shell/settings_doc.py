@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic.fields import FieldInfo
 
 from sidecar.config.accepted import accepted, extra_of
+from sidecar.config.config_file import SECTIONS
 from sidecar.config.setting_origin import environment_of, flag_of
 from sidecar.shell.settings import GROUP_ORDER, OnceSettings, Settings
 
@@ -66,7 +67,23 @@ def table() -> str:
         + ", ".join(f"`{flag_of(name)}` ({OnceSettings.model_fields[name].description})" for name in once_only)
         + "; the other settings are the daemon's."
     )
+    lines += [
+        "",
+        "In a config file a setting may also sit in its section's table (`[policy]` in TOML, `policy:` in YAML):",
+    ]
+    lines += [
+        f"- `{section}`: " + ", ".join(f"`{name.replace('_', '-')}`" for name in names) for section, names in _tables()
+    ]
     return "\n".join([BEGIN, *lines, END])
+
+
+def _tables() -> list[tuple[str, list[str]]]:
+    """Each section's table and its settings, in the order of the help."""
+    order = list(Settings.model_fields)
+    return sorted(
+        ((section, sorted(names, key=order.index)) for section, names in SECTIONS.items() if names <= set(order)),
+        key=lambda table: order.index(table[1][0]),
+    )
 
 
 def rewritten(page: str) -> str:

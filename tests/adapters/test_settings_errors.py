@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.cli import EXIT_USAGE, main
-from sidecar.shell.settings import load_settings
+from sidecar.shell.settings import OnceSettings, load_settings
 
 CONFIG = "{config}"  # stands for the test's config file in argv and expectations
 
@@ -381,3 +381,52 @@ def test_a_tool_option_from_the_environment_or_the_file_names_where_it_came_from
     line = cli(["demo", "--config", CONFIG], file="keep-running: maybe\n")
     assert line.startswith("vllm-sidecar: error: invalid setting keep_running='maybe': ")
     assert line.endswith("(in {config})")
+
+
+def test_a_config_file_may_group_settings_in_their_sections_tables(tmp_path: Path) -> None:
+    """`[policy]` holding `pause-kv-usage` is `pause-kv-usage` at the top, in TOML and in YAML; the flags and the
+    environment still name each setting alone."""
+    toml = tmp_path / "sidecar.toml"
+    toml.write_text(
+        'vllm-url = "http://10.0.0.5:8000"\ndry-run = true\n'
+        "[policy]\npause-kv-usage = 0.8\nresume_kv_usage = 0.6\n"
+        '[acting]\nactuator = "systemd"\n[exporter]\nlisten = "127.0.0.1:9500"\n'
+    )
+    yaml = tmp_path / "sidecar.yaml"
+    yaml.write_text("derive:\n  window: 120\nnotify:\n  webhook-format: slack\n")
+    settings = load_settings({"config": str(toml)})
+    assert (settings.vllm_url, settings.dry_run, settings.pause_kv_usage, settings.resume_kv_usage) == (
+        "http://10.0.0.5:8000",
+        True,
+        0.8,
+        0.6,
+    )
+    assert (settings.actuator, settings.listen, settings.origin("pause_kv_usage").describe()) == (
+        "systemd",
+        "127.0.0.1:9500",
+        f"in {toml}",
+    )
+    settings = load_settings({"config": str(yaml), "window": 90.0})
+    assert (settings.window, settings.webhook_format) == (90.0, "slack")  # the flag over the file
+
+
+def test_a_setting_in_another_sections_table_or_given_twice_is_one_line(cli: Cli) -> None:
+    line = cli(["run", "--config", CONFIG], file="exporter:\n  pause-kv-usage: 0.8\n")
+    assert line == (
+        "vllm-sidecar: error: unknown setting 'pause-kv-usage' in [exporter] of config file {config}; "
+        "did you mean 'pause-kv-usage' (in [policy])?"
+    )
+    line = cli(["run", "--config", CONFIG], file="interval: 2\nreading:\n  interval: 3\n")
+    assert line == (
+        "vllm-sidecar: error: setting 'interval' is given twice in config file {config} (at the top and in its table)"
+    )
+    line = cli(["run", "--config", CONFIG], file="policy:\n  pause-kv-usage: 2\n")
+    assert line.startswith("vllm-sidecar: error: invalid setting pause_kv_usage=2: ")
+    assert line.endswith("(in {config})")
+
+
+def test_one_file_with_tables_serves_once_too(tmp_path: Path) -> None:
+    """`once` reads its settings from their tables and leaves the daemon's tables to it."""
+    config = tmp_path / "sidecar.toml"
+    config.write_text('[reading]\nvllm-url = "http://10.0.0.5:8000"\n[policy]\npause-kv-usage = 0.8\n')
+    assert load_settings({"config": str(config)}, OnceSettings).vllm_url == "http://10.0.0.5:8000"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, field_validator
 
@@ -14,6 +14,8 @@ from sidecar.shell.settings.declare import ADAPTER, PAUSING, RESTARTING, setting
 
 class ActingSection(BaseModel):
     """What restarts vLLM and how, what the engine probe sends, and which of vLLM's flags a fix may change."""
+
+    section: ClassVar[str] = "acting"  # its table in a config file
 
     vllm_api_key_file: Path | None = setting(
         None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel
 
 from sidecar.shell.settings.declare import derive_setting
@@ -9,6 +11,8 @@ from sidecar.shell.settings.declare import derive_setting
 
 class DeriveSection(BaseModel):
     """The windows the derivation computes its ratios, rates and memory trend over."""
+
+    section: ClassVar[str] = "derive"  # its table in a config file
 
     window: float = derive_setting(
         "window_s",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, field_validator
 
@@ -13,6 +14,8 @@ from sidecar.shell.settings.declare import SERVING, setting
 
 class ExporterSection(BaseModel):
     """`/metrics`, `/readyz`, `/status` and `/admin/*`: the server's address, its certificate, the admin API."""
+
+    section: ClassVar[str] = "exporter"  # its table in a config file
 
     listen: str = setting(
         "0.0.0.0:9468",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, field_validator
@@ -14,6 +14,8 @@ from sidecar.shell.settings.reading import check_url_characters
 
 class NotifySection(BaseModel):
     """Notifications, and the evidence the sidecar reads and keeps about why vLLM died."""
+
+    section: ClassVar[str] = "notify"  # its table in a config file
 
     webhook_url: str | None = setting(
         None,

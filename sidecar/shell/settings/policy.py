@@ -3,6 +3,8 @@ default and range are the policy's (see `declare.policy_setting`). No I/O."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel
 
 from sidecar.shell.settings.declare import PAUSING, POLICY, RESTARTING, policy_setting
@@ -10,6 +12,8 @@ from sidecar.shell.settings.declare import PAUSING, POLICY, RESTARTING, policy_s
 
 class PolicySection(BaseModel):
     """Pausing admission and restarting vLLM: the pure policy's thresholds and budgets."""
+
+    section: ClassVar[str] = "policy"  # its table in a config file
 
     # --- the policy: pausing ---
     pause_kv_usage: float = policy_setting(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import PrivateAttr, field_validator, model_validator
@@ -22,6 +22,9 @@ ENV_PREFIX = setting_origin.ENV_PREFIX
 
 class ScrapeSettings(FileBackedSettings):
     """What reading vLLM and the GPUs takes: the settings `once` and `run` share."""
+
+    section: ClassVar[str] = "reading"  # its table in a config file
+    top_level: ClassVar[frozenset[str]] = frozenset({"config", "log_format"})  # the whole file's, in no table
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True)
 
