@@ -44,6 +44,7 @@ SETS = {
     "heldout-25v",
     "heldout-25w",
     "heldout-25x",
+    "heldout-25y",
 }
 
 
