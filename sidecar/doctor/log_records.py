@@ -99,9 +99,13 @@ class Record:
 
     @property
     def tp_rank(self) -> int | None:
-        """The rank among the GPUs that hold one copy of the model (not a data-parallel engine's index)."""
-        match = _TP_RANK.search(self.prefix)
-        return int(next(group for group in match.groups() if group is not None)) if match is not None else None
+        """The rank among the GPUs that hold one copy of the model (not a data-parallel engine's index); the
+        highest where a line names several (two workers' prefixes on one line: `(Worker_TP1 ..) (Worker_TP3 ..)`)."""
+        ranks = [
+            int(next(group for group in match.groups() if group is not None))
+            for match in _TP_RANK.finditer(self.prefix)
+        ]
+        return max(ranks) if ranks else None
 
     @property
     def rank(self) -> int | None:

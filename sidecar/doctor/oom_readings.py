@@ -250,18 +250,39 @@ def _probably_weights(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: l
     the remedies for that (more GPUs, offload) relieve a transient too; the other reading is a step, since its
     remedy (a lower budget) would not help weights."""
     total = oom.total_bytes or 0
-    lines.append(
+    held = (
         f"PyTorch held {gib(oom.allocated_bytes or 0)} of the {gib(total)} card, beyond vLLM's default budget, with "
-        "nothing in the log saying when: most often weights that do not fit; a transient after the KV cache under a "
-        "budget set that high is the other reading"
+        "nothing in the log saying when"
     )
-    finding = weights_do_not_fit(oom, ledger, setup, lines)
-    step = (
+    transient = (
         f"if vLLM had printed 'Model loading took ... GiB' before the error, the weights fitted and a transient "
         f"after the KV cache did not: lower --gpu-memory-utilization by "
-        f"{((oom.shortfall_bytes or 0) / total if total else 0) + 0.01:.3f} below what you set instead"
+        f"{((oom.shortfall_bytes or 0) / total if total else 0) + 0.01:.3f} below what you set"
     )
-    return replace(finding, steps=(*finding.steps, step))
+    split = setup.tensor_parallel_size
+    if split >= 2 and not setup.tensor_parallel_unknown:
+        # A model the log shows split over N GPUs was split to fit them: no bet on either reading.
+        lines.append(
+            f"{held}; the log shows the model split over {split} GPUs, so a budget set that high is as likely as "
+            "weights that do not fit"
+        )
+        return Finding(
+            cause=Cause.CONFIGURATION_OVERSHOOT,
+            severity=Severity.CRITICAL,
+            summary=f"{RAN_OUT} with PyTorch holding nearly the whole card; the log does not say in which step",
+            evidence=tuple(lines),
+            steps=(
+                transient + ", or halve --max-num-batched-tokens (a long prefill's step)",
+                "if not, the weights did not fit: twice today's --tensor-parallel-size, fewer bytes per weight, or "
+                "--cpu-offload-gb; gpu_memory_utilization does not cap weight loading",
+            ),
+        )
+    lines.append(
+        f"{held}: most often weights that do not fit; a transient after the KV cache under a budget set that high "
+        "is the other reading"
+    )
+    finding = weights_do_not_fit(oom, ledger, setup, lines)
+    return replace(finding, steps=(*finding.steps, transient + " instead"))
 
 
 def _stranded_covers_overcommit(oom: CudaOom, ledger: MemoryLedger) -> bool:

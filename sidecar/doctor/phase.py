@@ -22,6 +22,8 @@ from sidecar.doctor.log_records import Record
 from sidecar.doctor.logfacts import OomPhase
 
 _FRAME = re.compile(r'File "([^"]*)", line \d+, in ([\w<>.]+)')
+# V0's multiprocessing worker: "Exception in worker VllmWorkerProcess while processing method load_model: ...".
+_WORKER_METHOD = re.compile(r"while processing method (\w+)")
 # Lines a start prints once it serves (or has finished starting).
 SERVING_SIGNS = (
     r"Application startup complete|Uvicorn running|Started server process|Avg prompt throughput"
@@ -124,6 +126,9 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
     process = records[at].process
     chain = [record for record in records[start : at + 1] if not process or record.process in ("", process)]
     frames = [frame for record in chain for frame in _frames(record.payload)]
+    method = _WORKER_METHOD.search(records[at].payload)
+    if method is not None:  # V0's worker names the method it ran on the error's own line
+        frames.append(("", method.group(1)))
     for phase, names, paths in _FRAME_PHASES:
         for path, name in frames:
             if name in names or any(part in path for part in paths):

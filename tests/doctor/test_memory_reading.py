@@ -171,6 +171,33 @@ def test_vllms_own_words_for_an_oom_creating_weights_place_it_in_loading_with_no
     assert any("--tensor-parallel-size" in step and "--cpu-offload-gb" in step for step in finding.steps)
 
 
+def test_v0s_worker_names_the_method_it_ran_on_the_error_line() -> None:
+    """ "Exception in worker VllmWorkerProcess while processing method load_model: CUDA out of memory...": the
+    method places it as a frame would."""
+    line = (
+        f"{WORKER}Exception in worker VllmWorkerProcess while processing method load_model: " + _oom().split(": ", 1)[1]
+    )
+    assert parse_log(line).oom.phase is OomPhase.WEIGHT_LOADING  # type: ignore[union-attr]
+
+
+def test_a_full_card_with_no_step_on_a_model_split_over_gpus_bets_on_neither_reading() -> None:
+    """PyTorch holding nearly the whole card, no phase: on one GPU most often weights that do not fit (more GPUs
+    are recommended); on a model the log shows split over four GPUs (two workers' prefixes on one line), a budget
+    set that high is as likely: both readings are steps, and no flag is given a value."""
+    full = _oom(tried="256.00 MiB", total="44.39 GiB", free="151.31 MiB", process="44.24 GiB", allocated="43.37 GiB")
+    alone = _finding(full)
+    assert alone.cause is Cause.DOES_NOT_FIT
+    assert "--tensor-parallel-size" in _flags(alone)
+    split = _finding(
+        "(Worker_TP1 pid=510) (Worker_TP3 pid=512) ERROR 06-10 13:01:40 [multiproc_executor.py:932] " + full
+    )
+    assert split.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert split.recommendations == ()
+    assert "split over 4 GPUs" in split.evidence[-1]
+    assert any("--gpu-memory-utilization" in step for step in split.steps)
+    assert any("--tensor-parallel-size" in step for step in split.steps)
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(
