@@ -62,6 +62,7 @@ _RECORD_START = re.compile(
          | (?:\d{4}-\d\d-\d\d[T\ ])?\d\d:\d\d:\d\d\b  # a clock time: a record of a shape seen once (no wrap)
          | Killed\s*$                           # a shell's word for a process SIGKILL ended
          | \[rank\d+\]:                          # torch.distributed's rank prefix on a line of its own
+         | \([^()\n]{1,60}\bpid=\d+[^()\n]{0,60}\)\  # a vLLM process's prefix: (APIServer pid=2), (Worker_TP0 pid=9)
          | \[?[IWEF]\d{3,4}\ \d\d:\d\d:\d\d        # c10's and glog's head: [W318 13:41:30.26 ...]
          )""",
     re.VERBOSE,
@@ -126,7 +127,7 @@ def undo_the_paste(text: str) -> str:
 
 
 def records(text: str) -> list[Record]:
-    return join_lines(undo_the_paste(text).splitlines())
+    return _rejoin_long_messages(join_lines(undo_the_paste(text).splitlines()))
 
 
 def join_lines(lines: list[str]) -> list[Record]:
@@ -186,6 +187,34 @@ def loose(pattern: str, flags: int = 0) -> re.Pattern[str]:
         else:
             out.append(char)
     return re.compile("".join(out), flags)
+
+
+# vLLM messages long enough to be wrapped by hand, as their start and what must follow it. V1's KV refusal is one
+# sentence of 200 characters: a note's author who broke it before a capitalised word ("... than the available" /
+# "KV cache memory (2.18 GiB).") left its end on a record of its own, which nothing else would join.
+_LONG_MESSAGES = ((loose(r"To serve at least one request with the model"), loose(r"available KV cache memory \(")),)
+_LONG_MESSAGE_RECORDS = 3  # the most records one such message is put back together from
+
+
+def _rejoin_long_messages(read: list[Record]) -> list[Record]:
+    rejoined: list[Record] = []
+    index = 0
+    while index < len(read):
+        record = read[index]
+        index += 1
+        for start, end in _LONG_MESSAGES:
+            if not start.search(record.text) or end.search(record.text):
+                continue
+            text, taken = record.text, index
+            last = min(len(read), index + _LONG_MESSAGE_RECORDS - 1)
+            while taken < last and read[taken].process == record.process:  # not another process's line
+                text = f"{text} {read[taken].payload.strip()}"
+                taken += 1
+                if end.search(text):
+                    record, index = Record(text=text, prefix=record.prefix), taken
+                    break
+        rejoined.append(record)
+    return rejoined
 
 
 def _head(line: str) -> list[tuple[str, int]]:
@@ -254,10 +283,7 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     # An unprefixed log (a bare traceback, a paste): a line that starts like the rest of a sentence continues it.
     first = line[0]
     last = last_part[-1]
-    # A long line cut after a word, then a word: a terminal or an author wrapped a sentence where its next word
-    # happens to be capitalised (`... larger than the available` + `KV cache memory (2.18 GiB).`).
-    cut_mid_sentence = len(last_part) >= _WRAPPED_AT and last.isalpha() and first.isalpha()
-    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",(" or cut_mid_sentence
+    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
 
 
 def _continues_indented(line: str, indent: int, parts: list[str]) -> bool:

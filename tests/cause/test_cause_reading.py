@@ -130,7 +130,21 @@ def test_journal_a_crash_loop_read_while_the_next_invocation_is_still_starting()
     assert "invocation 2" in explain(ended, Wanted.LAST, wall_time_s=WALL_S).source
 
 
-def test_journal_a_wrapped_line_in_the_next_invocation_does_not_hide_the_one_that_died() -> None:
+STARTING = "Starting vllm.service - vLLM OpenAI-compatible server..."
+ARGS = "(APIServer pid=2) INFO 11-22 06:30:00 [api_utils.py:286] non-default args: {'model': 'tiny'}"
+STARTED_LINE = "Started vllm.service - vLLM OpenAI-compatible server."
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        (STARTING, ARGS, STARTED_LINE, "second start"),
+        # CI run 1 of 2026-11-30: systemd's "Started" after vLLM's lines; the arguments line, starting with "(",
+        # was read as the rest of "Starting ...", so the new invocation had no start of its own.
+        (STARTING, ARGS, "second start", STARTED_LINE),
+    ],
+)
+def test_journal_a_wrapped_line_in_the_next_invocation_does_not_hide_the_one_that_died(order: tuple[str, ...]) -> None:
     """journald orders systemd's own lines and vLLM's output as they arrive: here vLLM's arguments line came
     before systemd's "Started", and a line starting lower-case followed, which the parser joins to the one before
     (a wrapped message). The new invocation is one start, so the invocation that died is still among those read.
@@ -138,17 +152,7 @@ def test_journal_a_wrapped_line_in_the_next_invocation_does_not_hide_the_one_tha
     two starts of the new invocation and never looked at the one that died.)"""
     read = journal(
         LogRun(text=oom_death(), label="invocation 1", ended=EXIT_1, failed=True),
-        LogRun(
-            text="\n".join(
-                [
-                    "Starting vllm.service - vLLM OpenAI-compatible server...",
-                    "(APIServer pid=2) INFO 11-22 06:30:00 [api_utils.py:286] non-default args: {'model': 'tiny'}",
-                    "Started vllm.service - vLLM OpenAI-compatible server.",
-                    "second start",
-                ]
-            ),
-            label="invocation 2",
-        ),
+        LogRun(text="\n".join(order), label="invocation 2"),
     )
     assert flags(read) == (OOM_CAUSE, OOM_FLAGS)
     assert "earlier start" not in explain(read, Wanted.LAST, wall_time_s=WALL_S).source
