@@ -45,6 +45,7 @@ SETS = {
     "heldout-25w",
     "heldout-25x",
     "heldout-25y",
+    "heldout-25z",
 }
 
 
