@@ -54,8 +54,8 @@ _MAX_LEN_V1 = loose(
 )
 # The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).
 _ESTIMATED_MAX_LEN = loose(r"(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)")
-_MAX_LEN_V0 = loose(
-    r"The model's max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
+_MAX_LEN_V0 = loose(  # "max \w+ len": the rest of the sentence identifies it in a copy retyped by hand ("sew len")
+    r"The model's max \w+ len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
     r"cache \((\d+)\)"
 )
 _NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
@@ -571,7 +571,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
     _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="estimated"),
-    _simple(_MAX_LEN_V0, _max_len_v0, needle="seq"),
+    _simple(_MAX_LEN_V0, _max_len_v0, needle="stored"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
     _simple(_FREE_AT_START, _free_at_start, needle="utilization"),

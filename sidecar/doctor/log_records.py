@@ -74,6 +74,7 @@ _RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|(?<![A-Za-z])TP(\d+)\b|(?<!
 # A worker process of a multi-GPU executor (V1's `Worker_TP0`, V0's `VllmWorkerProcess`, which serves ranks 1 on):
 # more than one GPU holds the model even where only one rank speaks. Not Ray's wrapper, which also runs one GPU.
 _PARALLEL_WORKER = re.compile(r"Worker_[TP]P\d|VllmWorker")
+_WORKER_AT_START = re.compile(r"\(Worker_TP(\d+)\b[^()]*\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,8 @@ class Record:
             int(next(group for group in match.groups() if group is not None))
             for match in _TP_RANK.finditer(self.prefix)
         ]
+        if not ranks and (named := _WORKER_AT_START.match(self.payload)) is not None:
+            ranks = [int(named.group(1))]  # a worker's name alone at the line's start: a prefix shortened by hand
         return max(ranks) if ranks else None
 
     @property

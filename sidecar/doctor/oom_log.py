@@ -31,6 +31,9 @@ _FAMILY = loose(
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
     r"|Triton Error \[(?:CUDA|HIP)\]: out of memory|not enough (?:GPU|device) memory"
     r"|CUBLAS_STATUS_ALLOC_FAILED"
+    # Intel Gaudi's device-memory module: "MODULE:PT_DEVMEM Allocation failed for size::939524096 (896)MB", or
+    # "MODULE:PT_DEVMEM OOM: No enough memory for defragment."
+    r"|MODULE:PT_DEVMEM (?:Allocation failed|OOM)"
     # vLLM's linear layers' own words for an OOM in create_weights (it re-raises without PyTorch's message).
     r"|insufficient memory to allocate the weight"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
@@ -72,12 +75,13 @@ _LEGACY = loose(
     + _SIZE
     + r" total capacity; "
     + _SIZE
-    + r" already allocated; (?:[\d.]+ ?\w+ current active; )?(?:"
+    + r" already allocated(?:; (?:[\d.]+ ?\w+ current active; )?(?:"
     + _SIZE
-    + r" free; )?"
+    + r" free;? ?)?(?:"
     + _SIZE
-    + r" reserved in total by PyTorch\)"
-)  # fmt: skip  (XPU's allocator leaves out the free field; torch_npu adds "current active")
+    + r" reserved in total by PyTorch)?)?\)"
+)  # fmt: skip  (XPU's allocator leaves out the free field; torch_npu adds "current active"; a paste may stop at
+#    "already allocated)" or at "... free)")
 _OTHER_PROCESS = loose(r"Process (\d+) has " + _SIZE + r" memory in use")
 # The sentences of PyTorch's out-of-memory message after its first, as they start.
 _SENTENCE = re.compile(
@@ -89,7 +93,7 @@ _SENTENCE = re.compile(
 _MAX_SENTENCES = 6
 _EXCEPTION_LINE = re.compile(r"^\s*[\w.]*(?:Error|Exception): \S")
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
-_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt")
+_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|(PT_DEVMEM)")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
 _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
@@ -165,7 +169,7 @@ def _device(records: Sequence[Record], family: list[int]) -> str:
     for index in reversed(family):
         match = _DEVICE_NAME.search(records[index].payload)
         if match is not None:
-            named = match.group(1) or ("HIP" if match.group(0).lower() == "hip" else "TPU")
+            named = match.group(1) or ("HPU" if match.group(2) else "HIP" if match.group(0).lower() == "hip" else "TPU")
             return named.upper()
     return "CUDA"
 
@@ -239,7 +243,7 @@ def _legacy(line: str) -> dict[str, object] | None:
     legacy = _LEGACY.search(line)
     if legacy is None:
         return None
-    reserved = size_bytes(legacy.group(6))
+    reserved = size_bytes(legacy.group(6)) if legacy.group(6) else None
     allocated = size_bytes(legacy.group(4))
     return {
         "tried_bytes": size_bytes(legacy.group(1)),
@@ -248,7 +252,7 @@ def _legacy(line: str) -> dict[str, object] | None:
         "free_bytes": size_bytes(legacy.group(5)) if legacy.group(5) else None,
         "process_bytes": reserved,
         "allocated_bytes": allocated,
-        "reserved_unallocated_bytes": max(0, reserved - allocated),
+        "reserved_unallocated_bytes": max(0, reserved - allocated) if reserved is not None else None,
         "other_processes": (),
     }
 

@@ -198,6 +198,47 @@ def test_a_full_card_with_no_step_on_a_model_split_over_gpus_bets_on_neither_rea
     assert any("--tensor-parallel-size" in step for step in split.steps)
 
 
+@pytest.mark.parametrize(
+    ("text", "free", "device"),
+    [
+        # torch_npu's older message, cut by the poster after "already allocated)" or after "free)".
+        ("torch.OutOfMemoryError: NPU out of memory. Tried to allocate 74.00 MiB\n"
+         "(NPU 2; 29.50 GiB total capacity; 28.21 GiB already allocated)", None, "NPU"),
+        ("torch.OutOfMemoryError: NPU out of memory.\n  Tried to allocate 5.25 GiB (NPU 1; 60.96 GiB total capacity;\n"
+         "  59.24 GiB already allocated; 790.43 MiB free)", int(790.43 * 2**20), "NPU"),
+    ],
+)  # fmt: skip
+def test_the_older_message_cut_short_still_gives_its_numbers(text: str, free: int | None, device: str) -> None:
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.device, oom.free_bytes, oom.process_bytes) == (device, free, None)
+    assert oom.allocated_bytes is not None
+    assert oom.total_bytes is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::939524096 (896)MB",
+        "RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM OOM: No enough memory for defragment.",
+    ],
+)
+def test_gaudis_device_memory_failures_are_ooms_on_an_hpu(line: str) -> None:
+    oom = parse_log(line).oom
+    assert oom is not None
+    assert oom.device == "HPU"
+
+
+def test_a_v0_refusal_retyped_by_hand_is_still_read() -> None:
+    """A user who retyped vLLM's refusal ("sew len", typographic quotes): the rest of the sentence is vLLM's."""
+    refusal = parse_log(
+        "The model\u2019s max sew len (32768) is larger than the maximum number of tokens that can be stored in KV "
+        "cache (18896). Try increasing \u2018gpu_memory_utilization\u2019 or decreasing \u2018max_model_len\u2019"
+    ).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.capacity_tokens) == (32768, 18896)
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(
