@@ -46,6 +46,7 @@ SETS = {
     "heldout-25x",
     "heldout-25y",
     "heldout-25z",
+    "heldout-25aa",
 }
 
 
