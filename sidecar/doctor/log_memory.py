@@ -19,6 +19,7 @@ recommends nothing it would have to guess.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.doctor import formula, remedies
@@ -28,7 +29,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
-from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, RefusalKind
+from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.oom_readings import (
     RAN_OUT,
     not_the_budget,
@@ -48,6 +49,7 @@ from sidecar.doctor.start_readings import (
     prompt_over_kv,
     sampler_warmup,
     sequences,
+    state_blocks,
 )
 
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
@@ -60,18 +62,8 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
     ledger = build_ledger(log, setup)
     refusal = log.refusal
     finding: Finding | None = None
-    if refusal is not None and refusal.kind is RefusalKind.INSUFFICIENT_FREE_MEMORY:
-        finding = free_memory_refusal(refusal, ledger)
-    elif refusal is not None and refusal.kind is RefusalKind.SAMPLER_WARMUP:
-        finding = sampler_warmup(refusal, ledger, setup, log)
-    elif refusal is not None and refusal.kind is RefusalKind.CPU_KV_OVER_AVAILABLE:
-        finding = cpu_kv_refusal(refusal)
-    elif refusal is not None and refusal.kind is RefusalKind.PROFILE_FREE_DID_NOT_FALL:
-        finding = profile_check(refusal)
-    elif refusal is not None and refusal.kind is RefusalKind.PROMPT_OVER_KV:
-        finding = prompt_over_kv(refusal, ledger, setup)
-    elif refusal is not None and refusal.kind in (RefusalKind.MAX_LEN_EXCEEDS_KV, RefusalKind.NO_CACHE_MEMORY):
-        finding = kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
+    if refusal is not None:
+        finding = _refusal(refusal, ledger, setup, log)
     elif log.oom is not None:
         finding = _oom(log.oom, ledger, setup, log)
     elif log.host_memory is not None:
@@ -83,6 +75,22 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
     if finding is not None and log.engine_dead:
         finding = _died(finding)
     return finding
+
+
+def _refusal(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding | None:
+    """The reading of each refusal vLLM words, by its kind; the KV cache's refusals are the rest."""
+    readers: dict[RefusalKind, Callable[[], Finding | None]] = {
+        RefusalKind.INSUFFICIENT_FREE_MEMORY: lambda: free_memory_refusal(refusal, ledger),
+        RefusalKind.SAMPLER_WARMUP: lambda: sampler_warmup(refusal, ledger, setup, log),
+        RefusalKind.CPU_KV_OVER_AVAILABLE: lambda: cpu_kv_refusal(refusal),
+        RefusalKind.PROFILE_FREE_DID_NOT_FALL: lambda: profile_check(refusal),
+        RefusalKind.PROMPT_OVER_KV: lambda: prompt_over_kv(refusal, ledger, setup),
+        RefusalKind.STATE_BLOCKS: lambda: state_blocks(refusal),
+    }
+    reader = readers.get(refusal.kind)
+    if reader is not None:
+        return reader()
+    return kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
 
 
 def _inferred_kv_refusal(ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding | None:

@@ -61,6 +61,10 @@ _MAX_LEN_V0 = loose(  # "max \w+ len": the rest of the sentence identifies it in
 _NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
 # V0 before 0.2.7 started with a max_model_len its KV cache could not hold and ignored each such prompt.
 _PROMPT_OVER_KV = loose(r"Input prompt \((\d+) tokens\) is too long and exceeds the capacity of block_manager")
+# A hybrid model's state (Mamba, linear attention) takes one block per running sequence, from the same budget as the
+# KV cache (vllm/config/compilation.py, when it sizes CUDA graphs): "ValueError: max_num_seqs (1024) exceeds
+# available Mamba cache blocks (854)".
+_STATE_BLOCKS = loose(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
 _FREE_AT_START = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired GPU "
     r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
@@ -374,6 +378,15 @@ def _prompt_over_kv(match: re.Match[str], facts: Facts) -> None:
     )
 
 
+def _state_blocks(match: re.Match[str], facts: Facts) -> None:
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.STATE_BLOCKS,
+        line=_refusal_line(match),
+        max_num_seqs=int(match.group(1)),
+        state_blocks=int(match.group(2)),
+    )
+
+
 def _no_cache(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=_refusal_line(match))
 
@@ -574,6 +587,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_MAX_LEN_V0, _max_len_v0, needle="stored"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
+    _simple(_STATE_BLOCKS, _state_blocks, needle="Mamba"),
     _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
     _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
     _simple(_SAMPLER, _sampler, needle="sampler"),

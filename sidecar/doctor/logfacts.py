@@ -47,6 +47,7 @@ class RefusalKind(StrEnum):
     CPU_KV_OVER_AVAILABLE = "cpu_kv_over_available"  # CPU backend: the KV cache asked for more than the node has
     PROFILE_FREE_DID_NOT_FALL = "profile_free_did_not_fall"  # the memory profile's check: free memory did not fall
     PROMPT_OVER_KV = "prompt_over_kv"  # V0 before 0.2.7: a prompt longer than the whole KV cache, ignored
+    STATE_BLOCKS = "state_blocks"  # a hybrid (Mamba, linear attention) model: more sequences than state blocks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +61,8 @@ class Refusal:
     printed_half_unit_gib: float = 0.0  # V1: half the last printed digit of those two (1.1 GiB: 0.05), the error
     estimated_max_len: int | None = None  # V1: what vLLM says would fit
     prompt_tokens: int | None = None  # V0's ignored prompt: the KV cache holds fewer tokens than this
+    max_num_seqs: int | None = None  # state blocks: the sequences asked for, and the blocks there are
+    state_blocks: int | None = None
     free_gib: float | None = None  # insufficient free memory: free and total at start (the profile check: at start)
     free_after_gib: float | None = None  # the profile check: free after loading and profiling
     total_gib: float | None = None

@@ -60,6 +60,7 @@ _MODERN = loose(
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
+_ALL_OF_IT = 0.97  # the share of the card's used memory that the listed processes hold when one of them is this one
 _NO_CARD_HOLDS = 2**50  # bytes (1 PiB): a process figure above it is an overflow, not memory in use
 _THIS_PROCESS = loose(r"(?:this process|\bProcess) has " + _SIZE + r" memory in use")  # "Process has": trimmed
 _UNALLOCATED = loose(_SIZE + r" is reserved by PyTorch but unallocated")
@@ -220,7 +221,10 @@ def _modern(line: str) -> dict[str, object] | None:
         # process that holds at least what PyTorch allocated is vLLM's own; with that number cut off, the
         # largest (vLLM holds its whole budget).
         own = [entry for entry in processes if allocated is None or entry[1] >= allocated]
-        if allocated is None:
+        used = size_bytes(modern.group(4)) - size_bytes(modern.group(5))
+        if allocated is None or (not own and sum(size for _, size in processes) >= _ALL_OF_IT * used):
+            # The listed processes hold all the card's used memory, this one's allocations included: the largest
+            # is this one (sleep mode's allocator reports more allocated than the card has, so no figure matches).
             own = [max(processes, key=lambda entry: entry[1])]
         if len(own) == 1:
             process_bytes = own[0][1]

@@ -186,6 +186,36 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
     )
 
 
+def state_blocks(refusal: Refusal) -> Finding:
+    """A hybrid model keeps one state block per running sequence (Mamba, linear attention), taken from the same
+    budget as the KV cache: vLLM refuses a max_num_seqs above the blocks there are."""
+    asked, blocks = refusal.max_num_seqs or 0, refusal.state_blocks or 0
+    recommendations = (
+        (
+            Recommendation(
+                flag="--max-num-seqs",
+                value=blocks,
+                why=f"one state block per running sequence: {blocks} blocks -> at most {blocks} sequences",
+            ),
+        )
+        if blocks >= 1
+        else ()
+    )
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.CRITICAL,
+        summary=(
+            f"vLLM could not start: max_num_seqs {asked} is more than the {blocks} state blocks this hybrid model has"
+        ),
+        evidence=(f"vLLM refused to start: {refusal.line}",),
+        recommendations=recommendations,
+        steps=(
+            "or keep the sequences and give the blocks more memory: they come out of the same budget as the KV "
+            "cache (--gpu-memory-utilization, within what the card has free)",
+        ),
+    )
+
+
 def prompt_over_kv(refusal: Refusal, ledger: MemoryLedger, setup: Setup) -> Finding:
     """V0 before 0.2.7 started with a max_model_len its KV cache could not hold, and ignored each prompt longer
     than the whole cache (finished with no output): the start-time refusal of later releases, one request late."""

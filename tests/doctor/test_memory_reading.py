@@ -239,6 +239,37 @@ def test_a_v0_refusal_retyped_by_hand_is_still_read() -> None:
     assert (refusal.max_model_len, refusal.capacity_tokens) == (32768, 18896)
 
 
+@pytest.mark.parametrize(
+    ("line", "asked", "blocks"),
+    [
+        ("ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (854)", 1024, 854),
+        ("ValueError: max_num_seqs (256) exceeds available Mamba cache blocks (196).\nEach decode sequence requires "
+         "one Mamba cache block...", 256, 196),
+    ],
+)  # fmt: skip
+def test_a_hybrid_models_state_blocks_cap_the_sequences(line: str, asked: int, blocks: int) -> None:
+    """A hybrid model (Mamba, linear attention) keeps one state block per running sequence: vLLM refuses a
+    max_num_seqs above the blocks its budget gave, and the sequences are what to cut."""
+    finding = _finding(line)
+    assert finding.cause is Cause.CONCURRENCY_MISJUDGEMENT
+    assert _flags(finding) == {"--max-num-seqs": blocks}
+    assert f"max_num_seqs {asked}" in finding.summary
+
+
+def test_the_one_listed_process_holding_all_the_used_memory_is_this_one() -> None:
+    """In a container PyTorch lists vLLM itself as "Process 1"; under sleep mode its allocated figure (24.29 GiB) is
+    more than the card, so no figure matches the listed one: a process that holds all the memory in use, while this
+    one had allocated gigabytes, is this one, not another tenant."""
+    line = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.72 GiB. GPU 0 has a total capacity of "
+        "22.06 GiB of which 947.44 MiB is free. Process 1 has 21.12 GiB memory in use. Of the allocated memory "
+        "24.29 GiB is allocated by PyTorch, with 3.80 GiB allocated in private pools (e.g., CUDA Graphs)"
+    )
+    oom = parse_log(line).oom
+    assert oom is not None
+    assert (oom.process_bytes, oom.other_processes) == (int(21.12 * 2**30), ())
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(
