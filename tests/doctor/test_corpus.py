@@ -47,6 +47,7 @@ SETS = {
     "heldout-25y",
     "heldout-25z",
     "heldout-25aa",
+    "heldout-25ab",
 }
 
 
