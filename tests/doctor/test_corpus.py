@@ -48,6 +48,7 @@ SETS = {
     "heldout-25z",
     "heldout-25aa",
     "heldout-25ab",
+    "heldout-25ac",
 }
 
 
