@@ -65,9 +65,9 @@ _PROMPT_OVER_KV = loose(r"Input prompt \((\d+) tokens\) is too long and exceeds 
 # KV cache (vllm/config/compilation.py, when it sizes CUDA graphs): "ValueError: max_num_seqs (1024) exceeds
 # available Mamba cache blocks (854)".
 _STATE_BLOCKS = loose(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
-_FREE_AT_START = loose(
-    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired GPU "
-    r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
+_FREE_AT_START = loose(  # a quote may stop at "less than desired": free and total still say what is left
+    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired(?: GPU "
+    r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\))?"
 )
 _FREE_INFO = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup\. Desired GPU memory utilization "
@@ -392,7 +392,7 @@ def _no_cache(match: re.Match[str], facts: Facts) -> None:
 
 
 def _free_at_start(match: re.Match[str], facts: Facts) -> None:
-    free, total, utilization, requested = (float(match.group(i)) for i in range(1, 5))
+    free, total, utilization, requested = (float(match.group(i)) if match.group(i) else None for i in range(1, 5))
     facts["refusal"] = Refusal(
         kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
         line=_refusal_line(match),
@@ -588,7 +588,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
     _simple(_STATE_BLOCKS, _state_blocks, needle="Mamba"),
-    _simple(_FREE_AT_START, _free_at_start, needle="utilization"),
+    _simple(_FREE_AT_START, _free_at_start, needle="startup"),
     _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
     _simple(_SAMPLER, _sampler, needle="sampler"),
     _simple(_PROFILE_CHECK, _profile_check, needle="profiling"),

@@ -92,11 +92,15 @@ _PROGRESS: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         ),
     ),
     (OomPhase.PROFILING, re.compile(r"Model loading took|Loading model weights took|Loading weights took")),
-    (OomPhase.KV_ALLOCATION, re.compile(r"Memory profiling takes|Available KV cache memory|model weights take")),
+    # V0 prints "# GPU blocks: N" before it allocates them (init_cache_engine), then warms up.
+    (
+        OomPhase.KV_ALLOCATION,
+        re.compile(r"Memory profiling takes|Available KV cache memory|model weights take|# (?:GPU|cuda) blocks: \d+"),
+    ),
     (
         OomPhase.WARMUP,
         re.compile(
-            r"# (?:GPU|cuda|\w+) blocks: \d+|GPU KV cache size|Maximum concurrency for|num_gpu_blocks is"
+            r"# (?!GPU|cuda|CPU)\w+ blocks: \d+|GPU KV cache size|Maximum concurrency for|num_gpu_blocks is"
             r"|Graph capturing finished|Compile and warming up model|Warming up"
         ),
     ),

@@ -39,10 +39,15 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
     """The refusal states every amount it needs: free and total at start, the budget asked for."""
     free = (refusal.free_gib or 0.0) * GIB
     total = (refusal.total_gib or 0.0) * GIB
+    asked = (
+        f"gpu_memory_utilization {refusal.utilization:g} asks for {refusal.requested_gib:.2f} GiB"
+        if refusal.utilization is not None and refusal.requested_gib is not None
+        else "the budget asked for is cut off in the log"
+    )
     lines = [
         f"vLLM refused to start: {refusal.line}",
-        f"free at start {gib(free)} of {gib(total)}; gpu_memory_utilization {refusal.utilization:g} asks for "
-        f"{refusal.requested_gib:.2f} GiB: {gib(total - free)} is held by other processes (or a previous vLLM)",
+        f"free at start {gib(free)} of {gib(total)}; {asked}: {gib(total - free)} is held by other processes (or a "
+        "previous vLLM)",
     ]
     recommendations: list[Recommendation] = []
     if total > 0:

@@ -73,7 +73,8 @@ def test_without_a_traceback_the_last_progress_line_places_it() -> None:
     blocks = "INFO 08-20 03:10:05 [executor_base.py:112] # cuda blocks: 1000, # CPU blocks: 2048\n"
     error = f"ERROR 08-20 03:10:09 [engine.py:467] {_oom()}\n"
     assert parse_log(loaded + error).oom.phase is OomPhase.PROFILING  # type: ignore[union-attr]
-    assert parse_log(loaded + blocks + error).oom.phase is OomPhase.WARMUP  # type: ignore[union-attr]
+    # V0 logs the block counts, then allocates the blocks (its capture, if any, logs a line of its own).
+    assert parse_log(loaded + blocks + error).oom.phase is OomPhase.KV_ALLOCATION  # type: ignore[union-attr]
 
 
 def test_another_processes_frames_do_not_place_it() -> None:
@@ -268,6 +269,38 @@ def test_the_one_listed_process_holding_all_the_used_memory_is_this_one() -> Non
     oom = parse_log(line).oom
     assert oom is not None
     assert (oom.process_bytes, oom.other_processes) == (int(21.12 * 2**30), ())
+
+
+def test_v0s_block_count_comes_before_it_allocates_them() -> None:
+    """V0 logs "# GPU blocks: N" and then allocates those blocks: an OOM right after is the KV cache's."""
+    text = "INFO 10-26 12:39:51 llm_engine.py:207] # GPU blocks: 793, # CPU blocks: 512\n" + _oom(tried="100.00 MiB")
+    assert parse_log(text).oom.phase is OomPhase.KV_ALLOCATION  # type: ignore[union-attr]
+
+
+def test_a_free_memory_refusal_quoted_up_to_less_than_desired_still_says_what_is_left() -> None:
+    finding = _finding("`ValueError: Free memory on device cuda:1 (1.73/23.55 GiB) on startup is less than desired`")
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "--gpu-memory-utilization" not in _flags(finding)  # 0.02 of the card is left: free the GPU first
+    assert any("free the GPU first" in line for line in finding.evidence)
+
+
+def test_an_exception_message_wrapped_under_itself_is_read_whole() -> None:
+    """An author's abridged block: the message's second half indented under its first, and vLLM's refusal
+    broken across unprefixed lines inside a prefixed log."""
+    refusal = parse_log(
+        "  ValueError: Free memory on device cuda:5 (54.9/63.98 GiB) on startup is less than\n"
+        "              desired GPU memory utilization (0.97, 62.06 GiB)."
+    ).refusal
+    assert refusal is not None
+    assert (refusal.free_gib, refusal.utilization) == (54.9, 0.97)
+    kv = parse_log(
+        "(EngineCore pid=81) ERROR 04-19 10:59:54 [core.py:1108] EngineCore failed to start.\n"
+        "(EngineCore pid=81) ValueError: To serve at least one request with the models's max seq len\n"
+        "  (16384), (3.0 GiB KV cache is needed, which is larger than the available KV cache memory\n"
+        "  (0.18 GiB). Based on the available memory, the estimated maximum model length is 976.\n"
+    ).refusal
+    assert kv is not None
+    assert (kv.max_model_len, kv.estimated_max_len) == (16384, 976)
 
 
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
