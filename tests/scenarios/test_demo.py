@@ -224,8 +224,10 @@ def test_through_a_pipe_each_event_is_one_line_and_ctrl_c_interrupts(tmp_path: P
     exit_line = EXIT_LINE.fullmatch(lines[-1])
     assert exit_line is not None, lines[-1]
     sent, ok, failed, interrupted = (int(exit_line.group(i) or 0) for i in range(1, 5))
+    # Whether a request is in flight at the instant of the Ctrl-C is timing (cold CI run 6 of 2026-11-30: none
+    # was, 2 s after the first state, on a box still warming its caches): what must hold is that the stop fails
+    # no request and every one sent is counted, answered or interrupted.
     assert failed == 0, "a Ctrl-C fails no request"
-    assert interrupted > 0, "the requests in flight were cut off by the stop"
     assert sent == ok + interrupted
     assert re.search(r"\d+ interrupted by the stop$", lines[-3]), "the other vLLM's too"
 
