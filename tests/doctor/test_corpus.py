@@ -49,6 +49,7 @@ SETS = {
     "heldout-25aa",
     "heldout-25ab",
     "heldout-25ac",
+    "heldout-25ad",
 }
 
 
