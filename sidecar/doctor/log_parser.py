@@ -48,7 +48,8 @@ _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+
 # 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
 _MAX_LEN_V1 = loose(
     r"To serve at least one request with the model(?:s?'s)? max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
-    r"needed, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\.?"  # a paste can end there
+    # a paste can end after the available memory, or elide it ("2.0 GiB KV cache is needed ... estimated ...")
+    r"needed(?:, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\.?| \.\.\.(?= ))"
     # A paste may elide the sentence's start (`... the estimated maximum model length is 11656.`).
     r"(?: (?:\.\.\. )?(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)\.)?"
 )
@@ -340,8 +341,8 @@ def _max_len_v1(match: re.Match[str], facts: Facts) -> None:
         line=_refusal_line(match),
         max_model_len=int(match.group(1)),
         needed_gib=float(match.group(2)),
-        available_gib=float(match.group(3)),
-        printed_half_unit_gib=max(_half_unit(match.group(2)), _half_unit(match.group(3))),
+        available_gib=float(match.group(3)) if match.group(3) else None,
+        printed_half_unit_gib=max(_half_unit(match.group(2)), _half_unit(match.group(3) or match.group(2))),
         estimated_max_len=int(match.group(4)) if match.group(4) else None,
     )
 

@@ -26,7 +26,8 @@ _SIZE = r"([\d.]+ ?(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB))"
 _DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
 # Any member of the family, for finding the records; the patterns below read their numbers.
 _FAMILY = loose(
-    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError|\b(?i:(?:cuda|hip) error): out of memory"
+    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError"
+    r"|\b(?i:(?:cuda|hip)(?: driver)? error): out of memory"
     # (not PyTorch's hint after the error: "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/...")
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
     r"|Triton Error \[(?:CUDA|HIP)\]: out of memory|not enough (?:GPU|device) memory"

@@ -303,6 +303,26 @@ def test_an_exception_message_wrapped_under_itself_is_read_whole() -> None:
     assert (kv.max_model_len, kv.estimated_max_len) == (16384, 976)
 
 
+def test_a_kv_refusal_with_its_middle_elided_keeps_vllms_estimate() -> None:
+    refusal = parse_log(
+        "Available KV cache memory: 0.45 GiB\n"
+        "ValueError: To serve at least one request with the model's max seq len (8192),\n"
+        "2.0 GiB KV cache is needed ... estimated maximum model length is 1856."
+    ).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.needed_gib, refusal.available_gib, refusal.estimated_max_len) == (
+        8192,
+        2.0,
+        None,
+        1856,
+    )
+
+
+def test_the_cuda_drivers_own_out_of_memory_is_an_oom() -> None:
+    """The driver API's error, as a Marlin repack raises it: "RuntimeError: CUDA driver error: out of memory"."""
+    assert parse_log("RuntimeError: CUDA driver error: out of memory").oom is not None
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(
