@@ -10,23 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 ENGINE_FUNCTION = "engine_core_busy_loop"
+_READY_S = 30.0  # bounds a broken start only: the two processes say when they are in their loops
 SERVER_FUNCTION = "api_server_waiting_for_requests"
 
 
 def api_server_waiting_for_requests() -> None:
+    print("server ready", flush=True)  # said from inside: a stack taken after it shows this function
     while True:
         time.sleep(0.2)
 
 
 def engine_core_busy_loop() -> None:
+    print("engine ready", flush=True)
     while True:
         time.sleep(0.2)
 
@@ -41,12 +47,14 @@ class FakeVllmTree:
         )
         assert self._process.stdout is not None
         self.server_pid = self._process.pid
-        self.engine_pid = int(self._process.stdout.readline())
-        deadline = time.monotonic() + 20
-        while "VLLM::EngineCore" not in _cmdline(self.engine_pid):  # the child has exec'd
-            assert time.monotonic() < deadline, "the fake engine core did not start"
-            time.sleep(0.05)
-        time.sleep(0.5)  # both are in their waiting functions by now
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_lines_into, args=(self._process.stdout, lines), daemon=True).start()
+        self.engine_pid = int(lines.get(timeout=_READY_S))
+        # Both say so from inside their waiting functions (the engine shares the server's stdout). A fixed 0.5 s
+        # was too short in CI run 9 of 2026-11-30: the engine was stopped while still importing.
+        ready = {lines.get(timeout=_READY_S).strip() for _ in range(2)}
+        assert ready == {"server ready", "engine ready"}, ready
+        assert "VLLM::EngineCore" in _cmdline(self.engine_pid)
 
     def stop_engine(self) -> None:
         os.kill(self.engine_pid, signal.SIGSTOP)
@@ -62,6 +70,11 @@ class FakeVllmTree:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.server_pid, signal.SIGKILL)
         self._process.wait(timeout=10)
+
+
+def _lines_into(stream: IO[str], lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line)
 
 
 def _cmdline(pid: int) -> str:
