@@ -74,7 +74,7 @@ _RANK = re.compile(r"\brank[=_ ]?(\d+)|\[rank(\d+)\]|(?<![A-Za-z])TP(\d+)\b|(?<!
 # A worker process of a multi-GPU executor (V1's `Worker_TP0`, V0's `VllmWorkerProcess`, which serves ranks 1 on):
 # more than one GPU holds the model even where only one rank speaks. Not Ray's wrapper, which also runs one GPU.
 _PARALLEL_WORKER = re.compile(r"Worker_[TP]P\d|VllmWorker")
-_EXCEPTION_MESSAGE = re.compile(r"\s*[\w.]*(?:Error|Exception): \S")
+EXCEPTION_LINE = re.compile(r"\s*[\w.]*(?:Error|Exception): \S")  # a raised exception's line, message and all
 _WORKER_AT_START = re.compile(r"\(Worker_TP(\d+)\b[^()]*\)")
 
 
@@ -293,7 +293,7 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
 def _continues_indented(line: str, indent: int, parts: list[str]) -> bool:
     """An indented line that goes on with the record's sentence rather than starting a traceback's line."""
     block, last_part, rest = parts[0], parts[-1], line[indent]
-    if _EXCEPTION_MESSAGE.match(block) and (rest.islower() or rest.isdigit() or rest == "("):
+    if EXCEPTION_LINE.match(block) and (rest.islower() or rest.isdigit() or rest == "("):
         return True  # an exception's message wrapped under it: a traceback's code comes before the exception line
     if indent == len(block) - len(block.lstrip(" ")) and not _RECORD_START.match(line[indent:]):
         # A block indented as a whole (Markdown's code block): its wrapped lines keep the block's indent, so the

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from sidecar.doctor.log_records import Record, loose
+from sidecar.doctor.log_records import EXCEPTION_LINE, Record, loose
 from sidecar.doctor.logfacts import CudaOom, OomPhase
 from sidecar.doctor.phase import oom_phase
 
@@ -93,7 +93,6 @@ _SENTENCE = re.compile(
     r"|PyTorch but unallocated)"  # a wrap inside "is reserved by / PyTorch but unallocated"
 )
 _MAX_SENTENCES = 6
-_EXCEPTION_LINE = re.compile(r"^\s*[\w.]*(?:Error|Exception): \S")
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|(PT_DEVMEM)")
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
@@ -156,7 +155,7 @@ def _message(records: Sequence[Record], index: int) -> str:
 
 def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
     payload = records[index].payload
-    if index and _EXCEPTION_LINE.search(records[index - 1].payload) and not _FAMILY.search(records[index - 1].payload):
+    if index and EXCEPTION_LINE.match(records[index - 1].payload) and not _FAMILY.search(records[index - 1].payload):
         # The error's second sentence ("This may be caused by insufficient memory ..."): its first, the exception
         # on the record before, says where it was.
         payload = f"{records[index - 1].payload} {payload}"

@@ -350,8 +350,7 @@ def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stran
         )
         usable, total = ledger.usable_bytes, ledger.total
         if usable is not None and total is not None:
-            weights = ledger.weights.value_bytes if ledger.weights is not None else None
-            leftover = remedies.leftover_budget(total.value_bytes, usable, weights)
+            leftover = remedies.leftover_budget(total.value_bytes, usable, ledger.weights)
             recommendations += [leftover] if leftover is not None else []
     else:
         steps = ("the budget already fits beside the other processes: what vLLM itself held was over it",)

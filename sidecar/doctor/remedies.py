@@ -13,7 +13,7 @@ import math
 from sidecar.doctor import formula
 from sidecar.doctor.finding import Recommendation
 from sidecar.doctor.formula import GIB, gib
-from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.ledger import Amount, MemoryLedger
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 
@@ -121,7 +121,7 @@ def budget_within_free(ledger: MemoryLedger) -> Recommendation | None:
     )
 
 
-def leftover_budget(total_bytes: float, free_bytes: float, weights_bytes: float | None) -> Recommendation | None:
+def leftover_budget(total_bytes: float, free_bytes: float, weights: Amount | None) -> Recommendation | None:
     """Other processes leave under a tenth of the card, so the 5 % reserve is theirs already: the budget that still
     passes vLLM's start check (budget x total <= free at start, less 1 % of the card for its context and rounding),
     for a model small enough to serve from it (an embedding model). None when nothing is left, or when the weights
@@ -133,7 +133,7 @@ def leftover_budget(total_bytes: float, free_bytes: float, weights_bytes: float 
     room = value * total_bytes
     if value < MIN_LEFTOVER_UTILIZATION or room < MIN_LEFTOVER_BYTES:
         return None
-    if weights_bytes is not None and weights_bytes >= room:
+    if weights is not None and weights.value_bytes >= room:
         return None
     return Recommendation(
         flag="--gpu-memory-utilization",

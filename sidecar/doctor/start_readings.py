@@ -62,8 +62,7 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
                 "to serve a model of any size: free the GPU first (a previous vLLM still exiting, another job), or "
                 "move vLLM to another GPU"
             )
-            weights = ledger.weights.value_bytes if ledger.weights is not None else None
-            leftover = remedies.leftover_budget(total, free, weights)
+            leftover = remedies.leftover_budget(total, free, ledger.weights)
             if leftover is not None:
                 recommendations.append(leftover)
     return Finding(
