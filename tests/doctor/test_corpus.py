@@ -50,6 +50,7 @@ SETS = {
     "heldout-25ab",
     "heldout-25ac",
     "heldout-25ad",
+    "heldout-25ae",
 }
 
 
