@@ -51,6 +51,7 @@ SETS = {
     "heldout-25ac",
     "heldout-25ad",
     "heldout-25ae",
+    "heldout-25af",
 }
 
 
