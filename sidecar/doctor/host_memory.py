@@ -2,7 +2,9 @@
 OOM killer ended. Pure.
 
 No GPU flag changes either; the one vLLM flag that takes host memory at start is V0's `--swap-space` (pinned host
-memory per GPU for swapped-out KV blocks, 4 GiB by default), allocated right after the `# CPU blocks` line.
+memory per GPU for swapped-out KV blocks, 4 GiB by default), allocated right after the `# CPU blocks` line;
+vLLM warns when it takes over 40 % of the host ("Possibly too large swap space"). Ray's memory monitor kills a
+worker before the kernel would, once the node's memory passes its threshold.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ SMALLER_SWAP_SPACE_GIB = 1  # keeps swapping possible (beam search, n > 1) with 
 _CONFIRM = (
     "confirm it was the OOM killer: `dmesg | grep -i 'killed process'` on the host, or `kubectl describe pod` "
     "(Last State: OOMKilled); a SIGKILL from elsewhere (a stop that timed out) reads the same here"
+)
+_CONFIRM_RAY = (
+    "Ray's message lists the node's memory and its top consumers; `ray memory` and the raylet's log say more. Each "
+    "worker holds the model's weights in host memory while it loads: fewer workers per node, or a node with more "
+    "memory, is the way out; RAY_memory_usage_threshold (0.95 by default) only moves the line"
 )
 _HOST_NEEDS = (
     "the container's memory limit (or the host's RAM) must hold vLLM's host memory: a few GiB per process, each "
@@ -53,19 +60,28 @@ def _map_refused(host: HostMemory) -> Finding:
 
 
 def _killed(host: HostMemory, log: LogFacts) -> Finding:
+    by_ray = host.kind is HostMemoryKind.NODE_LOW
     lines = [
-        f"the process was killed ({host.line!r}): the kernel's OOM killer ends a process when the host's or the "
-        "container's memory runs out"
+        f"Ray's memory monitor killed vLLM's task ({host.line!r}): the node's memory passed Ray's threshold"
+        if by_ray
+        else f"the process was killed ({host.line!r}): the kernel's OOM killer ends a process when the host's or "
+        "the container's memory runs out"
     ]
     recommendations: list[Recommendation] = []
     swap = log.args.swap_space if log.args is not None else None
-    if log.cpu_blocks:
+    if log.swap_gib is not None and log.host_total_gib:
+        lines.append(
+            f"vLLM warned that its swap space takes {log.swap_gib:g} GiB of the host's {log.host_total_gib:g} GiB "
+            "(--swap-space x the GPUs on the node, pinned host memory)"
+        )
+    if log.cpu_blocks or log.swap_gib is not None:
         swap_gib = swap if swap is not None else DEFAULT_SWAP_SPACE_GIB
         stated = "the arguments vLLM logged" if swap is not None else "V0's default, not in the log: assumed"
-        lines.append(
-            f"vLLM had just sized {log.cpu_blocks:,} CPU blocks: --swap-space {swap_gib:g} GiB per GPU ({stated}) "
-            "of pinned host memory, allocated next"
-        )
+        if log.cpu_blocks:
+            lines.append(
+                f"vLLM had just sized {log.cpu_blocks:,} CPU blocks: --swap-space {swap_gib:g} GiB per GPU "
+                f"({stated}) of pinned host memory, allocated next"
+            )
         if swap_gib > SMALLER_SWAP_SPACE_GIB:
             recommendations.append(
                 Recommendation(
@@ -81,8 +97,12 @@ def _killed(host: HostMemory, log: LogFacts) -> Finding:
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT if recommendations else Cause.OTHER,
         severity=Severity.CRITICAL,
-        summary="vLLM was killed, most likely by the kernel's OOM killer: the host's memory ran out, not the GPU's",
+        summary=(
+            "Ray killed vLLM's worker for the node's memory: the host's memory ran out, not the GPU's"
+            if by_ray
+            else "vLLM was killed, most likely by the kernel's OOM killer: the host's memory ran out, not the GPU's"
+        ),
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
-        steps=(_CONFIRM, _HOST_NEEDS, _SHARED_MEMORY),
+        steps=(_CONFIRM_RAY if by_ray else _CONFIRM, _HOST_NEEDS, _SHARED_MEMORY),
     )

@@ -90,6 +90,17 @@ _CPU_BLOCKS = loose(r"# CPU blocks: (\d+)")
 # killer as a shell, dmesg or Kubernetes reports it.
 _MAP_REFUSED = loose(r"unable to mmap (\d+) bytes from file .*Cannot allocate mem")
 _KILLED = re.compile(r"(?:^|\s)Killed\s*$|\bOOMKilled\b|Out of memory: Killed process \d+")
+# Ray's memory monitor kills a task or actor when the node's memory passes its threshold (0.95 by default):
+# "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."
+_NODE_LOW = loose(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)")
+# vLLM's CacheConfig, when --swap-space x the GPUs of the node takes over 40 % of the host's memory: "Possibly
+# too large swap space. 16.00 GiB out of the 32.00 GiB total CPU memory is allocated for the swap space."
+_NODE_MEMORY = loose(
+    r"was ([\d.]+) ?GB / ([\d.]+) ?GB \([\d.]+\), which exceeds the memory usage threshold of ([\d.]+)"
+)
+_SWAP_WARNING = loose(
+    r"Possibly too large swap space\. " + _NUM + r" GiB out of the " + _NUM + r" GiB total CPU memory"
+)
 _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
 # Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
 # total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
@@ -527,6 +538,24 @@ def _killed(match: re.Match[str], facts: Facts) -> None:
     facts["host_memory"] = HostMemory(kind=HostMemoryKind.KILLED, line=match.string.strip())
 
 
+def _node_low(match: re.Match[str], facts: Facts) -> None:
+    text = match.string
+    line = text[text.rfind("\n", 0, match.start()) + 1 : match.end()].strip()
+    facts["host_memory"] = HostMemory(kind=HostMemoryKind.NODE_LOW, line=line)
+
+
+def _node_memory(match: re.Match[str], facts: Facts) -> None:
+    """Ray's next line says how full the node was: added to the kill it explains."""
+    killed = facts.get("host_memory")
+    if isinstance(killed, HostMemory) and killed.kind is HostMemoryKind.NODE_LOW:
+        said = f" (the node at {match.group(1)} / {match.group(2)} GB, over Ray's threshold of {match.group(3)})"
+        facts["host_memory"] = replace(killed, line=killed.line + said)
+
+
+def _swap_warning(match: re.Match[str], facts: Facts) -> None:
+    facts["swap_gib"], facts["host_total_gib"] = float(match.group(1)), float(match.group(2))
+
+
 def _blocks(match: re.Match[str], facts: Facts) -> None:
     facts["num_gpu_blocks"] = int(match.group(1) or match.group(2))
 
@@ -605,6 +634,9 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_CPU_BLOCKS, _store("cpu_blocks", int), needle="CPU"),
     _simple(_MAP_REFUSED, _map_refused, needle="mmap"),
     _simple(_KILLED, _killed, needle="Kill"),
+    _simple(_NODE_LOW, _node_low, needle="killed due to"),
+    _simple(_NODE_MEMORY, _node_memory, needle="memory usage threshold"),
+    _simple(_SWAP_WARNING, _swap_warning, needle="swap space"),
     _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(_WEIGHTS, _weights, needle="took"),

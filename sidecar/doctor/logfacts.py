@@ -138,6 +138,7 @@ class CudaOom:
 class HostMemoryKind(StrEnum):
     MAP_REFUSED = "map_refused"  # the host refused to map a file (a weights file) into memory: ENOMEM
     KILLED = "killed"  # the process was killed: the kernel's OOM killer (a container's memory limit), or SIGKILL
+    NODE_LOW = "node_low"  # Ray's memory monitor killed a task or actor: the node's memory passed its threshold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,6 +199,8 @@ class LogFacts:
     oom: CudaOom | None = None
     host_memory: HostMemory | None = None
     cpu_blocks: int | None = None  # V0: KV blocks in pinned host memory (--swap-space), from `# CPU blocks: N`
+    swap_gib: float | None = None  # the node's whole --swap-space, from vLLM's "Possibly too large swap space"
+    host_total_gib: float | None = None  # the host's memory, from the same warning
     preemptions: int | None = None  # V0's cumulative count from its warnings; V1 (0.11.2+) the stats lines' sum
     v1_preemptions: int | None = None  # the part of it from V1's stats lines (`Preemptions: N`)
     preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning

@@ -26,7 +26,8 @@ _SIZE = r"([\d.]+ ?(?:bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB))"
 _DEVICE = r"(CUDA|HIP|XPU|NPU|MPS|MUSA|GPU)"
 # Any member of the family, for finding the records; the patterns below read their numbers.
 _FAMILY = loose(
-    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|OutOfMemoryError"
+    # (not Ray's OutOfMemoryError: its memory monitor killing a task for the host's memory, host_memory.py)
+    r"\b(?:CUDA|HIP|XPU|NPU|MUSA|GPU) out of memory|(?<!ray\.exceptions\.)OutOfMemoryError(?!: Task was killed)"
     r"|\b(?i:(?:cuda|hip)(?: driver)? error): out of memory"
     # (not PyTorch's hint after the error: "Search for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/...")
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
@@ -37,7 +38,10 @@ _FAMILY = loose(
     r"|MODULE:PT_DEVMEM (?:Allocation failed|OOM)"
     # vLLM's linear layers' own words for an OOM in create_weights (it re-raises without PyTorch's message).
     r"|insufficient memory to allocate the weight"
-    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space hbm"
+    # AWS Neuron's runtime: "nrt_tensor_allocate status=4 message="Allocation Failure"", and its driver's
+    # "Failed to allocate 512.000MB (usage: tensors) on ND 0:NC 0".
+    r"|nrt_tensor_allocate status=\d+ message=.Allocation Failure|Failed to allocate [\d.]+ ?MB \(usage: \w+\) on ND \d"
+    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space (?:hbm|vmem|smem)"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
     r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)"
     r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
@@ -94,7 +98,11 @@ _SENTENCE = re.compile(
 )
 _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
-_DEVICE_NAME = re.compile(r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|(PT_DEVMEM)")
+_NEURON = re.compile(r"nrt_tensor_allocate|on ND \d+:NC \d+")
+_DEVICE_NAME = re.compile(
+    r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|memory space [vs]mem\b"
+    r"|tpu_custom_call|(PT_DEVMEM)"
+)
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
 _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
@@ -167,6 +175,8 @@ def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
 
 
 def _device(records: Sequence[Record], family: list[int]) -> str:
+    if any(_NEURON.search(records[index].payload) for index in family):
+        return "NEURON"
     for index in reversed(family):
         match = _DEVICE_NAME.search(records[index].payload)
         if match is not None:

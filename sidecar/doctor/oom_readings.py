@@ -71,7 +71,48 @@ def _outside_the_budget(
     if (on_chip := _ON_CHIP.search(oom.message)) is not None:
         space = on_chip.group(1).upper()
         return _block_tables(setup, log, lines) if space == "SMEM" else _on_chip_scratch(space, lines)
+    if oom.device == "NEURON" and phase is OomPhase.KV_ALLOCATION:
+        return _static_kv_cache(setup, log, lines)
     return _wake_up(lines) if phase is OomPhase.WAKE_UP else None
+
+
+def _static_kv_cache(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
+    """AWS Neuron (transformers-neuronx, NxD Inference) allocates its KV cache at load for a fixed batch:
+    max_num_seqs sequences of max_model_len positions, whatever gpu_memory_utilization says."""
+    why = "Neuron's KV cache is allocated at load for max_num_seqs sequences"
+    recommendations = [
+        r
+        for r in (
+            sequences(setup, log, why),
+            remedies.shorter_max_model_len(setup, "of max_model_len positions each"),
+        )
+        if r is not None
+    ]
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.CRITICAL,
+        summary=(
+            "the NeuronCore could not hold the KV cache Neuron allocates at load: max_num_seqs x max_model_len "
+            "sizes it, not a budget"
+        ),
+        evidence=(
+            *lines,
+            "on Neuron the KV cache is a static allocation for max_num_seqs sequences of max_model_len positions: "
+            "gpu_memory_utilization does not change it",
+        ),
+        recommendations=tuple(recommendations),
+        steps=(
+            (
+                "or spread the cache over more NeuronCores (--tensor-parallel-size: an inf2.8xlarge has 2, each with "
+                "its own memory)",
+            )
+            if recommendations
+            else (
+                "the log states neither max_num_seqs nor max_model_len: halve either (their product sizes the "
+                "cache), or spread it over more NeuronCores (--tensor-parallel-size)",
+            )
+        ),
+    )
 
 
 def _block_tables(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:

@@ -46,7 +46,7 @@ _FRAME_PHASES: tuple[tuple[OomPhase, frozenset[str], tuple[str, ...]], ...] = (
         frozenset(
             {"initialize_kv_cache", "_allocate_kv_cache", "allocate_kv_cache", "_allocate_kv_cache_tensors",
              "initialize_cache", "_init_cache_engine", "init_cache_engine", "_init_cache", "_reshape_kv_cache_tensors",
-             "initialize_kv_cache_tensors", "_allocate_kv_cache_on_device"}
+             "initialize_kv_cache_tensors", "_allocate_kv_cache_on_device", "init_caches"}
         ),
         ("cache_engine.py",),
     ),

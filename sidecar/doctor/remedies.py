@@ -26,6 +26,7 @@ LEFTOVER_MARGIN_RATIO = 0.01  # below the free memory at start, for vLLM's CUDA 
 MIN_LEFTOVER_BYTES = 2 * GIB  # a budget under this serves nothing but the smallest models: free the GPU instead
 MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
 MIN_HALVED_MODEL_LEN = 1024  # --max-model-len is not halved below this: shorter would refuse ordinary prompts
+SHARED_CARD_STEP = 2.0  # a budget under half the default is raised by this factor, not to the default
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
@@ -178,6 +179,16 @@ def raise_budget(
         if wanted == base + KV_MARGIN_RATIO
         else f"vLLM's default {DEFAULT_UTILIZATION:g}, above {step}"
     )
+    if current is not None and current * SHARED_CARD_STEP < DEFAULT_UTILIZATION:
+        # A budget set this far below the default was set for a reason: the card is shared (a trainer, another
+        # vLLM). Doubling it is a measured step that stays clear of what they may hold; vLLM's default could ask
+        # for memory they hold, and the next start's log says how much more the budget needs.
+        wanted = max(current * SHARED_CARD_STEP, current + KV_MARGIN_RATIO)
+        arithmetic = (
+            f"the log does not say what the budget must hold; today's {current:g}, far below vLLM's default "
+            f"{DEFAULT_UTILIZATION:g}, says the card is likely shared: doubled = {wanted:.2f}, a step clear of what "
+            "the other tenant may hold (more once the next start logs its KV cache)"
+        )
     scaled = _scaled_by_the_kv_shortfall(ledger, needed_bytes, current)
     if scaled is not None and scaled[0] < wanted:  # enough by that count; above the step, the step (it errs high)
         wanted, arithmetic = scaled

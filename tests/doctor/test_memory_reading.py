@@ -629,6 +629,34 @@ def test_a_process_the_oom_killer_ended_is_the_hosts_memory() -> None:
     assert parse_log("INFO 01-23 07:32:42 engine.py:1] Skilled workers\n").host_memory is None
 
 
+def test_rays_memory_monitor_killing_a_worker_is_the_hosts_memory_not_the_gpus() -> None:
+    """Ray's `OutOfMemoryError` is its memory monitor killing a task for the node's memory: no GPU reading, no
+    budget step. vLLM's own warning that the swap space takes a large share of the host, in a V0 log (V1 never
+    allocates it), gives --swap-space 1."""
+    ray = (
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 10.0.0.1, ID: ab12) where the task (task ID: ff, name=Worker.__init__, pid=26332, "
+        "memory used=4.54GB) was running was 31.27GB / 32.00GB (0.977), which exceeds the memory usage threshold "
+        "of 0.95.\n"
+    )
+    bare = _finding(ray)
+    assert bare.cause is Cause.OTHER
+    assert not bare.recommendations
+    assert "Ray" in bare.summary
+    assert "31.27 / 32.00 GB" in " ".join(bare.evidence)
+    assert parse_log(ray).oom is None, "not the accelerator's OOM"
+    swap = (
+        "INFO 06-30 09:24:54 llm_engine.py:59] Initializing an LLM engine with config: model='m'\n"
+        '  File "/opt/app/vllm/engine/llm_engine.py", line 114, in _init_cache\n'
+        "WARNING 06-30 09:24:54 config.py:131] Possibly too large swap space. 16.00 GiB out of the 32.00 GiB total "
+        "CPU memory is allocated for the swap space.\n"
+    )
+    warned = _finding(swap + ray)
+    assert warned.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(warned) == {"--swap-space": 1}
+    assert "16 GiB of the host's 32 GiB" in " ".join(warned.evidence)
+
+
 def test_a_weights_file_the_host_would_not_map_is_the_hosts_memory() -> None:
     line = (
         "ERROR 06-02 09:39:03 [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file "
@@ -719,6 +747,24 @@ def test_a_negative_kv_cache_sizes_the_raise_without_the_cards_size() -> None:
     assert unstated == 0.95
 
 
+def test_a_budget_set_far_below_the_default_is_doubled_not_raised_to_the_default() -> None:
+    """0.1 with no KV room and no sizes in the log: a budget set that low says the card is shared, so the step is
+    0.2, clear of what the other tenant may hold; 0.55 still goes to vLLM's default."""
+    refusal = (
+        "ERROR 04-06 18:44:22 [core.py:390] ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.\n"
+    )
+    weights = "INFO 04-06 18:44:08 [gpu_model_runner.py:1273] Model loading took 0.4315 GiB and 0.8 seconds\n"
+
+    def budget(utilization: float) -> object:
+        args = f"INFO 04-06 18:43:50 [api_server.py:1035] args: Namespace(gpu_memory_utilization={utilization})\n"
+        return _flags(_finding(args + weights + refusal))["--gpu-memory-utilization"]
+
+    assert budget(0.1) == 0.2
+    assert budget(0.3) == 0.6
+    assert budget(0.55) == 0.9
+
+
 def test_a_tpu_kernels_scalar_memory_holds_the_block_tables_which_sequences_and_length_size() -> None:
     """SMEM holds what the attention kernel prefetches as scalars, the block tables: max_num_seqs x max_model_len
     / block_size entries. Fewer sequences or a shorter length shrink them; the HBM budget does not."""
@@ -733,6 +779,47 @@ def test_a_tpu_kernels_scalar_memory_holds_the_block_tables_which_sequences_and_
     args = "INFO 09-09 10:00:00 api_server.py:1] args: Namespace(max_model_len=16384, max_num_seqs=256)\n"
     sized = _flags(_finding(args + error))
     assert sized == {"--max-num-seqs": 128, "--max-model-len": 8192}
+
+
+def test_a_tpu_kernels_vector_memory_is_no_budget_even_without_xlas_prefix() -> None:
+    """VMEM, a TensorCore's own scratch, named without RESOURCE_EXHAUSTED: still the TPU's on-chip memory, no
+    memory flag (not a budget or a GPU count)."""
+    finding = _finding(
+        "ERROR 06-11 13:57:14 [core.py:515] ValueError: Ran out of memory in memory space vmem while allocating on "
+        'stack for %name.32 = bf16[16,32,128] custom-call(%p16.165), custom_call_target="tpu_custom_call"\n'
+    )
+    assert finding.cause is Cause.OTHER
+    assert not finding.recommendations
+    assert "VMEM" in finding.summary
+
+
+def test_neurons_kv_cache_is_sized_by_sequences_and_length_not_a_budget() -> None:
+    """AWS Neuron allocates the KV cache at load for max_num_seqs x max_model_len: an allocation failure there
+    halves either, and never names gpu_memory_utilization."""
+    text = (
+        "INFO 01-26 10:27:16 api_server.py:769] args: Namespace(model_tag='m', max_model_len=2048, "
+        "max_num_seqs=None, device='neuron')\n"
+        "INFO 01-26 10:27:17 llm_engine.py:1] Initializing an LLM engine (v0.6.6) with config: model='m'\n"
+        "2025-Jan-26 10:27:42.291398  2998:2998  ERROR  TDRV:log_dev_mem   Failed to allocate 512.000MB (usage: "
+        "tensors) on ND 0:NC 0, current utilization:\n"
+        "ERROR 01-26 10:27:42 engine.py:381] Traceback (most recent call last):\n"
+        'ERROR 01-26 10:27:42 engine.py:381]   File "/venv/vllm/worker/neuron_worker.py", line 66, in load_model\n'
+        "ERROR 01-26 10:27:42 engine.py:381]     self.model_runner.load_model()\n"
+        'ERROR 01-26 10:27:42 engine.py:381]   File "/venv/transformers_neuronx/decoder.py", line 1816, in '
+        "init_caches\n"
+        "ERROR 01-26 10:27:42 engine.py:381]     cache = manipulator.duplicate(cpu_cache)\n"
+        'ERROR 01-26 10:27:42 engine.py:381] RuntimeError: nrt_tensor_allocate status=4 message="Allocation '
+        'Failure"\n'
+    )
+    finding = _finding(text)
+    assert finding.cause is Cause.CONCURRENCY_MISJUDGEMENT
+    flags = _flags(finding)
+    assert flags["--max-model-len"] == 1024
+    assert "--gpu-memory-utilization" not in flags
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert oom.device == "NEURON"
+    assert oom.phase is OomPhase.KV_ALLOCATION
 
 
 def test_v0s_ignored_prompt_longer_than_the_kv_cache_is_a_blowout() -> None:
