@@ -52,6 +52,7 @@ SETS = {
     "heldout-25ad",
     "heldout-25ae",
     "heldout-25af",
+    "heldout-25ag",
 }
 
 
