@@ -157,7 +157,10 @@ def test_the_default_demo_fits_the_terminal_and_ends_with_both_outcomes(tmux: st
     without, with_sidecar = WITHOUT.search(screen), WITH.search(screen)
     assert without is not None, screen
     assert with_sidecar is not None, screen
-    assert int(with_sidecar.group(1)) < int(without.group(1)), "the sidecar restarted vLLM before the other crashed"
+    assert int(with_sidecar.group(1)) < int(without.group(1)), (
+        f"the sidecar restarted vLLM before the other crashed; the run, for the quarantine's open cause:\n"
+        f"{_timeline(logs)}"
+    )
     assert int(without.group(3)) > 0, "the crash failed requests"
     # The exit line is the last frame's footer, wrapped at the width: its rows read as one line again.
     exit_line = " ".join(row.strip() for row in screen[screen.index("demo stopped:") :].splitlines())
@@ -173,6 +176,23 @@ def test_the_default_demo_fits_the_terminal_and_ends_with_both_outcomes(tmux: st
         assert "CUDA out of memory" not in sim_log.read_text(), f"the sidecar's vLLM crashed: {sim_log}"
     assert "CUDA out of memory" in (logs / "sim-without-1.log").read_text()
     assert any("the simulated GPU when the sidecar asked: GPU 0:" in line for line in story)
+
+
+def _timeline(logs: Path) -> str:
+    """demo.log and the sidecar's decisions (state changes, actions, restarts held back, sources that failed), in the
+    order they were written: what a late restart needs to be explained."""
+    wanted = {"policy_state", "action", "restart_blocked", "restart_unblocked", "restart_outcome", "source_failed"}
+    decisions = [
+        f"{record.get('timestamp')} {record.get('event')}: "
+        + ", ".join(
+            f"{key}={record[key]}"
+            for key in ("state", "action", "reason", "guard", "status", "detail", "source", "error")
+            if key in record
+        )
+        for line in _lines(logs / "sidecar.log")
+        if line.startswith("{") and (record := json.loads(line)).get("event") in wanted
+    ]
+    return "\n".join(["demo.log:", *_lines(logs / "demo.log"), "sidecar.log, decisions:", *decisions])
 
 
 def test_through_a_pipe_each_event_is_one_line_and_ctrl_c_interrupts(tmp_path: Path) -> None:
