@@ -76,18 +76,24 @@ def _outside_the_budget(
     return _wake_up(lines) if phase is OomPhase.WAKE_UP else None
 
 
+def _fewer_sequences_or_shorter(
+    setup: Setup, log: LogFacts, sequences_why: str, length_why: str
+) -> list[Recommendation]:
+    """Half of max_num_seqs and of max_model_len, where the log or vLLM's default states them: for memory their
+    product sizes."""
+    halved = (sequences(setup, log, sequences_why), remedies.shorter_max_model_len(setup, length_why))
+    return [r for r in halved if r is not None]
+
+
 def _static_kv_cache(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
     """AWS Neuron (transformers-neuronx, NxD Inference) allocates its KV cache at load for a fixed batch:
     max_num_seqs sequences of max_model_len positions, whatever gpu_memory_utilization says."""
-    why = "Neuron's KV cache is allocated at load for max_num_seqs sequences"
-    recommendations = [
-        r
-        for r in (
-            sequences(setup, log, why),
-            remedies.shorter_max_model_len(setup, "of max_model_len positions each"),
-        )
-        if r is not None
-    ]
+    recommendations = _fewer_sequences_or_shorter(
+        setup,
+        log,
+        "Neuron's KV cache is allocated at load for max_num_seqs sequences",
+        "of max_model_len positions each",
+    )
     return Finding(
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.CRITICAL,
@@ -118,14 +124,12 @@ def _static_kv_cache(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
 def _block_tables(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
     """SMEM holds what the attention kernel prefetches as scalars: the block tables of every sequence a step may
     run (max_num_seqs x max_model_len / block_size entries), so fewer sequences or a shorter length shrink it."""
-    recommendations = [
-        r
-        for r in (
-            sequences(setup, log, "SMEM holds a block table per sequence the kernel was compiled for"),
-            remedies.shorter_max_model_len(setup, "and each table has max_model_len / block_size entries"),
-        )
-        if r is not None
-    ]
+    recommendations = _fewer_sequences_or_shorter(
+        setup,
+        log,
+        "SMEM holds a block table per sequence the kernel was compiled for",
+        "and each table has max_model_len / block_size entries",
+    )
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
