@@ -53,6 +53,7 @@ SETS = {
     "heldout-25ae",
     "heldout-25af",
     "heldout-25ag",
+    "heldout-25ah",
 }
 
 
