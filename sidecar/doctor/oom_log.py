@@ -43,7 +43,12 @@ _FAMILY = loose(
     r"|nrt_tensor_allocate status=\d+ message=.Allocation Failure|Failed to allocate [\d.]+ ?MB \(usage: \w+\) on ND \d"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space (?:hbm|vmem|smem)"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
-    r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)"
+    r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)|RuntimeBufferAllocationFailure"
+    r"|Error allocating device buffer: Attempting to allocate"
+    # Ascend's CANN runtime: "Memory_Allocation_Failure(EL0004): Failed to allocate memory requested by GE module",
+    # "EL0004: ... Failed to allocate memory.", "alloc device memory failed, runtime result = 207001".
+    r"|Memory_Allocation_Failure\(EL0004\)|EL0004: .{0,80}Failed to allocate memory"
+    r"|alloc device memory failed, runtime result = 207001"
     r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
     + _SIZE
     # Apple's Metal (vllm-metal): a command buffer the GPU could not give memory to.
@@ -99,9 +104,10 @@ _SENTENCE = re.compile(
 _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _NEURON = re.compile(r"nrt_tensor_allocate|on ND \d+:NC \d+")
+_CANN = re.compile(r"EL0004|runtime result = 207001")
 _DEVICE_NAME = re.compile(
     r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|memory space [vs]mem\b"
-    r"|tpu_custom_call|(PT_DEVMEM)"
+    r"|tpu_custom_call|RuntimeBufferAllocationFailure|jax\.errors|_HBM\d|(PT_DEVMEM)"
 )
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.
@@ -177,6 +183,8 @@ def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
 def _device(records: Sequence[Record], family: list[int]) -> str:
     if any(_NEURON.search(records[index].payload) for index in family):
         return "NEURON"
+    if any(_CANN.search(records[index].payload) for index in family):
+        return "NPU"
     for index in reversed(family):
         match = _DEVICE_NAME.search(records[index].payload)
         if match is not None:

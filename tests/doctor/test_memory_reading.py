@@ -793,6 +793,35 @@ def test_a_tpu_kernels_vector_memory_is_no_budget_even_without_xlas_prefix() -> 
     assert "VMEM" in finding.summary
 
 
+@pytest.mark.parametrize(
+    ("line", "device"),
+    [
+        (
+            "ERROR 04-09 21:56:46 [diffusion_engine.py:82] [PID: 210907] 2026-04-09-21:56:40.384.694 "
+            "Memory_Allocation_Failure(EL0004): Failed to allocate memory requested by GE module.",
+            "NPU",
+        ),
+        (
+            "(EngineCore_DP0 pid=3132) ERROR 10-15 16:32:16 [core.py:708]         alloc device memory failed, runtime "
+            "result = 207001[FUNC:ReportCallError][FILE:log_inner.cpp][LINE:161]",
+            "NPU",
+        ),
+        (
+            "(EngineCore pid=2007724) ERROR 06-26 20:05:15 [core.py:1231] jax.errors.JaxRuntimeError: "
+            "RESOURCE_EXHAUSTED: E0100: RuntimeBufferAllocationFailure:",
+            "TPU",
+        ),
+    ],
+)
+def test_the_npus_and_jaxs_own_allocation_failures_are_out_of_memory(line: str, device: str) -> None:
+    """Ascend's CANN runtime (EL0004, 207001) and JAX's buffer allocation failure word an OOM their own way: each
+    is one of the family, on its device, with no numbers."""
+    oom = parse_log(line + "\n").oom
+    assert oom is not None
+    assert oom.device == device
+    assert oom.tried_bytes is None
+
+
 def test_neurons_kv_cache_is_sized_by_sequences_and_length_not_a_budget() -> None:
     """AWS Neuron allocates the KV cache at load for max_num_seqs x max_model_len: an allocation failure there
     halves either, and never names gpu_memory_utilization."""
