@@ -54,6 +54,7 @@ SETS = {
     "heldout-25af",
     "heldout-25ag",
     "heldout-25ah",
+    "heldout-25ai",
 }
 
 
