@@ -135,6 +135,7 @@ class Poller:
         self._start_watch = start_watch
         self._boot_clock = boot_clock
         self._gone_since_boot_s: float | None = None  # the first poll of this spell with nothing listening
+        self._reached_boot_s: float | None = None  # when the last poll that reached vLLM began: it was up then
         self._vllm = vllm
         self._gpu = gpu
         self._allocator = allocator
@@ -152,6 +153,7 @@ class Poller:
         return self._view
 
     async def tick(self) -> View:
+        began_boot_s = self._boot_clock()
         if self._gpu is None and self._allocator is None and self._vllm.health_stands():
             # Most ticks: /health is not due, so /metrics alone, without a task for each (see health()).
             reading, health, gpu, allocator = await self._vllm.read(), HEALTH_STANDS, None, None
@@ -165,6 +167,7 @@ class Poller:
             )
         if not reading.unreachable:
             self._gone_since_boot_s = None
+            self._reached_boot_s = began_boot_s
         elif self._gone_since_boot_s is None:
             self._gone_since_boot_s = self._boot_clock()
         supervision = await self._who_restarts() if reading.unreachable else None
@@ -208,8 +211,12 @@ class Poller:
         went (by hand, or a script of the operator's): that one is loading, and is left to load."""
         if said.restarter is not Restarter.SIDECAR or self._start_watch is None or self._gone_since_boot_s is None:
             return said
-        # A poll's slack: a hand restart kills the old vLLM and starts the new one within the same second.
-        started = self._start_watch.started_since(self._gone_since_boot_s - POLL_SLACK_S)
+        # A server started after the last poll that reached vLLM began is not the one that answered it. Polls are
+        # an interval apart (more on a busy box): a hand restart that killed the old vLLM and started the new one
+        # between two polls started it before the first poll that found nothing (CI run 7 of 2026-11-30). Without
+        # such a poll (vLLM never reached since the sidecar started), a poll's slack before that first one.
+        since = self._reached_boot_s if self._reached_boot_s is not None else self._gone_since_boot_s - POLL_SLACK_S
+        started = self._start_watch.started_since(since)
         if not started:
             return said
         newest = max(started, key=lambda server: server.started_boot_s)

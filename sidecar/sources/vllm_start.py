@@ -5,7 +5,7 @@ Asked only while nothing listens at vLLM's address and the restart adapter says 
 starting vLLM by hand; a restart from the sidecar would kill that load and start it over. vLLM binds its port
 only once its model is loaded, so until then its process is the only sign: a `vllm serve` or
 `vllm.entrypoints.openai.api_server` process for the same port (its `--port`, 8000 when not given), started
-since vLLM stopped answering. Where the sidecar cannot see vLLM's processes (another container without a
+since the last poll that reached vLLM began. Where the sidecar cannot see vLLM's processes (another container without a
 shared process namespace) there is no sign, and nobody else starting it is what the adapter said.
 """
 

@@ -4,6 +4,7 @@ hand). Real processes read from the real /proc; a real closed port for "nothing 
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,24 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     for process in started:
         process.kill()
         process.wait()
+
+
+def _serve_http(port: int) -> subprocess.Popen[bytes]:
+    """An HTTP server process on `port`, once it accepts connections (its start-up can take seconds on a busy
+    box)."""
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"])
+    _listening(port)
+    return server
+
+
+def _listening(port: int) -> None:
+    deadline = time.monotonic() + SEEN_WITHIN_S
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port} after {SEEN_WITHIN_S} s")
 
 
 def _seen(watch: VllmStartWatch, since: float, count: int) -> list[StartedServer]:
@@ -128,3 +147,42 @@ async def test_the_adapter_is_asked_while_nothing_listens_and_a_hand_start_overr
         assert unknown.snapshot.vllm_supervision == Supervision(restarter=Restarter.UNKNOWN, detail=EXEC_SAYS)
         alone = await _poller(client, port, Restarter.SIDECAR, None).tick()
         assert alone.snapshot.vllm_supervision == Supervision(restarter=Restarter.SIDECAR, detail=EXEC_SAYS)
+
+
+async def test_a_hand_restart_between_two_polls_is_seen_though_it_began_before_the_first_empty_poll(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """A poll reached vLLM; the operator's script then stopped it and started a new one; the next poll, an interval
+    later (longer on a busy box), finds nothing listening. The new server started before that poll but after the
+    one that reached vLLM, which is the bound: the first empty poll less a slack missed it (CI run 7 of
+    2026-11-30), and the sidecar restarted a vLLM that was loading. The boot clock is moved 10 s on between the
+    polls, as a slow interval would."""
+    port = closed_port()
+    # A real server process (it answers 404: reached, though no vLLM), so that killing it closes the port.
+    server = _serve_http(port)
+    processes.append(server)
+    skew = [0.0]
+    async with httpx.AsyncClient() as client:
+        source = VllmHttpSource(
+            fetcher=HttpxFetcher(client), base_url=f"http://127.0.0.1:{port}", timeout_s=1.0, max_body_bytes=2**20
+        )
+        poller = Poller(
+            vllm=source,
+            gpu=None,
+            derive=DeriveSettings(),
+            supervision=Says(Restarter.SIDECAR),
+            start_watch=VllmStartWatch(port),
+            boot_clock=lambda: boot_clock_s() + skew[0],
+        )
+        reached = await poller.tick()
+        assert reached.snapshot.vllm_supervision is None, "asked only while nothing listens"
+        server.kill()
+        server.wait()
+        hand = _start("vllm", "serve", "--port", str(port))
+        processes.append(hand)
+        _seen(VllmStartWatch(port), 0.0, 1)
+        skew[0] = 10.0
+        later = (await poller.tick()).snapshot.vllm_supervision
+    assert later is not None
+    assert later.restarter is Restarter.SUPERVISOR, later
+    assert f"not by the sidecar (pid {hand.pid}: " in later.detail
