@@ -93,11 +93,13 @@ _KILLED = re.compile(r"(?:^|\s)Killed\s*$|\bOOMKilled\b|Out of memory: Killed pr
 # Ray's memory monitor kills a task or actor when the node's memory passes its threshold (0.95 by default):
 # "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."
 _NODE_LOW = loose(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)")
-# vLLM's CacheConfig, when --swap-space x the GPUs of the node takes over 40 % of the host's memory: "Possibly
-# too large swap space. 16.00 GiB out of the 32.00 GiB total CPU memory is allocated for the swap space."
+# Ray's line after the kill: "... was running was 31.27GB / 32.00GB (0.977), which exceeds the memory usage
+# threshold of 0.95."
 _NODE_MEMORY = loose(
     r"was ([\d.]+) ?GB / ([\d.]+) ?GB \([\d.]+\), which exceeds the memory usage threshold of ([\d.]+)"
 )
+# vLLM's CacheConfig, when --swap-space x the GPUs of the node takes over 40 % of the host's memory: "Possibly
+# too large swap space. 16.00 GiB out of the 32.00 GiB total CPU memory is allocated for the swap space."
 _SWAP_WARNING = loose(
     r"Possibly too large swap space\. " + _NUM + r" GiB out of the " + _NUM + r" GiB total CPU memory"
 )
