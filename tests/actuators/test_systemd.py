@@ -128,6 +128,9 @@ async def test_who_restarts_a_gone_vllm_is_read_from_the_units_state(user_system
 
     await wait_until(lambda: settled(exits0, "dead"), timeout_s=10, what="exits0 to have exited")
     await wait_until(lambda: settled(crashes, "auto-restart"), timeout_s=10, what="crashes to wait to restart")
+    # Until its start job runs, the unit reads "inactive (dead), a job is queued" (cold CI run 10 of 2026-11-30):
+    # systemd's to finish too, but this test is about the start under way.
+    await wait_until(lambda: settled(loading, "start-pre"), timeout_s=10, what="loading to run its ExecStartPre")
 
     nobody = await exits0.supervision()
     assert nobody.restarter is Restarter.SIDECAR
