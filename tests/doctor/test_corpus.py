@@ -55,6 +55,7 @@ SETS = {
     "heldout-25ag",
     "heldout-25ah",
     "heldout-25ai",
+    "heldout-25aj",
 }
 
 
