@@ -53,6 +53,7 @@ from sidecar.doctor.start_readings import (
 )
 
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
+_SMALL_CARD_BYTES = 16 * 2**30  # where the log does not state the card: a small one, so the step is never too short
 
 
 def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
@@ -229,6 +230,12 @@ def _after_kv(
             and setup.max_num_batched_tokens.value > 2048
         ):
             recommendations.append(batched)
+    if not recommendations and not steps and oom.shortfall_bytes is not None and ledger.total is None:
+        steps.append(
+            f"the transient lacked {gib(oom.shortfall_bytes)} and the log does not state the card's memory: lower "
+            "--gpu-memory-utilization below what you set by that share of the card plus a hundredth "
+            f"({oom.shortfall_bytes / _SMALL_CARD_BYTES + 0.01:.3f} on a 16 GiB card, less on a larger one)"
+        )
     if not recommendations and not steps:
         steps.append(
             "the log states neither the allocation nor the card: lower --gpu-memory-utilization a few hundredths "
@@ -317,6 +324,8 @@ def _oom_line(oom: CudaOom, phase: OomPhase) -> str:
         )
     if oom.allocated_bytes is not None:
         parts.append(f"PyTorch had allocated {gib(oom.allocated_bytes)}")
+    elif oom.free_bytes is not None:
+        parts.append(f"{gib(oom.free_bytes)} free (the card's size is not in the message)")
     if oom.tried_bytes is None:
         parts.append(f"no sizes in the message: {oom.message[:200]}")
     return "; ".join(parts)

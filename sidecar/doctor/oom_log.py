@@ -70,6 +70,13 @@ _MODERN = loose(
     + r" of which " + _SIZE + r" is free\."
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
+# PJRT's refusal on a TPU, sizes in binary units with one letter (tsl's HumanReadableNumBytes): "Attempting to
+# allocate 1002.00M. That was not possible. There are 897.41M free." It never states the chip's memory.
+_XLA_SIZE = r"([\d.]+)([KMGT]|B\b)"
+_ATTEMPTING = loose(
+    r"Attempting to allocate " + _XLA_SIZE + r"\. That was not possible\. There are " + _XLA_SIZE + " free"
+)
+_XLA_UNITS = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _ALL_OF_IT = 0.97  # the share of the card's used memory that the listed processes hold when one of them is this one
 _NO_CARD_HOLDS = 2**50  # bytes (1 PiB): a process figure above it is an overflow, not memory in use
 _THIS_PROCESS = loose(r"(?:this process|\bProcess) has " + _SIZE + r" memory in use")  # "Process has": trimmed
@@ -138,7 +145,9 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
     last = family[-1]
     payloads = [_message(records, index) for index in reversed(family)]
     numbers = next((found for payload in payloads if (found := _numbers(payload, _modern, _legacy, _mapping))), None)
-    numbers = numbers or next((found for payload in payloads if (found := _numbers(payload, _tried_only))), None)
+    numbers = numbers or next(
+        (found for payload in payloads if (found := _numbers(payload, _attempting, _tried_only))), None
+    )
     phase, where = OomPhase.UNKNOWN, "no traceback frame or progress line places it"
     for index in reversed(family[-_MAX_PLACED:]):  # a serving loop can repeat the error thousands of times
         phase, where = _phase(records, index)
@@ -289,6 +298,18 @@ def _mapping(line: str) -> dict[str, object] | None:
         "tried_bytes": int(mapping.group(2)),
         "free_bytes": int(mapping.group(3)),
         "total_bytes": int(mapping.group(4)),
+    }
+
+
+def _attempting(line: str) -> dict[str, object] | None:
+    attempting = _ATTEMPTING.search(line)
+    if attempting is None:
+        return None
+    tried, tried_unit, free, free_unit = attempting.groups()
+    return {
+        **_no_numbers(),
+        "tried_bytes": int(float(tried) * _XLA_UNITS[tried_unit]),
+        "free_bytes": int(float(free) * _XLA_UNITS[free_unit]),
     }
 
 

@@ -991,6 +991,20 @@ def test_a_tpu_runtimes_refused_device_buffer_is_an_oom_of_the_tpu() -> None:
     assert oom.device == "TPU"
 
 
+def test_a_tpu_runtimes_sizes_give_the_shortfall_and_a_step_sized_on_a_small_card() -> None:
+    # PJRT states the allocation and what was free in one-letter binary units, never the chip's memory.
+    text = (
+        "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+        "1002.00M. That was not possible. There are 897.41M free.; (0x0x0_HBM0)\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.device, oom.tried_bytes, oom.free_bytes) == ("TPU", 1002 * 2**20, int(897.41 * 2**20))
+    finding = _finding(text)
+    assert finding.recommendations == ()  # the budget set is not in the log: a step, not a value
+    assert any("lacked 0.10 GiB" in step and "0.016 on a 16 GiB card" in step for step in finding.steps)
+
+
 @pytest.mark.parametrize(
     ("free", "total", "expected"),
     [
