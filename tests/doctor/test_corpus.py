@@ -56,6 +56,7 @@ SETS = {
     "heldout-25ah",
     "heldout-25ai",
     "heldout-25aj",
+    "heldout-25ak",
 }
 
 
