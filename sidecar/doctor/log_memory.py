@@ -322,10 +322,10 @@ def _oom_line(oom: CudaOom, phase: OomPhase) -> str:
         parts.append(
             f"GPU {oom.gpu if oom.gpu is not None else '?'} had {gib(oom.free_bytes)} free of {gib(oom.total_bytes)}"
         )
-    if oom.allocated_bytes is not None:
-        parts.append(f"PyTorch had allocated {gib(oom.allocated_bytes)}")
     elif oom.free_bytes is not None:
         parts.append(f"{gib(oom.free_bytes)} free (the card's size is not in the message)")
+    if oom.allocated_bytes is not None:
+        parts.append(f"PyTorch had allocated {gib(oom.allocated_bytes)}")
     if oom.tried_bytes is None:
         parts.append(f"no sizes in the message: {oom.message[:200]}")
     return "; ".join(parts)

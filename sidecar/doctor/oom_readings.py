@@ -53,7 +53,7 @@ def not_the_budget(
     if _not_short(oom):
         return _not_a_shortage(oom, phase, lines)
     if ledger.others is not None and ledger.ceiling is not None and ledger.ceiling < ledger.utilization:
-        return _another_process(oom, ledger, lines, stranded(oom) and _stranded_covers_overcommit(oom, ledger))
+        return _beside_others(oom, phase, ledger, setup, lines)
     if _larger_than_any_margin(oom, ledger):
         return _one_step_too_large(oom, phase, setup, log, lines)
     if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
@@ -382,6 +382,21 @@ def _wake_up(lines: list[str]) -> Finding:
     )
 
 
+def _beside_others(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    """Other processes hold what the budget counts on: the budget must fit beside them, unless a load failed
+    holding more than they do (its weights leave no room, and no budget caps a load)."""
+    if phase is OomPhase.WEIGHT_LOADING and _load_outweighs_others(oom, ledger):
+        return weights_do_not_fit(oom, ledger, setup, lines)
+    return _another_process(oom, ledger, lines, stranded(oom) and _stranded_covers_overcommit(oom, ledger))
+
+
+def _load_outweighs_others(oom: CudaOom, ledger: MemoryLedger) -> bool:
+    """A load that failed holding more than the other processes hold: its own weights are the larger part of what
+    left no room, and no budget caps a load. (Others holding more: freeing the card is the way, as before.)"""
+    held = oom.process_bytes if oom.process_bytes is not None else oom.allocated_bytes
+    return held is not None and held >= ledger.others_bytes
+
+
 def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stranded: bool) -> Finding:
     recommendations: list[Recommendation] = []
     within = remedies.budget_within_free(ledger)
@@ -431,6 +446,12 @@ def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: 
     else:
         card = f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else ""
         lines.append(f"the weights need at least {gib(needed)} per GPU{card}: " + _BUDGET_DOES_NOT_CAP_WEIGHTS)
+        if ledger.others is not None and ledger.usable_bytes is not None:
+            # A budget fitted beside them does not cap the load either: the load needs what they hold, or less.
+            lines.append(
+                f"other processes hold {gib(ledger.others_bytes)}, leaving {gib(ledger.usable_bytes)} for the load: "
+                "the remedies are sized on that; freeing the card first is the other way out"
+            )
         sized, steps = remedies.smaller_model_per_gpu(ledger, setup, needed, what), ()
     return Finding(
         cause=Cause.DOES_NOT_FIT,

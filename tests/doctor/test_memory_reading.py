@@ -991,6 +991,33 @@ def test_a_tpu_runtimes_refused_device_buffer_is_an_oom_of_the_tpu() -> None:
     assert oom.device == "TPU"
 
 
+@pytest.mark.parametrize(
+    ("own", "allocated", "other", "cause"),
+    [
+        ("70.13", "69.53", "8.96", Cause.DOES_NOT_FIT),  # the load holds most of the card: more GPUs, no budget
+        ("6.65", "6.38", "72.40", Cause.CONFIGURATION_OVERSHOOT),  # a leftover process holds it: free the card
+    ],
+)
+def test_a_load_beside_another_process_is_read_by_who_holds_more(
+    own: str, allocated: str, other: str, cause: Cause
+) -> None:
+    text = (
+        "ERROR 01-05 22:46:36 [gpu_model_runner.py:3797] Failed to load model - not enough GPU memory. (original "
+        "error: CUDA out of memory. Tried to allocate 384.00 MiB. GPU 0 has a total capacity of 79.25 GiB of which "
+        f"157.38 MiB is free. Process 1952521 has {other} GiB memory in use. Process 1956684 has {own} GiB memory "
+        f"in use. Of the allocated memory {allocated} GiB is allocated by PyTorch, and 100.00 MiB is reserved by "
+        "PyTorch but unallocated.)\n"
+    )
+    finding = _finding(text)
+    assert finding.cause is cause
+    assert "the card's size is not in the message" not in finding.evidence[0]  # it is: 79.25 GiB
+    flags = {r.flag: r.value for r in finding.recommendations}
+    if cause is Cause.DOES_NOT_FIT:
+        assert flags.get("--tensor-parallel-size") == 2
+        assert "--gpu-memory-utilization" not in flags  # no budget caps the load
+        assert any("freeing the card first" in line for line in finding.evidence)
+
+
 def test_a_tpu_runtimes_sizes_give_the_shortfall_and_a_step_sized_on_a_small_card() -> None:
     # PJRT states the allocation and what was free in one-letter binary units, never the chip's memory.
     text = (
@@ -1003,6 +1030,7 @@ def test_a_tpu_runtimes_sizes_give_the_shortfall_and_a_step_sized_on_a_small_car
     finding = _finding(text)
     assert finding.recommendations == ()  # the budget set is not in the log: a step, not a value
     assert any("lacked 0.10 GiB" in step and "0.016 on a 16 GiB card" in step for step in finding.steps)
+    assert "0.88 GiB free (the card's size is not in the message)" in finding.evidence[0]
 
 
 @pytest.mark.parametrize(
