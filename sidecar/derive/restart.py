@@ -4,8 +4,8 @@ A trend fitted across a restart mixes two processes: the memory a crashed vLLM h
 So trends start after the last sign of a restart: a poll that found vLLM gone, or a counter of any engine that
 went backwards (Prometheus' own reset rule).
 
-A poll found vLLM gone when nothing listened (connection refused) or /health did not answer 200 in that tick
-(or stand from a 200 moments before). A /metrics read that timed out or failed while /health answered is the
+A poll found vLLM gone when nothing listened (connection refused) or /health answered other than 200 in that
+tick. A /metrics read that timed out or failed while /health answered, or gave no answer in time either, is the
 same process answering slowly, which is when a loaded vLLM's memory matters most: it is no sign, so it does not
 throw away the trend (and delay the OOM forecast by the trend's minimum span). A restart it hides still shows:
 vLLM takes tens of seconds to start, so the polls in between find nothing listening, and a new process's
@@ -14,6 +14,7 @@ counters start again from zero.
 
 from __future__ import annotations
 
+from sidecar.model.health import HealthAnswer
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import EngineMetrics
 
@@ -23,8 +24,11 @@ def _counters(engine: EngineMetrics) -> tuple[float | None, ...]:
 
 
 def found_vllm_gone(snapshot: Snapshot) -> bool:
-    """Whether a poll that could not read /metrics found vLLM gone: nothing listening, or /health not 200."""
-    return snapshot.vllm.unreachable or snapshot.vllm_healthy is not True
+    """Whether a poll that could not read /metrics found vLLM gone: nothing listening, or /health answered other
+    than 200. A /health that gave no answer in time is the same process slow, as a /metrics read that timed out."""
+    health = snapshot.vllm_health
+    slow = health is not None and health.answer is HealthAnswer.NO_ANSWER
+    return snapshot.vllm.unreachable or (snapshot.vllm_healthy is not True and not slow)
 
 
 class RestartTracker:

@@ -31,6 +31,9 @@ class Observation:
     # Who restarts a vLLM that is gone (`sidecar.model.supervision`, asked only while it is): with nobody else,
     # the policy restarts it after down_unsupervised_after_s instead of leaving its supervisor down_after_s.
     restarter: Restarter = Restarter.UNKNOWN
+    # /health gave no answer in time (a timeout, a reset): a loaded vLLM can be this slow. No sign that it
+    # restarted: a new process shows as nothing listening while it loads, and its counters start again from zero.
+    vllm_no_answer: bool = False
     restarter_detail: str = ""  # one line: what the platform said, e.g. "unit vllm.service inactive, no job queued"
 
     def __post_init__(self) -> None:

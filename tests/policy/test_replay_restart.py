@@ -6,8 +6,11 @@ every step whose state changed or that took an action; the series tick every 2 s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
+
+import pytest
 
 from sidecar.model.supervision import Restarter
 from sidecar.policy import (
@@ -51,6 +54,21 @@ def test_memory_leak_restarts_in_a_planned_way_once_vllm_is_old_enough() -> None
         .reason.startswith("restart (oom_forecast) begins: forecast time to OOM 400 s < 900 s for 9 ticks on GPU 0;")
     )
     assert [r.reason for r in replay.ledger.records] == [RestartReason.OOM_FORECAST]
+
+
+@pytest.mark.parametrize(("no_answer", "at_600"), [(True, "draining"), (False, "pressure")])
+def test_a_slow_health_answer_keeps_the_uptime_a_failing_one_restarts_it(no_answer: bool, at_600: str) -> None:
+    # At 590 s neither /metrics nor /health answered in time (a loaded server: the same process), or /health
+    # answered 503 (its engine died). Only the death counts vLLM's uptime again from its return.
+    def tick(t: float) -> Observation:
+        return obs(t, engine(running=0), gpus=(gpu(time_to_oom_s=None if t < 580 else 300.0),))
+
+    slow = dataclasses.replace(down(590, since_poll_s=2.0), vllm_no_answer=no_answer)
+    replay = Replay()
+    replay.run([*(tick(t) for t in ticks(0, 588)), slow, *(tick(t) for t in ticks(592, 600))])
+    assert replay.at(600).state.value == at_600
+    if not no_answer:
+        assert replay.at(600).would_restart_but == "vLLM up only 8 s < 600 s before a forecast-driven restart"
 
 
 def test_the_uptime_guard_reads_whole_seconds_down() -> None:

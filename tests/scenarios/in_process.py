@@ -61,6 +61,9 @@ class InProcessVllm:
     lives: list[Life] = field(default_factory=list)
     # Whether a new request may be sent: a router or a Service honouring the sidecar's /readyz (Story sets it).
     admitting: Callable[[], bool] = lambda: True
+    # (from, to) in loop seconds: the API server answers nothing in time, as a loaded one can, while the engine
+    # steps on (its memory keeps growing)
+    slow_api: tuple[tuple[float, float], ...] = ()
     _task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -116,6 +119,9 @@ class InProcessVllm:
             raise FetchFailedError(Failure.CONNECT, "connection refused", refused=True)
         path = url.removeprefix(URL)
         loop = asyncio.get_running_loop()
+        for start_s, end_s in self.slow_api:
+            if start_s <= loop.time() < end_s:
+                await asyncio.sleep(end_s - loop.time())  # past the source's timeout: no answer in time
         if path == "/metrics":
             return self._writer.render(self._sim.engine_gauges())
         if path == "/health":

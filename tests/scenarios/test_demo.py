@@ -158,8 +158,7 @@ def test_the_default_demo_fits_the_terminal_and_ends_with_both_outcomes(tmux: st
     assert without is not None, screen
     assert with_sidecar is not None, screen
     assert int(with_sidecar.group(1)) < int(without.group(1)), (
-        f"the sidecar restarted vLLM before the other crashed; the run, for the quarantine's open cause:\n"
-        f"{_timeline(logs)}"
+        f"the sidecar restarted vLLM before the other crashed; the run:\n{_timeline(logs)}"
     )
     assert int(without.group(3)) > 0, "the crash failed requests"
     # The exit line is the last frame's footer, wrapped at the width: its rows read as one line again.

@@ -11,6 +11,10 @@ What each test expects was worked out from the scenario and the policy's default
   2 running requests finish (well inside --drain-timeout's 120 s) because no new request is admitted meanwhile.
   (Corrected after the first run: "one restart by 1300 s" was wrong. The second vLLM leaks alike and reaches
   600 s of uptime at about 1210 s, so it is restarted too; the test now checks that cadence.)
+- the same leak with vLLM's API server too slow to answer anything (/metrics, /health) from 584 s to 590 s, as
+  a loaded server can be, while its engine leaks on: the same process, so neither its uptime nor the memory
+  trend starts again, and the planned restart still comes between 600 s and 700 s (before 2026-11-30 the
+  slow /health counted as a death: the uptime guard waited another 600 s, the restart came after 1185 s).
 - the burst, under its own calibrated load (which kills a vLLM left alone between 10 and 40 s,
   test_scenario_signals.py), sent only while /readyz admits, the sidecar polling every 0.5 s on its defaults:
   admission is paused, first for GPU free memory, before any death; vLLM lives through 60 s; nothing is
@@ -62,6 +66,19 @@ async def test_the_sidecar_restarts_the_slow_leak_before_it_kills_vllm(tmp_path:
     assert drained["wall_time_s"] is not None
     assert began["wall_time_s"] is not None
     assert drained["wall_time_s"] - began["wall_time_s"] < 30.0  # the 2 running requests finish in seconds
+
+
+@pytest.mark.looptime
+async def test_a_server_too_slow_to_answer_for_seconds_does_not_put_the_planned_restart_off(tmp_path: Path) -> None:
+    vllm = InProcessVllm(SLOW_LEAK, LIGHT_LOAD, slow_api=((584.0, 590.0),))
+    story = Story(vllm=vllm, policy=policy_settings(), state_dir=tmp_path)
+    await story.play(until_s=720.0)
+    slow = [view for view in story.views if 584.0 <= view.snapshot.monotonic_s < 592.0]
+    assert any(v.snapshot.vllm_health is not None and not v.snapshot.vllm_health.ok for v in slow), "no slow poll"
+    first = vllm.lives[0]
+    assert first.died_s is None
+    assert first.restarted_s is not None
+    assert 600.0 <= first.restarted_s < 700.0
 
 
 @pytest.mark.looptime

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.model.gpu import GpuDevice, GpuProcess, GpuReading, ProcessOwner
+from sidecar.model.health import HealthAnswer, HealthCheck
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.source import SourceResult
 from sidecar.model.vllm import CacheConfig, EngineMetrics, MetricSchema, ModelMetrics, VllmReading
@@ -72,6 +73,7 @@ def snapshot(
     vllm_error: str | None = None,
     unreachable: bool = False,
     healthy: bool | None = True,
+    health: HealthAnswer | None = None,  # what /health answered, where a test needs more than `healthy`
     models: tuple[ModelMetrics, ...] = (),
     version: str | None = "0.32.0",
     schema: MetricSchema = MetricSchema.V1,
@@ -87,4 +89,12 @@ def snapshot(
     gpu = None
     if devices is not None:
         gpu = SourceResult(source="nvml", duration_s=0.001, value=GpuReading(devices=devices, driver_version="1"))
-    return Snapshot(monotonic_s=t, wall_time_s=1_700_000_000 + t, vllm=vllm, vllm_healthy=healthy, gpu=gpu)
+    answered = None if health is None else HealthCheck(answer=health, detail=f"/health: {health}")
+    return Snapshot(
+        monotonic_s=t,
+        wall_time_s=1_700_000_000 + t,
+        vllm=vllm,
+        vllm_healthy=healthy if health is None else health is HealthAnswer.OK,
+        vllm_health=answered,
+        gpu=gpu,
+    )

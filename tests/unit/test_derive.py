@@ -15,6 +15,7 @@ from sidecar.derive.tick import Deriver
 from sidecar.derive.trend import fit_line
 from sidecar.derive.window import Window
 from sidecar.model.gpu import GpuProcess, ProcessOwner
+from sidecar.model.health import HealthAnswer
 from sidecar.model.vllm import EngineMetrics
 from tests.unit.builders import GIB, cache_config, device, engine, snapshot
 from tests.unit.derive_oracles import preemption_rate, windowed_hit_ratio
@@ -353,6 +354,7 @@ class TestTrendAcrossRestarts:
             {"vllm_error": "connection refused", "unreachable": True, "healthy": False},
             {"vllm_error": "connection refused", "unreachable": True, "healthy": True},  # a 200 standing from before
             {"vllm_error": "timed out", "healthy": False},  # /health did not answer 200 either
+            {"vllm_error": "HTTP 503", "health": HealthAnswer.FAILING},  # the engine died: its server exits next
             {"vllm_error": "timed out", "healthy": None},  # /health not asked
         ],
     )
@@ -362,11 +364,14 @@ class TestTrendAcrossRestarts:
         assert gpu.memory_growth_bytes_per_second == pytest.approx(0.0, abs=1.0)
         assert gpu.time_to_oom_seconds is None
 
-    def test_a_slow_poll_while_health_answers_keeps_the_trend_and_its_forecast(self) -> None:
-        # A loaded vLLM answering /metrics past the timeout is the same process leaking: the trend goes on.
+    @pytest.mark.parametrize("health", [None, HealthAnswer.NO_ANSWER])
+    def test_a_slow_poll_keeps_the_trend_and_its_forecast(self, health: HealthAnswer | None) -> None:
+        # A loaded vLLM answering /metrics past the timeout, with /health answering (a 200 standing) or too slow
+        # as well, is the same process leaking: the trend goes on.
         window = Window(span_s=600)
         for step in range(40):
-            kwargs: dict[str, object] = {"vllm_error": "no answer within 1.8 s"} if step in (25, 31) else {}
+            slow: dict[str, object] = {"vllm_error": "no answer within 1.8 s", "health": health}
+            kwargs: dict[str, object] = slow if step in (25, 31) else {}
             window.push(
                 snapshot(
                     2.0 * step,
