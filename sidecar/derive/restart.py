@@ -14,7 +14,6 @@ counters start again from zero.
 
 from __future__ import annotations
 
-from sidecar.model.health import HealthAnswer
 from sidecar.model.snapshot import Snapshot
 from sidecar.model.vllm import EngineMetrics
 
@@ -26,9 +25,7 @@ def _counters(engine: EngineMetrics) -> tuple[float | None, ...]:
 def found_vllm_gone(snapshot: Snapshot) -> bool:
     """Whether a poll that could not read /metrics found vLLM gone: nothing listening, or /health answered other
     than 200. A /health that gave no answer in time is the same process slow, as a /metrics read that timed out."""
-    health = snapshot.vllm_health
-    slow = health is not None and health.answer is HealthAnswer.NO_ANSWER
-    return snapshot.vllm.unreachable or (snapshot.vllm_healthy is not True and not slow)
+    return snapshot.vllm.unreachable or (snapshot.vllm_healthy is not True and not snapshot.vllm_slow)
 
 
 class RestartTracker:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from sidecar.model.allocator import AllocatorReading
 from sidecar.model.gpu import GpuReading
-from sidecar.model.health import HealthCheck
+from sidecar.model.health import HealthAnswer, HealthCheck
 from sidecar.model.source import SourceResult
 from sidecar.model.supervision import Supervision
 from sidecar.model.vllm import VllmReading
@@ -25,3 +25,9 @@ class Snapshot:
     allocator: SourceResult[AllocatorReading] | None = None  # None when no --probe-dir is configured
     # Who restarts vLLM, asked of the restart adapter while nothing listens at vLLM's address; None otherwise.
     vllm_supervision: Supervision | None = None
+
+    @property
+    def vllm_slow(self) -> bool:
+        """/health gave no answer in time (a timeout, a reset): a loaded vLLM can be this slow. No sign that it
+        restarted: a new process shows as nothing listening while it loads, and its counters start from zero."""
+        return self.vllm_health is not None and self.vllm_health.answer is HealthAnswer.NO_ANSWER

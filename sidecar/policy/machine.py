@@ -255,7 +255,7 @@ class Policy:
             self._seen_healthy, self._failing_since_s, self._down_since_s = True, None, None
             self._up_since_s = obs.now_s if self._up_since_s is None else self._up_since_s
         else:
-            if not obs.vllm_no_answer:
+            if not obs.vllm_slow:
                 # A death or absence restarts the uptime (the forecast rule errs late, not early); a slow answer
                 # does not: under the load that fills memory it would put off a forecast restart past the OOM.
                 self._up_since_s = None

@@ -28,12 +28,10 @@ class Observation:
     # Nothing listens at vLLM's address (connection refused): its process is gone, so a supervisor (systemd
     # Restart=, the kubelet) is most likely restarting it. Not the same as an engine dead inside a live server.
     vllm_down: bool = False
+    vllm_slow: bool = False  # /health gave no answer in time: the same process, slow (`Snapshot.vllm_slow`)
     # Who restarts a vLLM that is gone (`sidecar.model.supervision`, asked only while it is): with nobody else,
     # the policy restarts it after down_unsupervised_after_s instead of leaving its supervisor down_after_s.
     restarter: Restarter = Restarter.UNKNOWN
-    # /health gave no answer in time (a timeout, a reset): a loaded vLLM can be this slow. No sign that it
-    # restarted: a new process shows as nothing listening while it loads, and its counters start again from zero.
-    vllm_no_answer: bool = False
     restarter_detail: str = ""  # one line: what the platform said, e.g. "unit vllm.service inactive, no job queued"
 
     def __post_init__(self) -> None:

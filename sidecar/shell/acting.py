@@ -23,7 +23,6 @@ from sidecar.actuators.log_source import Wanted
 from sidecar.exporter.endpoints import Readiness
 from sidecar.model.acting import ActingView
 from sidecar.model.derived import Derived
-from sidecar.model.health import HealthAnswer
 from sidecar.model.incident import IncidentRef, Kind, Trigger
 from sidecar.model.status import RecentDecision
 from sidecar.model.supervision import Restarter
@@ -149,7 +148,7 @@ class Acting:
             data_age_s=None if self._last_good_s is None else max(0.0, snapshot.monotonic_s - self._last_good_s),
             derived=self._last_good or _EMPTY,
             vllm_down=snapshot.vllm.unreachable,
-            vllm_no_answer=snapshot.vllm_health is not None and snapshot.vllm_health.answer is HealthAnswer.NO_ANSWER,
+            vllm_slow=snapshot.vllm_slow,
             restarter=supervision.restarter if supervision is not None else Restarter.UNKNOWN,
             restarter_detail=supervision.detail if supervision is not None else "",
         )

@@ -63,7 +63,7 @@ def test_a_slow_health_answer_keeps_the_uptime_a_failing_one_restarts_it(no_answ
     def tick(t: float) -> Observation:
         return obs(t, engine(running=0), gpus=(gpu(time_to_oom_s=None if t < 580 else 300.0),))
 
-    slow = dataclasses.replace(down(590, since_poll_s=2.0), vllm_no_answer=no_answer)
+    slow = dataclasses.replace(down(590, since_poll_s=2.0), vllm_slow=no_answer)
     replay = Replay()
     replay.run([*(tick(t) for t in ticks(0, 588)), slow, *(tick(t) for t in ticks(592, 600))])
     assert replay.at(600).state.value == at_600
