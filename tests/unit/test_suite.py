@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite import MAX_RERUNS, Quarantined, QuarantineError, failed_tests, read_quarantine, to_rerun, verdict
+from tests.suite import (
+    FAST_PATHS,
+    MAX_RERUNS,
+    Quarantined,
+    QuarantineError,
+    failed_tests,
+    lanes,
+    read_quarantine,
+    to_rerun,
+    verdict,
+)
 
 ONE = ["tests/unit/test_a.py::test_b"]
 MANY = [f"tests/unit/test_a.py::test_{n}" for n in range(MAX_RERUNS + 1)]
@@ -97,3 +107,23 @@ def test_the_failures_are_read_from_pytests_own_cache(tmp_path: Path) -> None:
     assert failed_tests(tmp_path) == ["tests/a.py::t[x]", "tests/b.py::t"]
     (folder / "lastfailed").write_text("{not json")
     assert failed_tests(tmp_path) == []
+
+
+def test_every_slow_test_file_runs_in_exactly_one_lane() -> None:
+    # A file two lanes both take runs twice, at once; one no lane takes never runs.
+    root = Path(__file__).resolve().parents[2]
+
+    def under(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    files = [str(path.relative_to(root)) for path in (root / "tests").rglob("test_*.py")]
+    slow = [path for path in files if not any(under(path, folder) for folder in FAST_PATHS)]
+    assert len(slow) > 50
+    for path in slow:
+        taken = [
+            lane.name
+            for lane in lanes()
+            if any(under(path, folder) for folder in lane.paths)
+            and not any(under(path, ignored) for ignored in lane.ignores)
+        ]
+        assert len(taken) == 1, f"{path}: {taken}"
