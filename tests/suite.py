@@ -3,13 +3,13 @@
 **The fast stage** (`FAST_PATHS`: the pure code's unit and property tests) needs nothing but the dev environment
 and runs first, in CI before any Debian package, vLLM or rootfs is installed: a broken change fails in minutes.
 
-**The slow stage** is every other folder, as five pytest runs at once (`lanes`). Measured on the 2-core CI box,
+**The slow stage** is every other folder, as four pytest runs at once (`lanes`). Measured on the 2-core CI box,
 one serial run keeps about one core busy: most tests wait on real processes (vLLM starting, a simulator in real
 time, systemd, Prometheus). Runs side by side use the rest.
 
-- **Timing runs at normal priority**, in three lanes: the tests that time the sidecar's reactions on a real vLLM
-  (`REAL_VLLM_TIMING`, waiting on vLLM's CPU work), and the other timing tests in two (the scenarios and chaos;
-  the daemon and actuators; waiting on timers). They get the CPU they ask for, as in a serial run.
+- **Timing runs at normal priority**, in two lanes: the tests that time the sidecar's reactions on a real vLLM
+  (`REAL_VLLM_TIMING`, waiting on vLLM's CPU work), and the other timing tests (daemon, actuators, chaos, the
+  simulator's scenarios, waiting on timers). They get the CPU they ask for, as in a serial run.
 - **The rest runs at nice 10**, in two lanes: computations, real vLLM, the doctor, the image, Prometheus, TLS.
   They take the CPU the timing runs leave idle, and about a tenth when they want every core.
 
@@ -64,9 +64,6 @@ NICE_PATHS_B = (
     "tests/security",
 )
 NICE_PATHS = (*NICE_PATHS_A, *NICE_PATHS_B)
-# The other timing tests in two runs: they spend most of their time waiting on timers and real processes (one
-# run of them kept a third of a core busy over 9 minutes, CI run 13 of 2026-11-30), so two end sooner.
-TIMING_PATHS_A = ("tests/scenarios", "tests/chaos")
 
 
 class QuarantineError(ValueError):
@@ -163,10 +160,9 @@ class Lane:
 
 
 def lanes() -> tuple[Lane, ...]:
-    """The slow stage's runs: the real-vLLM timing tests, the other timing tests in two, and the niced rest in two."""
+    """The slow stage's runs: the real-vLLM timing tests, the other timing tests, and the niced rest in two."""
     return (
-        Lane("timing (a)", TIMING_PATHS_A, ignores=REAL_VLLM_TIMING),
-        Lane("timing (b)", ("tests",), ignores=(*TIMING_PATHS_A, *NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING)),
+        Lane("timing", ("tests",), ignores=(*NICE_PATHS, *FAST_PATHS, *REAL_VLLM_TIMING)),
         Lane("real vLLM timing", REAL_VLLM_TIMING),
         Lane(f"nice {NICE} (a)", NICE_PATHS_A, nice=NICE),
         Lane(f"nice {NICE} (b)", NICE_PATHS_B, nice=NICE),
