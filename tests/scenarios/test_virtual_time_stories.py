@@ -14,7 +14,7 @@ What each test expects was worked out from the scenario and the policy's default
 - the same leak with vLLM's API server too slow to answer anything (/metrics, /health) from 584 s to 590 s, as
   a loaded server can be, while its engine leaks on: the same process, so neither its uptime nor the memory
   trend starts again, and the planned restart still comes between 600 s and 700 s (before 2026-11-30 the
-  slow /health counted as a death: the uptime guard waited another 600 s, the restart came after 1185 s).
+  slow /health counted as a death and the uptime guard counted 600 s again from 590 s: no restart by 720 s).
 - the burst, under its own calibrated load (which kills a vLLM left alone between 10 and 40 s,
   test_scenario_signals.py), sent only while /readyz admits, the sidecar polling every 0.5 s on its defaults:
   admission is paused, first for GPU free memory, before any death; vLLM lives through 60 s; nothing is
