@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.ports import free_port
+
 Behaviour = Callable[[socket.socket], None]
 
 
@@ -108,10 +110,9 @@ class LoopbackServer:
 
 
 def closed_port() -> int:
-    """A port nothing listens on (bound then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A port nothing listens on, to bind later or to find refused: outside the kernel's ephemeral range, so
+    no other process's traffic takes it meanwhile (tests/ports.py)."""
+    return free_port()
 
 
 def vllm_stand_in(metrics: bytes) -> LoopbackServer:

@@ -36,6 +36,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import LANE_ENV
+
 TESTS = Path(__file__).resolve().parent
 QUARANTINE = TESTS / "quarantine.toml"
 NICE = 10
@@ -189,8 +191,12 @@ def slow(argv: list[str], quarantine: tuple[Quarantined, ...]) -> int:
                 if lane.nice:
                     command = ["nice", "-n", str(lane.nice), *command]
                 output = None if index == 0 else logs[index].open("wb")
+                # its own slice of loopback ports (tests/ports.py); 0 is the fast stage's and the rerun's
+                env = {**os.environ, LANE_ENV: str(index + 1)}
                 processes.append(
-                    subprocess.Popen(command, cwd=root, stdout=output, stderr=subprocess.STDOUT if output else None)
+                    subprocess.Popen(
+                        command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT if output else None
+                    )
                 )
                 if output is not None:
                     output.close()  # the child holds its own copy

@@ -67,6 +67,7 @@ MANAGER_INTERFACE = "org.freedesktop.systemd1.Manager"
 # the policy's states in which it has seen vLLM and takes a manual restart (cooldown: a restart is in the
 # ledger, which survives the sidecar's own restarts)
 SETTLED = ("normal", "cooldown")
+REPORT_LINES = 25  # of each journal in a timeout's report
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +88,30 @@ class Deployment:
         """The daemon's JSON log lines, from the journal."""
         lines = self.container.journal(SIDECAR_UNIT).splitlines()
         return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """`_wait`, and on a timeout the units' states and journals: a red run says why, not only that."""
+        try:
+            _wait(predicate, timeout_s, what)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.units_report()}") from None
+
+    def units_report(self) -> str:
+        """Each unit's state, restarts and last result, its journal's tail, then the container's console."""
+        parts = []
+        for unit in (VLLM_UNIT, SIDECAR_UNIT):
+            states = [
+                f"{name}={_or_why(read, unit, name)}"
+                for read, names in (
+                    (self.container.unit_property, ("ActiveState", "SubState")),
+                    (self.container.service_property, ("Result", "NRestarts", "ExecMainStatus")),
+                )
+                for name in names
+            ]
+            journal = _or_why(self.container.journal, unit).splitlines()[-REPORT_LINES:]
+            parts += [f"--- {unit}: {', '.join(states)}", *journal]
+        parts.append(f"--- the container's console\n{self.container.log_tail(REPORT_LINES)}")
+        return "\n".join(parts)
 
     def busctl_as(self, user: str, method: str, signature: str, *args: str) -> tuple[int, str]:
         """A call on systemd's Manager as `user`, from inside the container: (exit status, output)."""
@@ -131,8 +156,12 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         )
         try:
             deployment = Deployment(container=container, installed=installed)
-            _wait(lambda: deployment.active(SIDECAR_UNIT) and deployment.active(VLLM_UNIT), 30, "both units active")
-            _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar's /readyz to answer 200")
+            deployment.wait(
+                lambda: deployment.active(SIDECAR_UNIT) and deployment.active(VLLM_UNIT), 30, "both units active"
+            )
+            deployment.wait(
+                lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar's /readyz to answer 200"
+            )
             yield deployment
         finally:
             container.stop()
@@ -219,7 +248,7 @@ def test_the_sandbox_refuses_what_it_should_and_allows_what_the_daemon_needs(dep
 
 def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> None:
     container = deployment.container
-    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+    deployment.wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
     sidecar_pid = container.main_pid(SIDECAR_UNIT)
     vllm_pid = container.main_pid(VLLM_UNIT)
     answer = httpx.post(
@@ -228,7 +257,7 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
         timeout=5,
     )
     assert answer.status_code == 200, answer.text
-    _wait(lambda: _restart_outcomes(deployment) != [], 30, "the sidecar to report the restart's outcome")
+    deployment.wait(lambda: _restart_outcomes(deployment) != [], 30, "the sidecar to report the restart's outcome")
     outcomes = [(event["adapter"], event["status"]) for event in _restart_outcomes(deployment)]
     assert outcomes == [("systemd", "done")], deployment.container.journal(SIDECAR_UNIT)[-3000:]
     assert container.main_pid(VLLM_UNIT) not in (0, vllm_pid)
@@ -237,7 +266,9 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
     # Each start of the shipped vLLM unit waited for the GPUs to be free of the old vLLM first (ExecStartPre);
     # with no NVML in the container that is nothing to wait for, and said so.
     waited = "vllm-sidecar wait-gpu: cannot read the GPUs (NVML not available: "
-    _wait(lambda: container.journal(VLLM_UNIT).count(waited) == 2, 10, "both starts' wait-gpu line in the journal")
+    deployment.wait(
+        lambda: container.journal(VLLM_UNIT).count(waited) == 2, 10, "both starts' wait-gpu line in the journal"
+    )
     # the caller is not root, so systemd asked polkit (polkitd is D-Bus activated by the first question)
     assert deployment.active("polkit.service")
     # wanted by the sidecar, not bound to it: vLLM's restart left the sidecar alone
@@ -245,7 +276,7 @@ def test_admin_restart_restarts_vllm_through_polkit(deployment: Deployment) -> N
     ledger_path = deployment.installed.root / "var/lib/vllm-sidecar/restart-ledger.json"
     assert ledger_path.stat().st_uid == deployment.uid(SIDECAR_USER)
     assert [record["reason"] for record in json.loads(ledger_path.read_text())["restarts"]] == ["manual"]
-    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to see vLLM back")
+    deployment.wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to see vLLM back")
     # The restart's notifications say what vLLM's journal said: the shipped unit (its group, its sandbox) may
     # read it. The simulator prints vLLM's start lines and no crash: the log was read, and holds no cause.
     cause = deployment.get("/status").json()["policy"]["crash_cause"]
@@ -286,8 +317,10 @@ def test_the_polkit_rule_allows_restarting_and_killing_vllm_and_nothing_else(dep
     # the control: the same command, the one thing allowed, works (a broken busctl or polkit would fail it)
     status, output = deployment.busctl_as(SIDECAR_USER, "RestartUnit", "ss", VLLM_UNIT, "replace")
     assert (status, output.split()[0]) == (0, "o"), output
-    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, vllm_pid), 15, "the allowed restart to run a new vLLM")
-    _wait(lambda: deployment.active(VLLM_UNIT), 15, "vllm.service active again")
+    deployment.wait(
+        lambda: container.main_pid(VLLM_UNIT) not in (0, vllm_pid), 15, "the allowed restart to run a new vLLM"
+    )
+    deployment.wait(lambda: deployment.active(VLLM_UNIT), 15, "vllm.service active again")
     container.run("systemctl", "stop", BYSTANDER_UNIT)
 
 
@@ -301,7 +334,7 @@ def test_a_sidecar_pointed_at_another_unit_is_refused(deployment: Deployment) ->
         container.run("systemctl", "start", BYSTANDER_UNIT)
         bystander_pid = container.main_pid(BYSTANDER_UNIT)
         container.run("systemctl", "restart", SIDECAR_UNIT)
-        _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+        deployment.wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
         before = len(_restart_outcomes(deployment))
         answer = httpx.post(
             deployment.installed.sidecar_url + "/admin/restart",
@@ -309,7 +342,9 @@ def test_a_sidecar_pointed_at_another_unit_is_refused(deployment: Deployment) ->
             timeout=5,
         )
         assert answer.status_code == 200, answer.text
-        _wait(lambda: len(_restart_outcomes(deployment)) > before, 30, "the sidecar to report the restart's outcome")
+        deployment.wait(
+            lambda: len(_restart_outcomes(deployment)) > before, 30, "the sidecar to report the restart's outcome"
+        )
         (outcome,) = _restart_outcomes(deployment)[before:]
         assert (outcome["adapter"], outcome["status"]) == ("systemd", "failed")
         assert "AccessDenied" in str(outcome["detail"]), outcome
@@ -318,7 +353,7 @@ def test_a_sidecar_pointed_at_another_unit_is_refused(deployment: Deployment) ->
         env.write_text(original)
         container.run("systemctl", "stop", BYSTANDER_UNIT)
         container.run("systemctl", "restart", SIDECAR_UNIT)
-    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    deployment.wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
 
 
 # A sample as a vLLM process that died without its exit handler leaves it: an hour old, its pid long gone
@@ -340,7 +375,7 @@ def test_the_allocator_probe_folder_is_shared_and_cleaned(deployment: Deployment
     container = deployment.container
     old_pid = container.main_pid(VLLM_UNIT)
     container.run("systemctl", "restart", VLLM_UNIT)
-    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), 15, "a new vLLM")
+    deployment.wait(lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), 15, "a new vLLM")
     _assert_the_probe_folder_is_read_and_cleaned(deployment)
     # A stop removes the folder and its files; the start after it makes a new one, which the running sidecar
     # reads and cleans too (systemd 252 leaves /run writable under ProtectSystem=strict, so the new folder is
@@ -349,7 +384,7 @@ def test_the_allocator_probe_folder_is_shared_and_cleaned(deployment: Deployment
     assert container.run("test", "-e", PROBE_DIR, check=False).returncode == 1
     container.run("systemctl", "start", VLLM_UNIT)
     _assert_the_probe_folder_is_read_and_cleaned(deployment)
-    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    deployment.wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
     # Three starts of vllm.service here on top of the earlier tests' restarts: clear systemd's start rate limit
     # (5 in 10 s by default) for the tests after this one.
     container.run("systemctl", "reset-failed", VLLM_UNIT)
@@ -361,11 +396,11 @@ def _assert_the_probe_folder_is_read_and_cleaned(deployment: Deployment) -> None
     owner = container.run("stat", "--format=%u %g %a", PROBE_DIR).stdout.split()
     assert owner == [*map(str, container.ids("vllm")), "770"]
     own = [f"{container.main_pid(VLLM_UNIT)}.json"]
-    _wait(lambda: _probe_files(deployment) == own, 15, f"vLLM to write {own[0]} alone")
+    deployment.wait(lambda: _probe_files(deployment) == own, 15, f"vLLM to write {own[0]} alone")
     # ok: a fresh sample read, from inside the sandbox (the group opens the folder, the file is 0644)
-    _wait(lambda: _probe_source(deployment) == (True, None), 15, f"the sidecar to read {own[0]}")
+    deployment.wait(lambda: _probe_source(deployment) == (True, None), 15, f"the sidecar to read {own[0]}")
     container.run(f"{VENV}/bin/python", "-c", DEAD_PROCESS_SAMPLE, PROBE_DIR, user="vllm")
-    _wait(lambda: _probe_files(deployment) == own, 15, "the sidecar to remove the dead process's file")
+    deployment.wait(lambda: _probe_files(deployment) == own, 15, "the sidecar to remove the dead process's file")
     assert _probe_source(deployment) == (True, None)
 
 
@@ -388,7 +423,7 @@ def test_a_vllm_that_exits_0_is_started_again_by_systemd(deployment: Deployment)
     RestartSec (on-failure would leave it stopped); the sidecar sees systemd's pending auto-restart, leaves it to
     systemd (no restart of its own) and reports vLLM back."""
     container = deployment.container
-    _wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
+    deployment.wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
     old_pid = container.main_pid(VLLM_UNIT)
     restarts = container.service_property(VLLM_UNIT, "NRestarts")
     assert isinstance(restarts, int)
@@ -397,13 +432,15 @@ def test_a_vllm_that_exits_0_is_started_again_by_systemd(deployment: Deployment)
     # SIGTERM from outside systemd, no stop job: the simulator shuts down and exits 0 by itself, which is all
     # systemd sees of vLLM's exit after EngineDeadError.
     container.run("sh", "-c", 'kill -TERM "$0"', str(old_pid))  # the shell's kill: the rootfs has no procps
-    _wait(lambda: container.unit_property(VLLM_UNIT, "SubState") == "auto-restart", 10, "a scheduled restart")
+    deployment.wait(lambda: container.unit_property(VLLM_UNIT, "SubState") == "auto-restart", 10, "a scheduled restart")
     ended = {name: container.service_property(VLLM_UNIT, name) for name in ("ExecMainCode", "ExecMainStatus", "Result")}
     assert ended == {"ExecMainCode": CLD_EXITED, "ExecMainStatus": 0, "Result": "success"}
-    _wait(lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), _restart_s(deployment) + 15, "a new vLLM")
+    deployment.wait(
+        lambda: container.main_pid(VLLM_UNIT) not in (0, old_pid), _restart_s(deployment) + 15, "a new vLLM"
+    )
     assert container.service_property(VLLM_UNIT, "NRestarts") == restarts + 1
-    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
-    _wait(lambda: len(_actions(deployment)) > actions, 15, "the sidecar to report vLLM back")
+    deployment.wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    deployment.wait(lambda: len(_actions(deployment)) > actions, 15, "the sidecar to report vLLM back")
     said = [(event["action"], str(event["reason"])) for event in _actions(deployment)[actions:]]
     assert [action for action, _ in said] == ["notify_vllm_recovered"], said
     assert said[0][1].endswith("and it came back without a restart by the sidecar"), said
@@ -426,7 +463,7 @@ def test_stopping_vllm_holds_and_leaves_the_sidecar_running(deployment: Deployme
         assert container.main_pid(SIDECAR_UNIT) == sidecar_pid
     finally:
         container.run("systemctl", "start", VLLM_UNIT)
-    _wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
+    deployment.wait(lambda: _status_code(deployment, "/readyz") == 200, 30, "the sidecar to admit again")
 
 
 def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment) -> None:
@@ -446,7 +483,7 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
         # the daemon pings (systemd's time of the last WATCHDOG=1 moves on), or the kill below would prove nothing
         pings = [container.service_property(SIDECAR_UNIT, "WatchdogTimestampMonotonic")]
         for _ in range(2):
-            _wait(
+            deployment.wait(
                 lambda: container.service_property(SIDECAR_UNIT, "WatchdogTimestampMonotonic") != pings[-1],
                 TEST_WATCHDOG_S,
                 "a WATCHDOG=1 from the sidecar",
@@ -455,7 +492,9 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
         assert container.main_pid(SIDECAR_UNIT) == frozen
         container.call("KillUnit", "ssi", SIDECAR_UNIT, "main", int(signal.SIGSTOP))
         stopped_at = time.monotonic()
-        _wait(lambda: container.main_pid(SIDECAR_UNIT) not in (0, frozen), 20, "systemd to start a new sidecar")
+        deployment.wait(
+            lambda: container.main_pid(SIDECAR_UNIT) not in (0, frozen), 20, "systemd to start a new sidecar"
+        )
         elapsed_s = time.monotonic() - stopped_at
         journal = container.journal(SIDECAR_UNIT)
         assert f"Watchdog timeout (limit {TEST_WATCHDOG_S}s)!" in journal
@@ -463,8 +502,8 @@ def test_the_watchdog_kills_and_restarts_a_frozen_sidecar(deployment: Deployment
         assert container.service_property(SIDECAR_UNIT, "NRestarts") == restarts + 1
         # the last ping can have come at most half a WatchdogSec before the SIGSTOP
         assert elapsed_s >= TEST_WATCHDOG_S / 2
-        _wait(lambda: deployment.active(SIDECAR_UNIT), 15, "the new sidecar to be ready")
-        _wait(lambda: _status_code(deployment, "/readyz") == 200, 15, "the new sidecar to answer /readyz")
+        deployment.wait(lambda: deployment.active(SIDECAR_UNIT), 15, "the new sidecar to be ready")
+        deployment.wait(lambda: _status_code(deployment, "/readyz") == 200, 15, "the new sidecar to answer /readyz")
     finally:
         drop_in.unlink()
         container.run("systemctl", "daemon-reload")
@@ -578,6 +617,14 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.1)
+
+
+def _or_why(read: Callable[..., object], *args: str) -> str:
+    """What `read(*args)` gives, or why it could not: a report must not hide the timeout it explains."""
+    try:
+        return str(read(*args))
+    except Exception as error:  # any: see above
+        return f"(cannot read: {error})"
 
 
 def _status_code(deployment: Deployment, path: str) -> int | None:
