@@ -57,6 +57,7 @@ SETS = {
     "heldout-25ai",
     "heldout-25aj",
     "heldout-25ak",
+    "heldout-25al",
 }
 
 
