@@ -58,6 +58,7 @@ SETS = {
     "heldout-25aj",
     "heldout-25ak",
     "heldout-25al",
+    "heldout-25am",
 }
 
 
