@@ -109,6 +109,10 @@ _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
 _AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
 _WEIGHTS = loose(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
 _GRAPHS_PROFILED = loose(r"Profiling CUDA graph memory")
+# 0.21+ (gpu_worker.py): "CUDA graph memory profiling is enabled (default since v0.21.0). The current
+# --gpu-memory-utilization=0.3000 is equivalent to --gpu-memory-utilization=0.0201 without CUDA graph memory
+# profiling. ...": graphs are charged to the budget, and the line states the budget.
+_GRAPHS_CHARGED = loose(r"The current --gpu-memory-utilization=" + _NUM + r" is equivalent to")
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
@@ -601,6 +605,11 @@ def _graphs_profiled(_: re.Match[str], facts: Facts) -> None:
     facts["graphs_profiled"] = True
 
 
+def _graphs_charged(match: re.Match[str], facts: Facts) -> None:
+    facts["graphs_profiled"] = True
+    facts["graphs_charged_utilization"] = _number(match.group(1))
+
+
 def _kv_check(_: re.Match[str], facts: Facts) -> None:
     facts["kv_check_failed"] = True
 
@@ -644,6 +653,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
     _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),
+    _simple(_GRAPHS_CHARGED, _graphs_charged, needle="equivalent"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),
     _simple(_PREEMPTIONS, _preemptions, needle="total_num_cumulative_preemption"),
     _simple(_ENGINE_DEAD, _dead),

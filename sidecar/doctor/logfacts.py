@@ -195,6 +195,7 @@ class LogFacts:
     profile: MemoryProfile | None = None
     graph_capture_gib: float | None = None
     graphs_profiled: bool = False  # `Profiling CUDA graph memory` (0.2x+): their memory is kept out of the KV budget
+    graphs_charged_utilization: float | None = None  # the budget 0.21+'s graph-profiling line states
     refusal: Refusal | None = None
     oom: CudaOom | None = None
     host_memory: HostMemory | None = None

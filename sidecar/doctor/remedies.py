@@ -31,13 +31,16 @@ KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this shar
 NPU_ALLOC_CONF = "PYTORCH_NPU_ALLOC_CONF"
 
 
-def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: float, what: str) -> list[Recommendation]:
-    """More GPUs, fewer bytes per weight, or weights in CPU memory, sized so the weights take at most 75 % of
-    what each card gives vLLM. `weights_bytes` is per GPU today; `what` says where it comes from."""
+def smaller_model_per_gpu(
+    ledger: MemoryLedger, setup: Setup, weights_bytes: float, what: str, *, more_gpus: bool = True
+) -> list[Recommendation]:
+    """More GPUs (unless `more_gpus` is False), fewer bytes per weight, or weights in CPU memory, sized so the
+    weights take at most 75 % of what each card gives vLLM. `weights_bytes` is per GPU today; `what` says where
+    it comes from."""
     usable = ledger.usable_bytes
     remedies: list[Recommendation] = []
     current = max(1, setup.tensor_parallel_size)
-    if usable is not None and usable > 0 and setup.tensor_parallel_unknown:
+    if more_gpus and usable is not None and usable > 0 and setup.tensor_parallel_unknown:
         # A size computed as if today's were 1 could be below it: a second pipeline stage doubles the GPUs
         # whatever today's tensor parallel size is.
         remedies.append(
@@ -51,7 +54,7 @@ def smaller_model_per_gpu(ledger: MemoryLedger, setup: Setup, weights_bytes: flo
                 ),
             )
         )
-    elif usable is not None and usable > 0:
+    elif more_gpus and usable is not None and usable > 0:
         size = current * 2
         while size <= MAX_TENSOR_PARALLEL and weights_bytes * current / size > TARGET_WEIGHT_SHARE * usable:
             size *= 2

@@ -170,6 +170,7 @@ def _log_utilization(log: LogFacts | None) -> Fact[float] | None:
     for value, where in (
         (log.refusal.utilization if log.refusal else None, "vLLM's refusal to start"),
         (log.profile.utilization if log.profile else None, "vLLM's memory-profiling line"),
+        (log.graphs_charged_utilization, "vLLM's CUDA graph memory profiling line"),
     ):
         if value is not None:
             return Fact(value, where)

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from sidecar.doctor import formula, remedies
 from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE, derived_max_len
+from sidecar.doctor.card_size import LikelyCard, likely_card
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
 from sidecar.doctor.ledger import Amount, MemoryLedger
@@ -32,6 +33,7 @@ MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is 
 LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
 MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
 FOREIGN_NON_TORCH_BYTES = 4 * GIB  # non-torch memory from here on is not vLLM's own: another process's, profiled
+MIN_USEFUL_KV_BYTES = 0.5 * GIB  # a KV cache under this at the highest budget is a sliver: the weights do not fit
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
 
 
@@ -281,9 +283,14 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
             evidence=tuple(lines),
             recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, weights.value_bytes, weights.source)),
         )
+    # At the highest budget already, nothing is raised: _short_at_full_budget reads the card's floor instead.
+    raisable = fit is None and ledger.utilization < remedies.MAX_UTILIZATION
+    card = likely_card(ledger, remedies.MAX_UTILIZATION) if raisable else None
+    if card is not None and weights is not None and card.kv_at_bytes < MIN_USEFUL_KV_BYTES:
+        return _weights_fill_likely_card(card, weights, ledger, setup, lines)
     recommendations = _room_for_kv(ledger, setup, log, lines)
     if fit is None:
-        lines.append(_what_would_decide(ledger))
+        lines.append(card.why if card is not None else _what_would_decide(ledger))
     if ledger.non_torch is not None and ledger.non_torch.value_bytes >= FOREIGN_NON_TORCH_BYTES:
         lines.append(
             f"non-torch memory {gib(ledger.non_torch.value_bytes)} is more than vLLM's own takes (the CUDA context, "
@@ -298,6 +305,35 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
         summary="vLLM could not start: the budget holds the weights and activations but leaves no KV cache",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def _weights_fill_likely_card(
+    card: LikelyCard, weights: Amount, ledger: MemoryLedger, setup: Setup, lines: list[str]
+) -> Finding:
+    """The weights leave the smallest card the log allows no KV cache worth serving from, even at the highest
+    budget: a raise would start vLLM with a sliver of cache, or not at all. Smaller weights on the same card are
+    the way out; more GPUs only as a step, since the log says neither the card nor how many there are."""
+    lines.append(card.why)
+    lines.append(
+        f"under {gib(MIN_USEFUL_KV_BYTES)} of KV cache is about a thousand tokens of a 7B model with full attention "
+        "heads: too little to serve from, so the weights are what does not fit"
+    )
+    assumed = Amount(value_bytes=card.total_bytes, source="the smallest common card the log allows", assumed=True)
+    sized = replace(ledger, total=assumed)
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary="the model does not fit: on a card of the size the log implies, its weights leave no KV cache",
+        evidence=tuple(lines),
+        recommendations=tuple(
+            remedies.smaller_model_per_gpu(sized, setup, weights.value_bytes, weights.source, more_gpus=False)
+        ),
+        steps=(
+            f"if the card is larger than {gib(card.total_bytes)} (nvidia-smi says), a larger --gpu-memory-utilization "
+            "may leave the KV cache room; with a second GPU, --tensor-parallel-size 2 halves the weights on each; a "
+            "4-bit (AWQ or GPTQ) checkpoint of the same model takes about a third of 16-bit weights",
+        ),
     )
 
 

@@ -718,6 +718,26 @@ def test_graphs_profiled_before_the_kv_cache_can_give_it_their_memory() -> None:
     assert "--enforce-eager" not in _flags(_finding(refusal.split("\n", 1)[1]))
 
 
+def test_the_budget_0_21s_graph_profiling_line_states_is_todays_budget() -> None:
+    """vLLM 0.21+ charges the graphs' estimate to the budget and says so with today's budget in the line: the
+    raise starts from it (not from vLLM's default), and --enforce-eager gives the graphs' share back."""
+    refusal = (
+        "Available KV cache memory: -1.21 GiB\n"
+        "CUDA graph memory profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization=0.3000 "
+        "is equivalent to --gpu-memory-utilization=0.0201 without CUDA graph memory profiling. To maintain the same "
+        "effective KV cache size as before, increase --gpu-memory-utilization to 0.5799. To disable, set "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.\n"
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine.\n"
+    )
+    facts = parse_log(refusal)
+    assert facts.graphs_profiled
+    assert facts.graphs_charged_utilization == 0.3
+    flags = _flags(_finding(refusal))
+    assert "--enforce-eager" in flags
+    assert 0.3 < float(str(flags["--gpu-memory-utilization"])) < 0.9
+
+
 def test_a_wrapped_count_of_the_processes_memory_is_no_measurement() -> None:
     """WSL printed "this process has 17179869184.00 GiB memory in use" (2^64 bytes): sized from it, the weights
     needed 16 EiB and the CPU offload as much. It is dropped; the rest of PyTorch's message still reads."""
