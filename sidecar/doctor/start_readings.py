@@ -8,6 +8,8 @@
   fewer than 256 tokens): the weights decide. Weights that do not fit are `does_not_fit`;
   weights that fit mean the budget is short of them plus the profile run's activations: a larger budget within
   what is free, or fewer sequences and batched tokens when the activations are what ate it.
+  Where the log states the budget but not the card, the smallest common card its numbers allow stands in
+  (card_size.py): weights that leave it a sliver of KV cache at the highest budget do not fit.
 * The sampler's warm-up with max_num_seqs dummy requests: fewer sequences; a lower budget only when the
   warm-up ran after the KV cache was allocated (in the profile run the budget does not cap it).
 * The memory profile's own check (free memory did not fall while vLLM loaded and profiled): the card's free count
