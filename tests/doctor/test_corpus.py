@@ -59,6 +59,7 @@ SETS = {
     "heldout-25ak",
     "heldout-25al",
     "heldout-25am",
+    "heldout-25an",
 }
 
 
