@@ -9,6 +9,7 @@ patterns tolerate the whitespace a wrap dropped or added.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,6 +42,8 @@ _GPU_NAME = re.compile(
 )
 # A command line pasted with the log: `vllm serve MODEL ...`, `--model MODEL` (api_server, launchers).
 _COMMAND_MODEL = re.compile(r"\bvllm serve\s+(?!-)([\w./@:-]+)|--model[= ]+(?!-)([\w./@:-]+)")
+COMMAND_BEFORE_START = 3  # lines between a pasted command line and vLLM's first line of the start it began
+_COMMAND_FLAG = re.compile(r"(?<!\S)--([a-z][a-z0-9-]*)(?:[= ]+(?!-)(\S+))?")
 # V1's model runner names what it loads (0.8 on): `Starting to load model Qwen/Qwen3-32B...`.
 _LOADING_MODEL = re.compile(r"Starting to load model ([\w./@:-]+?)\.{0,3}\s*$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
@@ -257,8 +260,17 @@ def _starts(lines: list[str]) -> list[int]:
     for pattern in (_ARGS_NON_DEFAULT, _ARGS_NAMESPACE, _ENGINE_CONFIG):
         found = [index for index, line in enumerate(lines) if pattern.search(line)]
         if found:
-            return [0, *(index for index in found if index > 0)]
+            return sorted({0, *(_with_its_command(lines, index) for index in found)})
     return [0]
+
+
+def _with_its_command(lines: list[str], start: int) -> int:
+    """A start's first line, moved back to the command line pasted just before it (`$ vllm serve M --flag ...`),
+    when there is one within COMMAND_BEFORE_START lines: the user's flags belong to the start they began."""
+    for index in range(start - 1, max(0, start - COMMAND_BEFORE_START) - 1, -1):
+        if _COMMAND_MODEL.search(lines[index]):
+            return index
+    return start
 
 
 def _number(text: str) -> float:
@@ -502,6 +514,8 @@ def _v0_budget(match: re.Match[str], facts: Facts) -> None:
     base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
     total, utilization, budget = (float(match.group(i)) for i in range(1, 4))
     facts["profile"] = replace(base, total_gib=total, utilization=utilization, budget_gib=budget)
+    if facts.get("engine") != "v1":  # only V0's worker (vllm/worker/worker.py) words its budget so
+        facts["engine"] = "v0"
 
 
 def _v0_profile(match: re.Match[str], facts: Facts) -> None:
@@ -589,6 +603,26 @@ def _command_model(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("model", match.group(1) or match.group(2))  # vLLM's own arguments line, when there is one, wins
 
 
+def _command_args(line: str, facts: Facts) -> bool:
+    """The flags of a command line pasted with the log (`vllm serve M --gpu-memory-utilization 0.98`,
+    `python -m vllm.entrypoints.openai.api_server --model M ...`): what the user changed, as vLLM's own
+    non-default arguments line says it, which wins where the log has one (it is read after, or kept before)."""
+    if "args" in facts or _COMMAND_MODEL.search(line) is None:
+        return False
+    values: dict[str, object] = dict.fromkeys(_ARG_TYPES)
+    for flag in _COMMAND_FLAG.finditer(line):
+        key = flag.group(1).replace("-", "_")
+        kind = _ARG_TYPES.get(key)
+        raw = (flag.group(2) or "").strip("'\"")
+        if kind is bool:
+            values[key] = raw.lower() not in ("false", "0")  # a switch, or `--flag=True`
+        elif kind is not None and raw:
+            with contextlib.suppress(ValueError):
+                values[key] = kind(raw)
+    facts["args"] = ServerArgs(complete=False, **values)  # type: ignore[arg-type]
+    return False  # the model is the next handler's (_command_model)
+
+
 def _banner_version(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("version", match.group(1))  # the engine's own config line, when there is one, wins
 
@@ -662,6 +696,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
 _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check, needle="cache"),
+    _command_args,
     _simple(_COMMAND_MODEL, _command_model),
     _simple(_LOADING_MODEL, _command_model, needle="Starting to load model"),
     _simple(_GPU_NAME, _gpu_name),

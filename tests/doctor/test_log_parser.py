@@ -314,3 +314,51 @@ def test_a_hardware_plugins_available_memory_in_bytes_is_the_kv_cache_and_the_ca
     assert zero.profile.total_gib == pytest.approx(60.96, abs=0.01)
     some = parse_log(worker + "Available memory: 2147483648, total memory: 65452113920")
     assert some.available_kv_gib == 2.0
+
+
+# A command line pasted above vLLM's first line (issue threads often start so): V0 0.2's engine line states no
+# budget, so the command is the only place the user's --gpu-memory-utilization is written.
+COMMAND_THEN_V0_START = """\
+$ python -m vllm.entrypoints.openai.api_server --model lmsys/vicuna-7b-v1.3 --gpu-memory-utilization 0.98 --dtype half \
+--enforce-eager --max-num-seqs 64
+INFO 10-14 21:32:44 llm_engine.py:72] Initializing an LLM engine with config: model='lmsys/vicuna-7b-v1.3', \
+tokenizer='lmsys/vicuna-7b-v1.3', dtype=torch.float16, max_seq_len=2048, tensor_parallel_size=1, seed=0)
+INFO 10-14 21:40:24 llm_engine.py:205] # GPU blocks: 0, # CPU blocks: 512
+"""
+
+
+def test_a_command_line_pasted_before_the_start_gives_its_flags_to_that_start() -> None:
+    facts = parse_log(COMMAND_THEN_V0_START)
+    assert facts.args is not None
+    assert facts.args.gpu_memory_utilization == 0.98
+    assert facts.args.enforce_eager is True
+    assert facts.args.max_num_seqs == 64
+    assert facts.args.dtype == "half"
+    assert facts.model == "lmsys/vicuna-7b-v1.3"
+
+
+def test_vllms_own_arguments_line_wins_over_a_pasted_command() -> None:
+    own = "INFO 10-14 21:32:45 api_server.py:1] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.7}\n"
+    lines = COMMAND_THEN_V0_START.splitlines(keepends=True)
+    facts = parse_log(lines[0] + own + "".join(lines[1:]))
+    assert facts.args is not None
+    assert facts.args.gpu_memory_utilization == 0.7
+
+
+def test_a_command_of_an_earlier_start_is_not_the_last_starts() -> None:
+    earlier = COMMAND_THEN_V0_START + "INFO 10-14 21:41:00 api_server.py:1] shutting down\n"
+    later = COMMAND_THEN_V0_START.split("\n", 1)[1]  # the second start without a command of its own
+    facts = parse_log(earlier + "\n" * 5 + later)
+    assert facts.args is None
+
+
+def test_only_v0s_worker_words_its_budget_as_the_current_instance_can_use() -> None:
+    line = (
+        "INFO 01-15 11:06:48 worker.py:240] the current vLLM instance can use total_gpu_memory (8.00GiB) x "
+        "gpu_memory_utilization (0.90) = 7.20GiB\n"
+    )
+    assert parse_log(line).engine == "v0"
+    v1 = (
+        "(EngineCore_DP0 pid=1) INFO 01-15 11:06:40 [core.py:1] Initializing a V1 LLM engine (v0.10.0) with config: x\n"
+    )
+    assert parse_log(v1 + line).engine == "v1"
