@@ -41,6 +41,8 @@ def likely_card(ledger: MemoryLedger, highest_utilization: float) -> LikelyCard 
         return None
     if ledger.utilization_assumed:  # an excerpt without vLLM's arguments: 0.15 on a 120 GiB card reads the same
         return None
+    if not 0 < ledger.utilization < highest_utilization:  # a budget of 0 (a garbled line) sizes nothing
+        return None
     shortfall = -kv.value_bytes
     if shortfall <= 0 or shortfall * WEIGHTS_SHARE_OF_SHORTFALL > weights.value_bytes:
         return None

@@ -93,3 +93,12 @@ def test_a_shortfall_larger_than_a_third_of_the_weights_says_nothing_of_the_card
     # activations, graphs or another process ate the budget: 15.67 GiB of weights, 14.28 GiB short
     facts = parse_log(_log(15.67, -14.28, 0.9))
     assert likely_card(build_ledger(facts, resolve(evidence(live_evidence=DOWN, log_facts=facts))), 0.95) is None
+
+
+@pytest.mark.parametrize("utilization", [0.0, 0.95, 1.5])
+def test_a_budget_of_nothing_or_past_the_highest_reads_no_card(utilization: float) -> None:
+    # found by test_robustness (CI run 21): a budget of 0 divided the budget's floor by zero
+    facts = parse_log(_log(13.13, -0.17, utilization))
+    ledger = build_ledger(facts, resolve(evidence(live_evidence=DOWN, log_facts=facts)))
+    assert ledger.utilization == utilization
+    assert likely_card(ledger, 0.95) is None
