@@ -105,8 +105,9 @@ class VllmHttpSource:
                 wrong_server=wrong,
             )
         if version_task is not None:
-            self._version = await version_task
-            self._version_asked_at = started
+            version, answered = await version_task
+            if answered:  # else the version known so far stays, and /version is asked again on the next poll
+                self._version, self._version_asked_at = version, started
         self.last_metrics = (text, started)
         reading = read_vllm(exposition, url=self.base_url, version=self._version)
         if self._load_offered is not False and _reads_idle(reading):
@@ -159,15 +160,20 @@ class VllmHttpSource:
     def _version_due(self, now_s: float) -> bool:
         return self._version_asked_at is None or now_s - self._version_asked_at >= VERSION_MAX_AGE_S
 
-    async def _version_now(self) -> str | None:
-        """vLLM's version from /version; None when it is not offered or not understood (never an error)."""
+    async def _version_now(self) -> tuple[str | None, bool]:
+        """vLLM's version from /version, and whether /version answered: (None, True) when it is not offered or
+        not understood (never an error); (None, False) when no answer came in time (a busy server at start):
+        then the version is not wiped for a minute, as a passing timeout would have done (CI run 22)."""
         try:
             body = await self._fetch("/version", _SMALL_BODY_BYTES)
+        except FetchError as error:
+            return None, error.status is not None  # an HTTP status (404: not offered) is an answer
+        try:
             document = json.loads(body)
-        except (FetchError, ValueError, RecursionError):  # RecursionError: a deeply nested answer such as "[[[["
-            return None
+        except (ValueError, RecursionError):  # RecursionError: a deeply nested answer such as "[[[["
+            return None, True
         version = document.get("version") if isinstance(document, dict) else None
-        return version if isinstance(version, str) and version else None
+        return (version if isinstance(version, str) and version else None), True
 
     async def _fetch(self, path: str, max_bytes: int) -> bytes:
         url = self.base_url + path

@@ -237,6 +237,25 @@ async def test_version_is_asked_once_then_again_after_a_failed_poll(
     assert server.hits.count("/version") == 2
 
 
+async def test_a_version_that_does_not_answer_in_time_is_asked_again_and_not_forgotten(
+    server: LoopbackServer, fetcher: BodyFetcher
+) -> None:
+    """A busy vLLM at start: /version later than the timeout while /metrics answers. The reading carries no version
+    then, and the next poll asks again (not a minute later, as when a late answer wiped it: CI run 22)."""
+    server.routes.update(HEALTHY, **{"/metrics": respond(body=CAPTURE)})
+    server.routes["/version"] = slow(2.0, respond(body=b'{"version":"0.32.0"}'))
+    reader = source(fetcher, server.url, timeout_s=0.5)
+    first = await reader.read()
+    assert first.ok, first.error
+    assert first.value is not None
+    assert first.value.version is None
+    server.routes["/version"] = respond(body=b'{"version":"0.32.0"}')
+    second = await reader.read()
+    assert second.value is not None
+    assert second.value.version == "0.32.0"
+    assert server.hits.count("/version") == 2
+
+
 IDLE = (
     b'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
     b'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'

@@ -180,7 +180,9 @@ def test_sidecar_sees_vllm_load_and_agrees_with_vllm_at_rest(vllm_server: VllmSe
     assert hits > 0, "the shared prefixes produced no hit in vLLM"
     assert metrics["vllm_sidecar_prefix_cache_hit_ratio"][labels] == pytest.approx(hits / queries)
     assert metrics["vllm_sidecar_prefix_cache_hit_ratio"][labels] > 0
-    assert 'vllm_sidecar_vllm_info{metric_schema="v1",version="0.32.0"}' in sidecar.get("/metrics").text
+    exposition = sidecar.get("/metrics").text
+    info = [line for line in exposition.splitlines() if line.startswith("vllm_sidecar_vllm_info")]
+    assert info == ['vllm_sidecar_vllm_info{metric_schema="v1",version="0.32.0"} 1.0'], info
     # No --max-num-queued-reqs: vLLM refused nothing, and says so (its counter exists at 0 from the start).
     assert metrics["vllm_sidecar_vllm_rejections_in_window"][(("model_name", "tiny-llama"),)] == 0.0
     assert metrics["vllm_sidecar_preemptions_in_window"][labels] >= 0
