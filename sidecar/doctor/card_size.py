@@ -52,12 +52,12 @@ def likely_card(ledger: MemoryLedger, highest_utilization: float) -> LikelyCard 
     if card is None:
         return None
     kv_at = (highest_utilization - ledger.utilization) * card + kv.value_bytes
-    said = "vLLM's default, assumed" if ledger.utilization_assumed else ledger.utilization_source
     why = (
         f"the card's size is not in the log: the budget held at least {gib(held)} (weights {gib(weights.value_bytes)} "
         f"- {gib(shortfall)} short + {gib(MIN_ACTIVATION_BYTES)} of context and activations) at "
-        f"gpu_memory_utilization {ledger.utilization:g} ({said}), so the card has at least {gib(floor)}; the "
-        f"smallest common card that does is {gib(card)}, assumed. There, {highest_utilization:g} would leave the KV "
-        f"cache ({highest_utilization:g} - {ledger.utilization:g}) x {gib(card)} - {gib(shortfall)} = {gib(kv_at)}"
+        f"gpu_memory_utilization {ledger.utilization:g} ({ledger.utilization_source}), so the card has at least "
+        f"{gib(floor)}; the smallest common card that does is {gib(card)}, assumed. There, {highest_utilization:g} "
+        f"would leave the KV cache ({highest_utilization:g} - {ledger.utilization:g}) x {gib(card)} - "
+        f"{gib(shortfall)} = {gib(kv_at)}"
     )
     return LikelyCard(total_bytes=card, kv_at_bytes=kv_at, why=why)
