@@ -603,11 +603,15 @@ def _command_model(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("model", match.group(1) or match.group(2))  # vLLM's own arguments line, when there is one, wins
 
 
-def _command_args(line: str, facts: Facts) -> bool:
-    """The flags of a command line pasted with the log (`vllm serve M --gpu-memory-utilization 0.98`,
-    `python -m vllm.entrypoints.openai.api_server --model M ...`): what the user changed, as vLLM's own
-    non-default arguments line says it, which wins where the log has one (it is read after, or kept before)."""
-    if "args" in facts or _COMMAND_MODEL.search(line) is None:
+def _command_line(line: str, facts: Facts) -> bool:
+    """A command line pasted with the log (`vllm serve M --gpu-memory-utilization 0.98`, `python -m
+    vllm.entrypoints.openai.api_server --model M ...`): its model, and its flags as what the user changed, as
+    vLLM's own non-default arguments line says it, which wins where the log has one (read after, or kept before)."""
+    command = _COMMAND_MODEL.search(line)
+    if command is None:
+        return False
+    _command_model(command, facts)
+    if "args" in facts:
         return False
     values: dict[str, object] = dict.fromkeys(_ARG_TYPES)
     for flag in _COMMAND_FLAG.finditer(line):
@@ -620,7 +624,7 @@ def _command_args(line: str, facts: Facts) -> bool:
             with contextlib.suppress(ValueError):
                 values[key] = kind(raw)
     facts["args"] = ServerArgs(complete=False, **values)  # type: ignore[arg-type]
-    return False  # the model is the next handler's (_command_model)
+    return False
 
 
 def _banner_version(match: re.Match[str], facts: Facts) -> None:
@@ -696,8 +700,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
 _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check, needle="cache"),
-    _command_args,
-    _simple(_COMMAND_MODEL, _command_model),
+    _command_line,
     _simple(_LOADING_MODEL, _command_model, needle="Starting to load model"),
     _simple(_GPU_NAME, _gpu_name),
     _simple(_ENGINE_GENERATION, _engine),
