@@ -60,6 +60,7 @@ SETS = {
     "heldout-25al",
     "heldout-25am",
     "heldout-25an",
+    "heldout-25ao",
 }
 
 
