@@ -210,7 +210,8 @@ def _weights(log: LogFacts, setup: Setup) -> tuple[Amount | None, float | None]:
 
 def _kv(log: LogFacts) -> Amount | None:
     if log.available_kv_gib is not None:
-        return _gib(log.available_kv_gib, "vLLM's available KV cache memory")
+        uneven = log.available_kv_max_gib is not None and log.available_kv_max_gib != log.available_kv_gib
+        return _gib(log.available_kv_gib, "vLLM's available KV cache memory" + (", its least rank's" if uneven else ""))
     if log.profile is not None and log.profile.kv_gib is not None:
         return _gib(log.profile.kv_gib, "vLLM's memory-profiling line")
     if log.refusal is not None and log.refusal.available_gib is not None:

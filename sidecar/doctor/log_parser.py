@@ -538,6 +538,15 @@ def _weights(match: re.Match[str], facts: Facts) -> None:
     facts["weights_gib"] = float(match.group(1))
 
 
+def _available_kv(match: re.Match[str], facts: Facts) -> None:
+    # Each rank prints its own; V1's engine sizes the KV cache of every rank by the least of them, so a rank whose
+    # card holds something else fails the start however much room the others have.
+    kv = float(match.group(1))
+    least, most = facts.get("available_kv_gib"), facts.get("available_kv_max_gib")
+    facts["available_kv_gib"] = min(kv, least) if isinstance(least, float) else kv
+    facts["available_kv_max_gib"] = max(kv, most) if isinstance(most, float) else kv
+
+
 def _available_bytes(match: re.Match[str], facts: Facts) -> None:
     available, total = (int(match.group(i)) for i in (1, 2))
     if total <= 0:
@@ -686,7 +695,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_NODE_LOW, _node_low, needle="killed due to"),
     _simple(_NODE_MEMORY, _node_memory, needle="memory usage threshold"),
     _simple(_SWAP_WARNING, _swap_warning, needle="swap space"),
-    _simple(_AVAILABLE_KV, _store("available_kv_gib", float)),
+    _simple(_AVAILABLE_KV, _available_kv),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),

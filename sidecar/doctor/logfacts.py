@@ -188,7 +188,8 @@ class LogFacts:
     quantization: str | None = None
     kv_cache_dtype: str | None = None
     weights_gib: float | None = None
-    available_kv_gib: float | None = None
+    available_kv_gib: float | None = None  # the least any rank printed: V1 sizes every rank's cache by it
+    available_kv_max_gib: float | None = None  # the most any rank printed
     kv_cache_tokens: int | None = None
     num_gpu_blocks: int | None = None
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)

@@ -35,6 +35,9 @@ MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is 
 LARGE_ACTIVATION_SHARE = 0.25  # activations over this share of the budget are what ate the KV cache
 MANY_SEQUENCES = 512  # max_num_seqs from here on (V1's 1024 default on large cards) is worth halving first
 FOREIGN_NON_TORCH_BYTES = 4 * GIB  # non-torch memory from here on is not vLLM's own: another process's, profiled
+# More than an uneven split of the weights gives (pipeline stages holding the embedding or the LM head: a few GiB
+# for the largest vocabularies).
+UNEVEN_RANKS_BYTES = 4 * GIB
 MIN_USEFUL_KV_BYTES = 0.5 * GIB  # a KV cache under this at the highest budget is a sliver: the weights do not fit
 SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when max_num_seqs stays
 
@@ -271,6 +274,9 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
     if log.num_gpu_blocks == 0:
         lines.append("vLLM sized its KV cache at 0 blocks")
     lines.extend(ledger.lines())
+    uneven = _uneven_ranks(log)
+    if uneven is not None:
+        return _rank_card_shared(uneven, lines)
     fit = ledger.weights_fit()
     weights = ledger.weights
     if fit is False and weights is not None:
@@ -307,6 +313,39 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
         summary="vLLM could not start: the budget holds the weights and activations but leaves no KV cache",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def _uneven_ranks(log: LogFacts) -> str | None:
+    """The ranks of one engine hold equal shares of the weights under one budget, so their KV caches differ by
+    little; one rank short by more than any uneven split explains, while another has room, had less of its card:
+    something outside this engine holds memory there. The line that says so, or None."""
+    least, most = log.available_kv_gib, log.available_kv_max_gib
+    if least is None or most is None or least > 0 or most * GIB < MIN_USEFUL_KV_BYTES:
+        return None
+    if (most - least) * GIB < UNEVEN_RANKS_BYTES:
+        return None
+    return (
+        f"the ranks' available KV cache memory runs from {least:.2f} GiB to {most:.2f} GiB: with the weights split "
+        f"evenly under one budget, a gap of {most - least:.2f} GiB is memory outside this engine on the short rank's "
+        "card (another process, or another engine or stage started beside it), counted as its non-torch memory"
+    )
+
+
+def _rank_card_shared(uneven: str, lines: list[str]) -> Finding:
+    lines.append(uneven)
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not start: one rank's card holds memory outside this engine, and its KV cache got none",
+        evidence=tuple(lines),
+        steps=(
+            "run nvidia-smi on each card before the start: the short rank's card lists the other process; give it a "
+            "card of its own or start it after vLLM, or (another stage of one deployment) give each stage a "
+            "gpu_memory_utilization that together stay under the card",
+            "not more GPUs or a shorter --max-model-len: the other ranks had room, so the weights fit, and V1 sizes "
+            "the KV cache from the budget, not from the length",
+        ),
     )
 
 
