@@ -26,7 +26,7 @@ from sidecar.doctor import formula, remedies
 from sidecar.doctor.capture_sizes import fewer_graphs
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
-from sidecar.doctor.formula import gib
+from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
@@ -214,8 +214,8 @@ def _after_kv(
             steps.append(
                 _unless_before_kv(oom, phase, ledger, step)
                 or f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; from "
-                f"vLLM's default {ledger.utilization:g} that is {lowered.value}): the transient lacked "
-                f"{gib(oom.shortfall_bytes or 0)} of {gib(ledger.total.value_bytes)}"
+                f"vLLM's default {ledger.utilization:g} that is {lowered.value}): "
+                + _lacked(oom, ledger.total.value_bytes)
             )
     recommendations += _graph_remedies(oom, phase, setup, log=log, lines=lines)
     if phase is OomPhase.WARMUP:
@@ -250,6 +250,15 @@ def _after_kv(
         recommendations=tuple(recommendations),
         steps=tuple(steps),
     )
+
+
+def _lacked(oom: CudaOom, total_bytes: float) -> str:
+    shortfall, card = oom.shortfall_bytes or 0, gib(total_bytes)
+    if shortfall < 0.01 * GIB and oom.tried_bytes is not None:
+        # Free memory a hair under the request: "lacked 0.00 GiB" would read as no shortage at all.
+        asked, free = gib(oom.tried_bytes), gib(oom.free_bytes or 0)
+        return f"the {card} card was full: the transient asked for {asked} with {free} free"
+    return f"the transient lacked {gib(shortfall)} of {card}"
 
 
 def _unless_before_kv(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, step: float) -> str | None:

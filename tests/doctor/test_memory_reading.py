@@ -152,6 +152,12 @@ def test_a_lower_budget_from_a_budget_the_log_does_not_state_is_a_step_not_a_val
     assert "from vLLM's default 0.9 that is 0.85" in finding.steps[0]
 
 
+def test_a_request_a_hair_over_what_is_free_says_the_card_was_full_not_no_shortage() -> None:
+    finding = _finding(_traceback(V1, ["run_busy_loop", "execute_model"], _oom(tried="448.00 MiB", free="447.94 MiB")))
+    assert "the 23.65 GiB card was full: the transient asked for 0.44 GiB with 0.44 GiB free" in finding.steps[0]
+    assert "lacked 0.00 GiB" not in finding.steps[0]
+
+
 def test_weights_that_do_not_fit_never_lower_the_budget() -> None:
     text = _traceback(V1, ["load_model", "load_weights", "weight_loader"], _oom(tried="112.00 MiB", free="40.00 MiB"))
     finding = _finding(text)
