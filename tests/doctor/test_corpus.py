@@ -61,6 +61,7 @@ SETS = {
     "heldout-25am",
     "heldout-25an",
     "heldout-25ao",
+    "heldout-25ap",
 }
 
 
