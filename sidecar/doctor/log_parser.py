@@ -60,7 +60,7 @@ _MAX_LEN_V1 = loose(
 _ESTIMATED_MAX_LEN = loose(r"(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)")
 _MAX_LEN_V0 = loose(  # "max \w+ len": the rest of the sentence identifies it in a copy retyped by hand ("sew len")
     r"The model's max \w+ len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
-    r"cache \((\d+)\)"
+    r"cache \((?:(\d+)\))?"  # an excerpt may end at the parenthesis: the refusal is still known, its size not
 )
 _NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
 # V0 before 0.2.7 started with a max_model_len its KV cache could not hold and ignored each such prompt.
@@ -87,7 +87,7 @@ _V0_PROFILE = loose(
 )  # `\s*`: a paste that wrapped the line at that space dropped it
 _KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
 _CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
-_BLOCKS = loose(r"# (?:GPU|\w+) blocks: (\d+)|num_gpu_blocks is: (\d+)")
+_BLOCKS = loose(r"# (?:GPU|\w+) blocks: (-?\d+)|num_gpu_blocks is: (-?\d+)")
 _CPU_BLOCKS = loose(r"# CPU blocks: (\d+)")
 # The host's memory: a file the host would not map (safetensors maps each weights file whole), the kernel's OOM
 # killer as a shell, dmesg or Kubernetes reports it.
@@ -99,7 +99,7 @@ _NODE_LOW = loose(r"killed due to the node running low on memory|killed due to m
 # Ray's line after the kill: "... was running was 31.27GB / 32.00GB (0.977), which exceeds the memory usage
 # threshold of 0.95."
 _NODE_MEMORY = loose(
-    r"was ([\d.]+) ?GB / ([\d.]+) ?GB \([\d.]+\), which exceeds the memory usage threshold of ([\d.]+)"
+    r"was ([\d.]+) ?GB / ([\d.]+) ?GB \([\d.]+\), which exceeds the memory usage threshold of (\d+(?:\.\d+)?)"
 )
 # vLLM's CacheConfig, when --swap-space x the GPUs of the node takes over 40 % of the host's memory: "Possibly
 # too large swap space. 16.00 GiB out of the 32.00 GiB total CPU memory is allocated for the swap space."
@@ -398,7 +398,7 @@ def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
         kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
         line=_refusal_line(match),
         max_model_len=int(match.group(1)),
-        capacity_tokens=int(match.group(2)),
+        capacity_tokens=int(match.group(2)) if match.group(2) else None,
     )
 
 
@@ -574,11 +574,16 @@ def _node_low(match: re.Match[str], facts: Facts) -> None:
 
 
 def _node_memory(match: re.Match[str], facts: Facts) -> None:
-    """Ray's next line says how full the node was: added to the kill it explains."""
+    """Ray's next line says how full the node was: added to the kill it explains. Ray writes it only when it
+    kills, so alone (an excerpt without the exception before it) it is the kill."""
     killed = facts.get("host_memory")
+    said = f"(the node at {match.group(1)} / {match.group(2)} GB, over Ray's threshold of {match.group(3)})"
     if isinstance(killed, HostMemory) and killed.kind is HostMemoryKind.NODE_LOW:
-        said = f" (the node at {match.group(1)} / {match.group(2)} GB, over Ray's threshold of {match.group(3)})"
-        facts["host_memory"] = replace(killed, line=killed.line + said)
+        facts["host_memory"] = replace(killed, line=f"{killed.line} {said}")
+    elif killed is None:
+        facts["host_memory"] = HostMemory(
+            kind=HostMemoryKind.NODE_LOW, line=f"Ray's memory monitor killed a task {said}"
+        )
 
 
 def _swap_warning(match: re.Match[str], facts: Facts) -> None:
@@ -586,7 +591,9 @@ def _swap_warning(match: re.Match[str], facts: Facts) -> None:
 
 
 def _blocks(match: re.Match[str], facts: Facts) -> None:
-    facts["num_gpu_blocks"] = int(match.group(1) or match.group(2))
+    # vLLM 0.1 printed a budget short of the profile's peak as a negative count ("# GPU blocks: -1") and went on to
+    # fail later: no block at all, as 0 says to every reading.
+    facts["num_gpu_blocks"] = max(0, int(match.group(1) or match.group(2)))
 
 
 def _preemptions(match: re.Match[str], facts: Facts) -> None:

@@ -287,7 +287,8 @@ def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefi
     # An unprefixed log (a bare traceback, a paste): a line that starts like the rest of a sentence continues it.
     first = line[0]
     last = last_part[-1]
-    return first.islower() or first.isdigit() or first == "(" or last.isspace() or last in ",("
+    # Closing punctuation never starts a record of its own: the wrap fell just before it.
+    return first.islower() or first.isdigit() or first in "()]}.,;" or last.isspace() or last in ",("
 
 
 def _continues_indented(line: str, indent: int, parts: list[str]) -> bool:
@@ -311,6 +312,6 @@ def _glue(before: str, after: str) -> str:
         return " " + after.lstrip(" ")  # a hanging indent: the wrap fell on a space
     if before[-1:].isspace() or after[:1].isspace():
         return after
-    if before[-1:].isalpha() and after[:1].isalpha():
+    if (before[-1:].isalpha() and after[:1].isalpha()) or after[:1] in ")]},.;":
         return after
     return " " + after

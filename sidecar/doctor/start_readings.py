@@ -160,6 +160,8 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
     wanted = (refusal.max_model_len if refusal is not None else None) or (
         setup.max_model_len.value if setup.max_model_len is not None else None
     )
+    if refusal is not None and fits is None:
+        return _capacity_cut(refusal, ledger, wanted)
     if fits is None or fits < MIN_REQUEST_TOKENS:
         return None  # a sliver: the model or the budget is the problem, not max_model_len (no_kv_room)
     block, value = _to_blocks(fits, setup)
@@ -194,6 +196,23 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
         summary=f"vLLM could not start: max_model_len{said} is more than its KV cache holds ({tokens(fits)} tokens)",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def _capacity_cut(refusal: Refusal, ledger: MemoryLedger, wanted: int | None) -> Finding:
+    """The refusal's words with its count of tokens cut off (an excerpt that ends at the parenthesis): the cause is
+    known, the length that fits is not, and no number is made up for it."""
+    said = f" {tokens(wanted)}" if wanted is not None else ""
+    return Finding(
+        cause=Cause.KV_CACHE_BLOWOUT,
+        severity=Severity.CRITICAL,
+        summary=f"vLLM could not start: max_model_len{said} is more than its KV cache holds",
+        evidence=(f"vLLM refused to start: {refusal.line}", *ledger.lines()),
+        steps=(
+            "the refusal's end, cut from this log, says how many tokens the KV cache holds: set --max-model-len at "
+            "most that, rounded down to the block size (16), or give the KV cache more memory (a larger "
+            "--gpu-memory-utilization up to 0.95 where the card has room, --kv-cache-dtype fp8, or more GPUs)",
+        ),
     )
 
 

@@ -72,6 +72,21 @@ def test_a_bare_message_wrapped_anywhere_reads_as_one(cut: int) -> None:
     assert (refusal.max_model_len, refusal.needed_gib, refusal.estimated_max_len) == (1048576, 22.5, 678112)
 
 
+def test_a_wrap_just_before_closing_punctuation_joins_without_a_space() -> None:
+    """A terminal 80 columns wide cut vLLM's free-memory refusal after 'GiB': the ')' line cannot start a record."""
+    wrapped = (
+        "(EngineCore pid=42103) ValueError: Free memory on device cuda:0 (13.33/15.47 GiB\n"
+        ") on startup is less than desired GPU memory utilization (0.9, 13.92 GiB). Decre\n"
+        "ase GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    (record,) = records(wrapped)
+    assert "(13.33/15.47 GiB) on startup" in record.text
+    refusal = parse_log(wrapped).refusal
+    assert refusal is not None
+    assert refusal.kind is RefusalKind.INSUFFICIENT_FREE_MEMORY
+    assert (refusal.free_gib, refusal.total_gib, refusal.utilization) == (13.33, 15.47, 0.9)
+
+
 def test_a_traceback_keeps_its_lines_and_an_unprefixed_wrap_joins_the_line_before() -> None:
     text = "\n".join(
         [

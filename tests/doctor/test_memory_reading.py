@@ -651,6 +651,9 @@ def test_rays_memory_monitor_killing_a_worker_is_the_hosts_memory_not_the_gpus()
     assert "Ray" in bare.summary
     assert "31.27 / 32.00 GB" in " ".join(bare.evidence)
     assert parse_log(ray).oom is None, "not the accelerator's OOM"
+    alone = _finding(ray.split("\n", 1)[1])  # an excerpt that starts after the exception: the line is the kill
+    assert (alone.cause, alone.recommendations) == (Cause.OTHER, ())
+    assert "threshold of 0.95)" in " ".join(alone.evidence)
     swap = (
         "INFO 06-30 09:24:54 llm_engine.py:59] Initializing an LLM engine with config: model='m'\n"
         '  File "/opt/app/vllm/engine/llm_engine.py", line 114, in _init_cache\n'
@@ -661,6 +664,30 @@ def test_rays_memory_monitor_killing_a_worker_is_the_hosts_memory_not_the_gpus()
     assert warned.cause is Cause.CONFIGURATION_OVERSHOOT
     assert _flags(warned) == {"--swap-space": 1}
     assert "16 GiB of the host's 32 GiB" in " ".join(warned.evidence)
+
+
+def test_vllm_01s_negative_block_count_is_no_kv_cache_at_all() -> None:
+    """0.1.x printed a budget short of the profile's peak as '# GPU blocks: -1' and failed later."""
+    facts = parse_log("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -1, # CPU blocks: 512\n")
+    assert facts.num_gpu_blocks == 0
+    finding = _finding("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -1, # CPU blocks: 512\n")
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "--max-model-len" not in _flags(finding)
+
+
+def test_a_kv_refusal_cut_before_its_count_is_a_blowout_with_no_length_made_up() -> None:
+    line = (
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored "
+        "in KV cache ("
+    )
+    finding = _finding(line + "\n")
+    assert finding.cause is Cause.KV_CACHE_BLOWOUT
+    assert finding.recommendations == ()
+    assert "32,768" in finding.summary
+    assert any("--max-model-len at most that" in step for step in finding.steps)
+    whole = parse_log(line + "8528)\n").refusal
+    assert whole is not None
+    assert whole.capacity_tokens == 8528
 
 
 def test_a_weights_file_the_host_would_not_map_is_the_hosts_memory() -> None:
