@@ -62,6 +62,7 @@ SETS = {
     "heldout-25an",
     "heldout-25ao",
     "heldout-25ap",
+    "heldout-25aq",
 }
 
 
