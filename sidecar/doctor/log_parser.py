@@ -27,6 +27,12 @@ from sidecar.doctor.logfacts import (
 )
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, oom_phase
+from sidecar.doctor.tpu_memory import (
+    BUDGET_BELOW_RESIDENT,
+    HBM_DEVICES,
+    budget_below_resident,
+    hbm_devices,
+)
 
 _SERVING = re.compile(SERVING_SIGNS)
 _NUM = r"(-?[\d.]+)"
@@ -704,6 +710,8 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_SWAP_WARNING, _swap_warning, needle="swap space"),
     _simple(_AVAILABLE_KV, _available_kv),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
+    _simple(HBM_DEVICES, hbm_devices, needle="hbm="),
+    _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="exceeds total_hbm_limit_gb"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
     _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),

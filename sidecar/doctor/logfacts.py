@@ -190,6 +190,8 @@ class LogFacts:
     weights_gib: float | None = None
     available_kv_gib: float | None = None  # the least any rank printed: V1 sizes every rank's cache by it
     available_kv_max_gib: float | None = None  # the most any rank printed
+    tpu_devices: int | None = None  # tpu-inference's per-device HBM lines: how many devices
+    tpu_device_gib: float | None = None  # and each one's HBM
     kv_cache_tokens: int | None = None
     num_gpu_blocks: int | None = None
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)

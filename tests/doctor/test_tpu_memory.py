@@ -1,0 +1,49 @@
+"""tpu-inference's memory lines: the device's HBM from its start lines, and its own refusal of a budget below what
+is resident. Lines as tpu-inference (vLLM's TPU backend) prints them (tpu_worker.py, its ValueError); the amounts
+are made up."""
+
+from __future__ import annotations
+
+from sidecar.doctor.diagnose import diagnose
+from sidecar.doctor.finding import Cause, Finding
+from sidecar.doctor.log_parser import parse_log
+from tests.doctor.builders import evidence, live
+
+DOWN = live(error="connection refused", version=None, max_model_len=None)
+CORE = "(EngineCore_DP0 pid=7) "
+DEVICES = ", ".join(["(0.0, 94.75)"] * 4)
+
+
+def _finding(text: str) -> Finding:
+    return diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(text))).findings[0]
+
+
+def test_the_devices_hbm_sizes_a_transients_step_below_a_stated_budget() -> None:
+    log = "\n".join(
+        [
+            "(APIServer pid=5) INFO 11-14 16:36:46 [utils.py:253] non-default args: {'model': 'm', "
+            "'gpu_memory_utilization': 0.98}",
+            f"{CORE}INFO 11-14 16:36:58 [tpu_worker_jax.py:152] Init worker | rank=0 | hbm=[{DEVICES}]GiB",
+            f"{CORE}ERROR 11-14 16:38:29 [core.py:855] jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error "
+            "allocating device buffer: Attempting to allocate 2.00G. That was not possible. There are 1.00G free.; "
+            "(0x0x0_HBM0)",
+        ]
+    )
+    assert parse_log(log).tpu_devices == 4
+    finding = _finding(log)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    # 0.98 - 1.00 GiB / 94.75 GiB - 0.01 = 0.9594 -> 0.95
+    assert {r.flag: r.value for r in finding.recommendations} == {"--gpu-memory-utilization": 0.95}
+
+
+def test_its_refusal_of_a_budget_below_the_weights_raises_the_budget_past_them() -> None:
+    line = (
+        f"{CORE}ValueError: total_hbm_used_gb=647.4GiB exceeds total_hbm_limit_gb=606.37GiB by 41.02GiB. Please "
+        "consider increasing --gpu-memory-utilization from 0.8 to a larger value."
+    )
+    finding = _finding(line)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    raised = {r.flag: r.value for r in finding.recommendations}["--gpu-memory-utilization"]
+    # the weights alone are 647.4 / (606.37 / 0.8) = 0.854 of the HBM: above that, with room for a KV cache
+    assert isinstance(raised, float)
+    assert 0.86 <= raised <= 0.95
