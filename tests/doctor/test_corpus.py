@@ -63,6 +63,7 @@ SETS = {
     "heldout-25ao",
     "heldout-25ap",
     "heldout-25aq",
+    "heldout-25ar",
 }
 
 
