@@ -26,7 +26,7 @@ from sidecar.doctor.logfacts import (
     ServerArgs,
 )
 from sidecar.doctor.oom_log import find_oom
-from sidecar.doctor.phase import SERVING_SIGNS, oom_phase
+from sidecar.doctor.phase import SERVING_SIGNS, cut_in_traceback, oom_phase
 from sidecar.doctor.tpu_memory import (
     BUDGET_BELOW_RESIDENT,
     HBM_DEVICES,
@@ -235,6 +235,8 @@ def _facts(log: list[Record]) -> LogFacts:
     if isinstance(refusal, Refusal) and refusal.kind is RefusalKind.SAMPLER_WARMUP:
         at = max(i for i, record in enumerate(log) if _SAMPLER.search(record.text))
         facts["refusal"] = replace(refusal, phase=oom_phase(log, at)[0])
+    if oom is None and facts.get("traceback") and not {"refusal", "host_memory"} & facts.keys():
+        facts["cut_in"] = cut_in_traceback(log)
     ranks = [record.tp_rank for record in log if record.tp_rank is not None]
     if ranks:
         facts["ranks_seen"] = max(ranks) + 1

@@ -212,6 +212,7 @@ class LogFacts:
     engine_dead: bool = False  # the engine (or a worker) died: EngineDeadError, "Engine core proc ... died", ...
     capture_sizes: tuple[int, ...] | None = None  # CUDA-graph batch sizes from the engine's config line, ascending
     traceback: bool = False  # a Python traceback follows the start: something raised
+    cut_in: OomPhase | None = None  # the log ends inside a traceback, before its error line: the phase it was in
     kv_check_failed: bool = False  # the traceback runs through vLLM's check that the KV cache holds max_model_len
     engine: str | None = None  # "v0" or "v1", from the engine's process names and source paths
     gpu_name: str | None = None  # the card's name where the log prints it (collect_env, a launcher's banner)

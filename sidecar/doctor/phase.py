@@ -120,6 +120,8 @@ _CALL = re.compile(r"\.?(\w+)\(")
 _TRACEBACK_ISH = re.compile(
     r"^\s*(?:$|Traceback|File \"|During handling|The above exception|\^+|~+|[\w.]*(?:Error|Exception)\b|\s)"
 )
+_HEADER = re.compile(r"^\s*Traceback \(most recent call last\)")
+_CHAIN_MARKER = re.compile(r"^\s*(?:During handling of the above exception|The above exception was the direct cause)")
 _MAX_TRACEBACK_RECORDS = 600
 _MAX_STRAY_RECORDS = 3  # other processes' lines interleaved in a traceback
 
@@ -160,6 +162,27 @@ def _frames(payload: str) -> list[tuple[str, str]]:
     return []
 
 
+def _chained(records: Sequence[Record], header: int) -> bool:
+    """Whether the traceback header at `header` continues an earlier exception's (a chain marker above it)."""
+    for index in range(header - 1, max(-1, header - 4), -1):
+        payload = records[index].payload
+        if payload.strip():
+            return _CHAIN_MARKER.match(payload) is not None
+    return False
+
+
+def cut_in_traceback(records: Sequence[Record]) -> OomPhase | None:
+    """Where a log that ends inside a traceback, before its error line (an excerpt cut short), had got to: the
+    phase its frames name, or None when the last record is no frame or code line of one."""
+    if not records:
+        return None
+    last = records[-1].payload
+    if _FRAME.search(last) is None and _CODE_LINE.match(last) is None:
+        return None
+    phase, _ = oom_phase(records, len(records) - 1)
+    return phase if phase is not OomPhase.UNKNOWN else None
+
+
 def traceback_start(records: Sequence[Record], at: int) -> int:
     """The first record of the traceback chain that ends at `at` (`at` itself when there is none): walking back
     over frames, code lines, exception lines and chain markers, past a few interleaved lines of other processes."""
@@ -169,6 +192,8 @@ def traceback_start(records: Sequence[Record], at: int) -> int:
     for index in range(at - 1, max(-1, at - _MAX_TRACEBACK_RECORDS), -1):
         if process and records[index].process not in ("", process):
             continue  # another process's lines, interleaved
+        if _HEADER.match(records[start].payload) and not _chained(records, start):
+            break  # the chain's first line: the lines above it (progress lines, a blank) led to it
         if _TRACEBACK_ISH.match(records[index].payload):
             start = index
             stray = 0

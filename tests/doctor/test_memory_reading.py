@@ -666,6 +666,38 @@ def test_rays_memory_monitor_killing_a_worker_is_the_hosts_memory_not_the_gpus()
     assert "16 GiB of the host's 32 GiB" in " ".join(warned.evidence)
 
 
+V0_PROFILE_START = (
+    "INFO 09-27 11:18:22 model_runner.py:1025] Loading model weights took 19.9073 GB\n"
+    "INFO 09-27 11:18:35 enc_dec_model_runner.py:297] Starting profile run for multi-modal models.\n"
+)
+
+
+def test_a_log_cut_inside_the_profile_runs_traceback_says_what_to_look_for_and_no_value() -> None:
+    frames = ["__init__", "_initialize_kv_caches", "determine_num_available_blocks", "decorate"]
+    cut = V0_PROFILE_START + _traceback("[rank0]: ", frames, "").rsplit("\n", 2)[0]  # no error line, no newline
+    finding = _finding(cut)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert finding.recommendations == ()
+    assert "error itself is cut" in finding.summary
+    assert "--max-num-seqs" in finding.steps[0]
+    # the same traceback with its error line is an OOM, read as such
+    whole = cut + "\n[rank0]: " + _oom()
+    assert "cut" not in _finding(whole).summary
+
+
+def test_the_lines_before_a_traceback_header_place_it_not_the_ones_before_them() -> None:
+    """A blank line between the progress lines and the header is no part of the traceback: the last progress line
+    before the header places it (the profile run), not an earlier one (loading)."""
+    text = (
+        "Loading safetensors checkpoint shards: 100% Completed | 5/5 [00:03<00:00,  1.36it/s]\n\n"
+        + V0_PROFILE_START
+        + "[rank0]: Traceback (most recent call last):\n"
+        + '[rank0]:   File "/x/runpy.py", line 196, in _run_module_as_main\n'
+        + "[rank0]:     return _run_code(code, main_globals, None,\n[rank0]:   Fil\n"
+    )
+    assert parse_log(text).cut_in is OomPhase.PROFILING
+
+
 def test_vllm_01s_negative_block_count_is_no_kv_cache_at_all() -> None:
     """0.1.x printed a budget short of the profile's peak as '# GPU blocks: -1' and failed later."""
     facts = parse_log("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -1, # CPU blocks: 512\n")
