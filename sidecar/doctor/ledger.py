@@ -22,6 +22,7 @@ from sidecar.doctor.model_size import estimate, fp8_capable, weight_bits
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
 from sidecar.model.gpu import ProcessOwner
 
+_PROFILE = "vLLM's memory-profiling line"
 FITS_SHARE = 0.75  # weights at most this share of what the card can give vLLM: they fit, with room for KV
 DOES_NOT_FIT_SHARE = 0.90  # weights above this share leave too little for activations and any KV cache
 MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise
@@ -143,8 +144,8 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
         utilization_assumed=assumed,
         weights=weights,
         weights_high_bytes=weights_high,
-        activation=_gib(log.profile.activation_gib if log.profile else None, "vLLM's memory-profiling line"),
-        non_torch=_gib(log.profile.non_torch_gib if log.profile else None, "vLLM's memory-profiling line"),
+        activation=_gib(log.profile.activation_gib if log.profile else None, _PROFILE),
+        non_torch=_gib(log.profile.non_torch_gib if log.profile else None, _PROFILE),
         graphs=_gib(
             (log.profile.cudagraph_gib if log.profile else None) or log.graph_capture_gib, "vLLM's graph-capture line"
         ),
@@ -178,7 +179,7 @@ def _total(log: LogFacts, setup: Setup) -> Amount | None:
     if refusal is not None and refusal.total_gib:
         return Amount(value_bytes=refusal.total_gib * GIB, source="vLLM's refusal to start")
     if log.profile is not None and log.profile.total_gib:
-        return Amount(value_bytes=log.profile.total_gib * GIB, source="vLLM's memory-profiling line")
+        return Amount(value_bytes=log.profile.total_gib * GIB, source=log.profile.source)
     if setup.card is not None and setup.card.memory_total_bytes > 0:
         return Amount(value_bytes=setup.card.memory_total_bytes, source="NVML")
     return None
@@ -213,7 +214,7 @@ def _kv(log: LogFacts) -> Amount | None:
         uneven = log.available_kv_max_gib is not None and log.available_kv_max_gib != log.available_kv_gib
         return _gib(log.available_kv_gib, "vLLM's available KV cache memory" + (", its least rank's" if uneven else ""))
     if log.profile is not None and log.profile.kv_gib is not None:
-        return _gib(log.profile.kv_gib, "vLLM's memory-profiling line")
+        return _gib(log.profile.kv_gib, log.profile.source)
     if log.refusal is not None and log.refusal.available_gib is not None:
         return _gib(log.refusal.available_gib, "vLLM's refusal to start")
     return None

@@ -163,6 +163,7 @@ class MemoryProfile:
     cudagraph_gib: float | None = None
     kv_gib: float | None = None
     free_gib: float | None = None
+    source: str = "vLLM's memory-profiling line"  # what the evidence names as where these came from
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

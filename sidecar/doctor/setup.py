@@ -169,7 +169,7 @@ def _log_utilization(log: LogFacts | None) -> Fact[float] | None:
         return Fact(log.args.gpu_memory_utilization, LOG_ARGS)
     for value, where in (
         (log.refusal.utilization if log.refusal else None, "vLLM's refusal to start"),
-        (log.profile.utilization if log.profile else None, "vLLM's memory-profiling line"),
+        (log.profile.utilization if log.profile else None, log.profile.source if log.profile else ""),
         (log.graphs_charged_utilization, "vLLM's CUDA graph memory profiling line"),
     ):
         if value is not None:

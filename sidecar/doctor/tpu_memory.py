@@ -44,6 +44,7 @@ def hbm_devices(match: re.Match[str], facts: Facts) -> None:
             weights_gib=None,
             activation_gib=None,
             non_torch_gib=None,
+            source="tpu-inference's per-device HBM line",
         )
 
 
@@ -66,6 +67,7 @@ def budget_below_resident(match: re.Match[str], facts: Facts) -> None:
         activation_gib=None,
         non_torch_gib=None,
         kv_gib=-short / devices,
+        source="tpu-inference's refusal" + ("" if devices > 1 else ", its sums over every device"),
     )
     facts.setdefault("weights_gib", used / devices)
     facts["available_kv_gib"] = -short / devices
