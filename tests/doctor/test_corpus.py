@@ -64,6 +64,7 @@ SETS = {
     "heldout-25ap",
     "heldout-25aq",
     "heldout-25ar",
+    "heldout-25as",
 }
 
 
