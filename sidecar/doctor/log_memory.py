@@ -27,6 +27,7 @@ from sidecar.doctor.capture_sizes import fewer_graphs
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib
+from sidecar.doctor.graph_estimate import NEGATIVE_ESTIMATE_GIB, negative_graph_estimate
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
@@ -63,7 +64,12 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
     ledger = build_ledger(log, setup)
     refusal = log.refusal
     finding: Finding | None = None
-    if refusal is not None:
+    estimate = log.graph_estimate_gib
+    if estimate is not None and estimate < NEGATIVE_ESTIMATE_GIB and refusal is None:
+        # The root cause of whatever followed: an OOM after it is the cache it oversized.
+        also = (f"then: {log.oom.message}",) if log.oom is not None and log.oom.message else ()
+        finding = negative_graph_estimate(estimate, ledger, also)
+    elif refusal is not None:
         finding = _refusal(refusal, ledger, setup, log)
     elif log.oom is not None:
         finding = _oom(log.oom, ledger, setup, log)

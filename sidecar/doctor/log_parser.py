@@ -123,6 +123,7 @@ _GRAPHS_PROFILED = loose(r"Profiling CUDA graph memory")
 # profiling. ...": graphs are charged to the budget, and the line states the budget.
 _GRAPHS_CHARGED = loose(r"The current --gpu-memory-utilization=" + _NUM + r" is equivalent to")
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
+_GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
 _PREEMPTED = loose(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
@@ -716,6 +717,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="exceeds total_hbm_limit_gb"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
+    _simple(_GRAPH_ESTIMATE, _store("graph_estimate_gib", float), needle="Estimated"),
     _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),
     _simple(_GRAPHS_CHARGED, _graphs_charged, needle="equivalent"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),

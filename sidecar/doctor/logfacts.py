@@ -198,6 +198,9 @@ class LogFacts:
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)
     profile: MemoryProfile | None = None
     graph_capture_gib: float | None = None
+    graph_estimate_gib: float | None = (
+        None  # 0.18+: "Estimated CUDA graph memory: X GiB total", taken from the KV share
+    )
     graphs_profiled: bool = False  # `Profiling CUDA graph memory` (0.2x+): their memory is kept out of the KV budget
     graphs_charged_utilization: float | None = None  # the budget 0.21+'s graph-profiling line states
     refusal: Refusal | None = None

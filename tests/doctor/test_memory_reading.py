@@ -698,6 +698,26 @@ def test_the_lines_before_a_traceback_header_place_it_not_the_ones_before_them()
     assert parse_log(text).cut_in is OomPhase.PROFILING
 
 
+@pytest.mark.parametrize(("estimate", "read"), [(-35.69, True), (-0.2, False), (2.55, False)])
+def test_a_negative_cuda_graph_estimate_oversized_the_kv_cache(estimate: float, read: bool) -> None:
+    """0.18+ takes its graph estimate out of the KV cache's share: a negative one gave the cache more than the
+    budget holds. Rounding noise and a positive estimate say nothing."""
+    text = (
+        "(EngineCore pid=257) INFO 06-06 16:17:06 [gpu_model_runner.py:6283] Profiling CUDA graph memory: "
+        "PIECEWISE=51 (largest=512)\n"
+        f"(EngineCore pid=257) INFO 06-06 16:17:13 [gpu_model_runner.py:6369] Estimated CUDA graph memory: {estimate} "
+        "GiB total\n"
+        "(EngineCore pid=257) INFO 06-06 16:17:14 [gpu_worker.py:469] Available KV cache memory: 72.44 GiB\n"
+    )
+    findings = diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(text))).findings
+    oversized = [f for f in findings if "beyond the budget" in f.summary]
+    assert bool(oversized) is read
+    if read:
+        assert oversized[0].cause is Cause.CONFIGURATION_OVERSHOOT
+        assert _flags(oversized[0]) == {"--enforce-eager": ""}
+        assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in oversized[0].steps[0]
+
+
 def test_vllm_01s_negative_block_count_is_no_kv_cache_at_all() -> None:
     """0.1.x printed a budget short of the profile's peak as '# GPU blocks: -1' and failed later."""
     facts = parse_log("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -1, # CPU blocks: 512\n")
