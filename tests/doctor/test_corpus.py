@@ -65,6 +65,7 @@ SETS = {
     "heldout-25aq",
     "heldout-25ar",
     "heldout-25as",
+    "heldout-25at",
 }
 
 
