@@ -26,7 +26,7 @@ from sidecar.doctor import formula, remedies
 from sidecar.doctor.capture_sizes import fewer_graphs
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
-from sidecar.doctor.formula import GIB, gib
+from sidecar.doctor.formula import GIB, gib, tokens
 from sidecar.doctor.graph_estimate import NEGATIVE_ESTIMATE_GIB, negative_graph_estimate
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
@@ -107,12 +107,38 @@ def _inferred_kv_refusal(ledger: MemoryLedger, setup: Setup, log: LogFacts) -> F
     the refusal's text still shows the KV cache's size (`# GPU blocks`) and either max_model_len above it or a
     traceback through the check itself."""
     limit = setup.max_model_len
+    if log.kv_check_failed and log.traceback and ledger.kv_tokens is None and ledger.kv is None:
+        return _kv_check_cut(ledger, setup)
     if ledger.kv_tokens is None or ledger.kv_tokens <= 0 or not log.traceback:
         return None
     too_long = limit is not None and ledger.kv_tokens < limit.value
     if not (too_long or log.kv_check_failed):
         return None
     return kv_refusal(None, ledger, setup, log)
+
+
+def _kv_check_cut(ledger: MemoryLedger, setup: Setup) -> Finding:
+    """A traceback through vLLM's check that the KV cache holds one max_model_len request, its error cut off and
+    no size in the log: the check raises either that no block is left or that max_model_len is too long. The
+    log says neither which nor by how much; both want a KV cache no smaller than today's."""
+    said = f" ({tokens(setup.max_model_len.value)} tokens, {setup.max_model_len.source})" if setup.max_model_len else ""
+    return Finding(
+        cause=Cause.KV_CACHE_BLOWOUT,
+        severity=Severity.CRITICAL,
+        summary="vLLM refused to start at its KV-cache check; the error itself is cut from the log",
+        evidence=(
+            "the traceback runs through vLLM's check that its KV cache holds one request of max_model_len"
+            f"{said}, and the log ends before the error says which of its two refusals it raised",
+            *ledger.lines(),
+        ),
+        steps=(
+            "find the error at the traceback's end: 'max seq len (M) is larger than the maximum number of tokens "
+            "that can be stored in KV cache (C)' (or '... KV cache is needed, which is larger than the available "
+            "KV cache memory'): set --max-model-len at most C, or give the KV cache more memory; 'No available "
+            "memory for the cache blocks': a larger --gpu-memory-utilization where the card has room; in both, a "
+            "lower budget makes it worse",
+        ),
+    )
 
 
 def _cut_in_profile_run(ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:

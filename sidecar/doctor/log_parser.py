@@ -238,6 +238,8 @@ def _facts(log: list[Record]) -> LogFacts:
         facts["refusal"] = replace(refusal, phase=oom_phase(log, at)[0])
     if oom is None and facts.get("traceback") and not {"refusal", "host_memory"} & facts.keys():
         facts["cut_in"] = cut_in_traceback(log)
+    if not recognised and (facts.get("kv_check_failed") or facts.get("cut_in")):
+        recognised = 1  # a traceback through vLLM's own start, its error line cut: still vLLM's
     ranks = [record.tp_rank for record in log if record.tp_rank is not None]
     if ranks:
         facts["ranks_seen"] = max(ranks) + 1

@@ -685,6 +685,23 @@ def test_a_log_cut_inside_the_profile_runs_traceback_says_what_to_look_for_and_n
     assert "cut" not in _finding(whole).summary
 
 
+def test_a_traceback_cut_inside_the_kv_check_is_its_refusal_with_no_size_made_up() -> None:
+    """V0's `raise_if_cache_size_invalid` raises one of two refusals; cut before either, the log is still vLLM's
+    refusal at the check, and nothing sizes a flag."""
+    prefix = "ERROR 04-28 15:55:45 worker_base.py:157] "
+    text = (
+        f"{prefix}Error executing method initialize_cache. This might cause deadlock in distributed execution.\n"
+        f"{prefix}Traceback (most recent call last):\n"
+        f'{prefix}  File "/x/vllm/worker/worker.py", line 171, in initialize_cache\n'
+        f"{prefix}    raise_if_cache_size_invalid(num_gpu_blocks,\n"
+        f'{prefix}  File "/x/vllm/worker/worker.py", line 335, in raise'
+    )
+    finding = _finding(text)
+    assert finding.cause is Cause.KV_CACHE_BLOWOUT
+    assert finding.recommendations == ()
+    assert "No available memory for the cache blocks" in finding.steps[0]
+
+
 def test_the_lines_before_a_traceback_header_place_it_not_the_ones_before_them() -> None:
     """A blank line between the progress lines and the header is no part of the traceback: the last progress line
     before the header places it (the profile run), not an earlier one (loading)."""
