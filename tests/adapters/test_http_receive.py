@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -22,7 +23,7 @@ from sidecar.sources.http_receive import (
     ReceiveLimitError,
     Receiver,
 )
-from tests.loopback import LoopbackServer, respond
+from tests.loopback import LoopbackServer, respond, until
 
 Script = Callable[[socket.socket], None]
 
@@ -96,12 +97,23 @@ async def test_a_server_sending_more_than_was_asked_for_is_paused_not_buffered()
 
 
 async def test_bytes_nobody_asked_for_make_a_connection_unusable_and_close_it() -> None:
-    receiver, peer = await _connected(_trickle(b"ok", b"late", pause_s=0.3, close=False))
+    idle, sent = threading.Event(), threading.Event()
+
+    def late_after_idle(peer: socket.socket) -> None:
+        peer.sendall(b"ok")
+        idle.wait(10)
+        peer.sendall(b"late")
+        sent.set()
+
+    loop = asyncio.get_running_loop()
+    receiver, peer = await _connected(late_after_idle)
     assert await receiver.read_exactly(2) == b"ok"
     receiver.busy = False  # the answer is read: the connection is idle, as between two polls
     assert receiver.usable()
-    await asyncio.sleep(0.6)  # "late" arrives while idle
-    assert not receiver.usable()
+    idle.set()  # only now does "late" go out: it arrives while idle, however slow the machine
+    assert await loop.run_in_executor(None, sent.wait, 10)
+    # The loop reads what arrived on one of its next turns.
+    await until(lambda: not receiver.usable(), 10, "the idle connection to notice the stray bytes")
     assert receiver.transport is not None
     assert receiver.transport.is_closing()
     peer.close()
