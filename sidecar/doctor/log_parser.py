@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from sidecar.doctor.log_records import Record, join_lines, loose, records
+from sidecar.doctor.log_records import Record, error_text, join_lines, loose, records
 from sidecar.doctor.logfacts import (
     HostMemory,
     HostMemoryKind,
@@ -368,17 +368,10 @@ def _simple(
     return handler
 
 
-def _refusal_line(match: re.Match[str], error: str = "ValueError:") -> str:
-    """The error as vLLM raised it: from `error` on where the record has it, else from the match."""
-    text = match.string
-    at = text.find(error)
-    return text[at:].strip() if at >= 0 else text[match.start() :].strip()
-
-
 def _max_len_v1(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
         kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
-        line=_refusal_line(match),
+        line=error_text(match),
         max_model_len=int(match.group(1)),
         needed_gib=float(match.group(2)),
         available_gib=float(match.group(3)) if match.group(3) else None,
@@ -407,7 +400,7 @@ def _estimated_max_len(match: re.Match[str], facts: Facts) -> None:
 def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
         kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
-        line=_refusal_line(match),
+        line=error_text(match),
         max_model_len=int(match.group(1)),
         capacity_tokens=int(match.group(2)) if match.group(2) else None,
     )
@@ -415,28 +408,28 @@ def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
 
 def _prompt_over_kv(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
-        kind=RefusalKind.PROMPT_OVER_KV, line=_refusal_line(match, "Input prompt"), prompt_tokens=int(match.group(1))
+        kind=RefusalKind.PROMPT_OVER_KV, line=error_text(match, "Input prompt"), prompt_tokens=int(match.group(1))
     )
 
 
 def _state_blocks(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
         kind=RefusalKind.STATE_BLOCKS,
-        line=_refusal_line(match),
+        line=error_text(match),
         max_num_seqs=int(match.group(1)),
         state_blocks=int(match.group(2)),
     )
 
 
 def _no_cache(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=_refusal_line(match))
+    facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=error_text(match))
 
 
 def _free_at_start(match: re.Match[str], facts: Facts) -> None:
     free, total, utilization, requested = (float(match.group(i)) if match.group(i) else None for i in range(1, 5))
     facts["refusal"] = Refusal(
         kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
-        line=_refusal_line(match),
+        line=error_text(match),
         free_gib=free,
         total_gib=total,
         utilization=utilization,
@@ -448,7 +441,7 @@ def _cpu_node(match: re.Match[str], facts: Facts) -> None:
     available, total, requested, budget = (float(match.group(i)) for i in range(1, 5))
     facts["refusal"] = Refusal(
         kind=RefusalKind.CPU_KV_OVER_AVAILABLE,
-        line=_refusal_line(match),
+        line=error_text(match),
         free_gib=available,
         total_gib=total,
         requested_gib=requested,
@@ -465,7 +458,7 @@ def _sampler(match: re.Match[str], facts: Facts) -> None:
 def _profile_check(match: re.Match[str], facts: Facts) -> None:
     facts["refusal"] = Refusal(
         kind=RefusalKind.PROFILE_FREE_DID_NOT_FALL,
-        line=_refusal_line(match, "AssertionError:"),
+        line=error_text(match, "AssertionError:"),
         free_gib=_gib_or_bytes(match.group(1), in_gib=bool(match.group(2))),
         free_after_gib=_gib_or_bytes(match.group(3), in_gib=bool(match.group(2))),
     )
@@ -479,7 +472,7 @@ def _gib_or_bytes(number: str | None, *, in_gib: bool) -> float | None:
 
 
 def _error_line(match: re.Match[str]) -> str:
-    return _refusal_line(match, "RuntimeError:")
+    return error_text(match, "RuntimeError:")
 
 
 def _stats(match: re.Match[str], facts: Facts) -> None:
@@ -522,7 +515,7 @@ def _free_info(match: re.Match[str], facts: Facts) -> None:
 
 def _v0_budget(match: re.Match[str], facts: Facts) -> None:
     previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
     total, utilization, budget = (float(match.group(i)) for i in range(1, 4))
     facts["profile"] = replace(base, total_gib=total, utilization=utilization, budget_gib=budget)
     if facts.get("engine") != "v1":  # only V0's worker (vllm/worker/worker.py) words its budget so
@@ -531,17 +524,11 @@ def _v0_budget(match: re.Match[str], facts: Facts) -> None:
 
 def _v0_profile(match: re.Match[str], facts: Facts) -> None:
     previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
     weights, non_torch, activation, kv = (float(match.group(i)) for i in range(1, 5))
     facts["profile"] = replace(base, weights_gib=weights, non_torch_gib=non_torch, activation_gib=activation, kv_gib=kv)
     facts["weights_gib"] = weights
     facts["available_kv_gib"] = kv
-
-
-def _empty_profile() -> MemoryProfile:
-    return MemoryProfile(
-        total_gib=None, utilization=None, budget_gib=None, weights_gib=None, activation_gib=None, non_torch_gib=None
-    )
 
 
 def _weights(match: re.Match[str], facts: Facts) -> None:
@@ -563,7 +550,7 @@ def _available_bytes(match: re.Match[str], facts: Facts) -> None:
     if total <= 0:
         return
     previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else _empty_profile()
+    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
     facts["profile"] = replace(base, total_gib=base.total_gib or total / 2**30)
     facts["available_kv_gib"] = available / 2**30
 

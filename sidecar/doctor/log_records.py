@@ -168,6 +168,14 @@ def join_lines(lines: list[str]) -> list[Record]:
     return [Record(text="".join(parts), prefix=prefix) for prefix, parts in joined]
 
 
+def error_text(match: re.Match[str], error: str = "ValueError:") -> str:
+    """The error as vLLM raised it, from a match in a record: from `error` on where the record has it, else from
+    the match."""
+    text = match.string
+    at = text.find(error)
+    return text[at:].strip() if at >= 0 else text[match.start() :].strip()
+
+
 def loose(pattern: str, flags: int = 0) -> re.Pattern[str]:
     """A message pattern that also matches where a wrap dropped or added whitespace: each literal space outside a
     character class matches any run of whitespace, or none."""

@@ -165,6 +165,19 @@ class MemoryProfile:
     free_gib: float | None = None
     source: str = "vLLM's memory-profiling line"  # what the evidence names as where these came from
 
+    @classmethod
+    def empty(cls, source: str = "vLLM's memory-profiling line") -> MemoryProfile:
+        """Nothing known yet: a line that states one amount fills it in."""
+        return cls(
+            total_gib=None,
+            utilization=None,
+            budget_gib=None,
+            weights_gib=None,
+            activation_gib=None,
+            non_torch_gib=None,
+            source=source,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerStats:

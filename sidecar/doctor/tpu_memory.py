@@ -14,8 +14,9 @@ budget the wrong way (docs/doctor.md, known misses).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from sidecar.doctor.log_records import loose
+from sidecar.doctor.log_records import error_text, loose
 from sidecar.doctor.logfacts import MemoryProfile, Refusal, RefusalKind
 
 Facts = dict[str, object]
@@ -35,17 +36,8 @@ def hbm_devices(match: re.Match[str], facts: Facts) -> None:
         return
     facts["tpu_devices"] = len(pairs)
     facts["tpu_device_gib"] = device = max(total for _, total in pairs)
-    previous = facts.get("profile")
-    if not isinstance(previous, MemoryProfile):
-        facts["profile"] = MemoryProfile(
-            total_gib=device,
-            utilization=None,
-            budget_gib=None,
-            weights_gib=None,
-            activation_gib=None,
-            non_torch_gib=None,
-            source="tpu-inference's per-device HBM line",
-        )
+    if not isinstance(facts.get("profile"), MemoryProfile):
+        facts["profile"] = replace(MemoryProfile.empty("tpu-inference's per-device HBM line"), total_gib=device)
 
 
 def budget_below_resident(match: re.Match[str], facts: Facts) -> None:
@@ -54,11 +46,7 @@ def budget_below_resident(match: re.Match[str], facts: Facts) -> None:
         return
     limit = cap / utilization
     devices = _devices(facts, limit)
-    text = match.string
-    at = text.find("ValueError:")
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.NO_CACHE_MEMORY, line=(text[at:] if at >= 0 else text[match.start() :]).strip()
-    )
+    facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=error_text(match))
     facts["profile"] = MemoryProfile(
         total_gib=limit / devices,
         utilization=utilization,
