@@ -29,6 +29,10 @@ WHOLE_ANSWER_BYTES = 64 * 2**20  # a server that ignores "stream" sends the whol
 _CLIENT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
 DRAIN_S = 1.0  # after data: [DONE], how long the end of the HTTP body may take before the socket is dropped
 SHARD_CONNECTIONS = 16
+# vLLM (uvicorn) closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default. A client that keeps
+# an idle connection as long races that close, and a request sent as the server closes is lost ("server
+# disconnected without sending a response"): idle connections are dropped well before the server's close.
+KEEPALIVE_EXPIRY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +80,9 @@ class ClientShards:
     def __init__(self, *, connections: int, timeout_s: float) -> None:
         count = max(1, math.ceil(connections / SHARD_CONNECTIONS))
         limits = httpx.Limits(
-            max_connections=SHARD_CONNECTIONS, max_keepalive_connections=SHARD_CONNECTIONS, keepalive_expiry=5.0
+            max_connections=SHARD_CONNECTIONS,
+            max_keepalive_connections=SHARD_CONNECTIONS,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
         tls = ssl.create_default_context()  # one for all: each costs milliseconds to build
         self._clients = [

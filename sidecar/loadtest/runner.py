@@ -106,7 +106,10 @@ GATE_BACKOFF_S = 0.1  # how long a worker waits after its request met a closed r
 
 
 def _watch_client() -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+    # A fresh connection for every poll. The polls are a second apart, more on a busy client: a kept-alive
+    # connection can reach the server's idle close (vLLM's 5 s) as a poll reuses it, and the poll then reads
+    # "server disconnected", which is the sign of a dead server (CI 2026-11-30: a live server judged dead).
+    limits = httpx.Limits(max_connections=4, max_keepalive_connections=0)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(PROBE_TIMEOUT_S), limits=limits, follow_redirects=False, trust_env=False
     )

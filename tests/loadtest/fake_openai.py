@@ -40,6 +40,9 @@ class Behaviour:
     # Answer nothing until this many requests are in flight at once (for at most HOLD_LIMIT_S): proves a client
     # can have that many out together, whatever the box's speed lets overlap by chance.
     hold_until_in_flight: int | None = None
+    # A keep-alive timeout that fires as a request arrives: a request on a connection idle for longer than this
+    # is not answered and the connection closes (uvicorn's race, made certain). None: connections stay open.
+    idle_close_s: float | None = None
 
 
 @dataclass
@@ -50,6 +53,7 @@ class Seen:
     max_in_flight: int = 0
     requests: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    dropped_on_idle: int = 0  # requests closed unanswered by Behaviour.idle_close_s
 
 
 class _Server(ThreadingHTTPServer):
@@ -124,6 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self._answered_at: float | None = None  # monotonic, when this connection's last answer ended
         with self.server.fake.lock:
             self.server.fake.connections.add(self.connection)
 
@@ -135,6 +140,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         return
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        self._answered_at = time.monotonic()
+
+    def parse_request(self) -> bool:
+        idle_close_s = self.server.fake.behaviour.idle_close_s
+        answered_at = self._answered_at
+        if idle_close_s is not None and answered_at is not None and time.monotonic() - answered_at > idle_close_s:
+            with self.server.fake.lock:
+                self.server.fake.seen.dropped_on_idle += 1
+            self.close_connection = True  # no answer: the client reads "server disconnected"
+            return False
+        return super().parse_request()
 
     def do_GET(self) -> None:
         fake = self.server.fake

@@ -4,6 +4,7 @@ server, a server that dies, the arrival modes, shared prefixes, the JSON report 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import time
@@ -15,10 +16,10 @@ from typing import Any
 import pytest
 
 from sidecar.cli import main
-from sidecar.loadtest import command
+from sidecar.loadtest import client, command
 from sidecar.loadtest.command import add_arguments, run
 from sidecar.loadtest.runner import run_load
-from sidecar.loadtest.spec import seeded
+from sidecar.loadtest.spec import Api, PlannedRequest, seeded
 from tests.loadtest.fake_openai import Behaviour, FakeOpenAI
 from tests.loopback import closed_port
 
@@ -148,6 +149,37 @@ def test_a_server_killed_mid_run_died_and_when(
     # Refused: the arrivals already on their way when the first refusal came back (a stalled loop launches the
     # overdue ones together: CI saw 4). A run that kept sending would have hundreds more at 20 a second.
     assert 1 <= failures["connection_refused"] <= 10
+
+
+def test_a_server_that_closes_idle_connections_is_not_judged_dead(
+    capsys: pytest.CaptureFixture[str], fake: FakeOpenAI
+) -> None:  # the requests' own connections: the next test
+    # The server closes, unanswered, any request on a connection idle for 0.6 s: the monitor's once-a-second
+    # polls would all meet that close on a kept-alive connection, and read it as a server that died.
+    fake.behaviour.idle_close_s = 0.6
+    fake.behaviour.token_delay_s = 0.01
+    _, report = loadtest(capsys, fake, "--concurrency", "2", "--duration", "3", "--output-tokens", "5")
+    server = report["server"]
+    assert (server["died"], server["died_reason"]) == (False, None), report["verdict_line"]
+    assert server["peak_kv_cache_usage_ratio"] == 0.42  # the polls were answered
+
+
+async def test_idle_request_connections_are_dropped_before_the_server_closes_them(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM closes connections idle for 5 s and the client drops them after KEEPALIVE_EXPIRY_S; scaled down here
+    # (0.6 s and 0.2 s), a request sent after a 0.9 s pause goes on a new connection and is answered.
+    fake.behaviour.idle_close_s = 0.6
+    monkeypatch.setattr(client, "KEEPALIVE_EXPIRY_S", 0.2)
+    target = client.Target(base_url=fake.url, api=Api.COMPLETIONS, model="fake-model", timeout_s=10)
+    results = []
+    async with client.ClientShards(connections=1, timeout_s=10) as shards, shards.lease() as http:
+        for index in range(2):
+            planned = PlannedRequest(index=index, prompt="a b c", max_tokens=3, prompt_words=3, prefix_group=None)
+            results.append(await client.send(http, target, planned, run_started=time.monotonic()))
+            await asyncio.sleep(0.9)
+    assert [result.failure for result in results] == [None, None], results
+    assert fake.seen.dropped_on_idle == 0
 
 
 def test_a_closed_loop_stops_sending_to_a_dead_server(capsys: pytest.CaptureFixture[str], fake: FakeOpenAI) -> None:
