@@ -6,8 +6,9 @@ load, and a Prometheus scraping all four every second. Also the command that red
 What runs, and why each part is there (every panel and annotation must have data):
 - sim `leak` (vLLM 0.32 names) with a slow leak (32 MiB/s) and a small KV cache: GPU memory grows steadily, so
   growth and time to OOM exist (about 30 minutes of it, so nothing runs out), and 12 clients fill the KV cache
-  to where the sidecar pauses admission and resumes it. `--max-num-seqs 10` keeps two of them waiting for
-  capacity (vLLM's queue split by reason has data), and `--enable-fault-tolerance` shows `vllm:engine_healthy`.
+  past where the sidecar pauses admission, so it pauses and resumes again and again. `--max-num-seqs 10` keeps
+  two of them waiting for capacity (vLLM's queue split by reason has data), and `--enable-fault-tolerance` shows
+  `vllm:engine_healthy`.
 - sim `healthy` as vLLM 0.6 (V0: `gpu_cache_usage_perc`, no engine label): the vLLM panels must work on both name
   schemes. Light load, so its histograms exist (V0 creates them on the first request).
 - sidecar A on the leak sim, acting through the `exec` adapter with a script that fails once and then works,
@@ -46,10 +47,10 @@ ADMIN_TOKEN = "dashboard-stack-admin-token"  # noqa: S105 - a loopback test daem
 NEW_MODEL = "sim-llama"
 OLD_MODEL = "sim-llama-v0"
 XID = 79
-# Small enough that the 10 running requests of ~1,100 tokens fill 80-90 % of it: admission pauses at the default 0.9
-# and resumes at 0.8, so the KV panels and annotations show the sidecar at work (the preset's ~28k blocks would read
-# ~2 %).
-KV_BLOCKS = 864
+# Small enough that the 10 running requests of ~1,100 tokens need ~95 % of it: admission pauses at the default 0.9,
+# the readiness-gated load stops, and it resumes below 0.8, over and over. At 864 blocks they needed ~81 %, and a
+# pause came only when chance lengthened the prompts (local run 36 of 2026-11-30: none in 75 s).
+KV_BLOCKS = 720
 MAX_NUM_SEQS = 10  # of the 12 clients: 2 wait for capacity
 # 2 s, not 1: on a starved CI box a run of 1 s scrapes timing out left a gap longer than the panels' 4 s rate
 # interval around the Xid, and no window held both sides of its counter's step (run 44: the Xid panel read 0).
