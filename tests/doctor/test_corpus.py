@@ -66,6 +66,7 @@ SETS = {
     "heldout-25ar",
     "heldout-25as",
     "heldout-25at",
+    "heldout-25au",
 }
 
 
