@@ -142,8 +142,14 @@ def test_plain_http_to_the_tls_port_is_closed_quickly_and_https_keeps_working(
     assert time.monotonic() - started < 5.0
     assert httpx.get(tls_daemon.url + "/healthz", verify=client_context(pki[0]), timeout=5).status_code == 200
     assert tls_daemon.process.poll() is None
-    errors = [event for event in tls_daemon.events() if event.get("level") in ("error", "critical")]
-    assert errors == [], errors  # a confused client is not the daemon's error
+    # A confused client is not the daemon's error. Its scrapes of vLLM are another matter: on a busy box one can
+    # miss its 0.4 s deadline (CI 2026-11-30) and say so, which is right and not about this port.
+    errors = [
+        event
+        for event in tls_daemon.events()
+        if event.get("level") in ("error", "critical") and event.get("event") != "source_failed"
+    ]
+    assert errors == [], errors
 
 
 def test_the_context_has_tls_1_2_or_later_aead_forward_secret_ciphers_and_no_compression(server_pair: Pair) -> None:
