@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from sidecar.doctor import formula, remedies
 from sidecar.doctor.capture_sizes import fewer_graphs
+from sidecar.doctor.cpu_kv import cpu_kv_refusal
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib, tokens
@@ -42,7 +43,6 @@ from sidecar.doctor.oom_readings import (
 )
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import (
-    cpu_kv_refusal,
     free_memory_refusal,
     kv_refusal,
     no_kv_room,

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from sidecar.doctor.log_records import Record, error_text, join_lines, loose, records
 from sidecar.doctor.logfacts import (
+    CpuKvSpace,
     HostMemory,
     HostMemoryKind,
     LogFacts,
@@ -140,6 +141,9 @@ _CPU_NODE = loose(
     r"Available memory on node \d+ \(" + _NUM + "/" + _NUM + r" GiB\) on kv cache allocation is less than requested "
     r"memory for kv \(" + _NUM + "/" + _NUM + r" GiB\)"
 )
+# The CPU worker's KV space when VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes set it (cpu_worker.py, 0.25-0.32):
+# "Explicitly set (0.0/11.65) GiB for KV cache on node 0."
+_CPU_KV_SPACE = loose(r"Explicitly set \(" + _NUM + "/" + _NUM + r"\) GiB for KV cache on node \d+")
 # The memory profile's own check (V0 worker.py 0.5-0.6, then V0/V1 gpu workers to 0.10+): "Error in memory
 # profiling." alone (0.5), or with "Initial free memory X, current free memory Y" after it: bytes (0.6), GiB (0.7+).
 _PROFILE_CHECK = loose(
@@ -555,6 +559,11 @@ def _available_bytes(match: re.Match[str], facts: Facts) -> None:
     facts["available_kv_gib"] = available / 2**30
 
 
+def _cpu_kv_space(match: re.Match[str], facts: Facts) -> None:
+    space, total = (float(match.group(i)) for i in (1, 2))
+    facts["cpu_kv_space"] = CpuKvSpace(line=match.group(0), space_gib=space, node_total_gib=total)
+
+
 def _map_refused(match: re.Match[str], facts: Facts) -> None:
     facts["host_memory"] = HostMemory(
         kind=HostMemoryKind.MAP_REFUSED, line=_error_line(match), bytes=int(match.group(1))
@@ -686,6 +695,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_SAMPLER, _sampler, needle="sampler"),
     _simple(_PROFILE_CHECK, _profile_check, needle="profiling"),
     _simple(_CPU_NODE, _cpu_node, needle="node"),
+    _simple(_CPU_KV_SPACE, _cpu_kv_space, needle="Explicitly set"),
     _simple(_STATS, _stats, needle="Running"),
     _simple(_PREEMPTED, _preempted, needle="preempted"),
     _simple(_FREE_INFO, _free_info, needle="utilization"),

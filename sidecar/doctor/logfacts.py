@@ -11,6 +11,15 @@ from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CpuKvSpace:
+    """The CPU backend's KV space as set explicitly: "Explicitly set (S/T) GiB for KV cache on node N."."""
+
+    line: str
+    space_gib: float
+    node_total_gib: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerArgs:
     """The command-line arguments vLLM logged at start.
 
@@ -219,6 +228,7 @@ class LogFacts:
     refusal: Refusal | None = None
     oom: CudaOom | None = None
     host_memory: HostMemory | None = None
+    cpu_kv_space: CpuKvSpace | None = None  # the CPU backend's KV space, where it was set explicitly
     cpu_blocks: int | None = None  # V0: KV blocks in pinned host memory (--swap-space), from `# CPU blocks: N`
     swap_gib: float | None = None  # the node's whole --swap-space, from vLLM's "Possibly too large swap space"
     host_total_gib: float | None = None  # the host's memory, from the same warning

@@ -51,6 +51,12 @@ _FAMILY = loose(
     r"|alloc device memory failed, runtime result = 207001"
     r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
     + _SIZE
+    # Intel's GPUs (XPU) through Level Zero and its unified runtime: "level_zero backend failed with error: 40
+    # (UR_RESULT_ERROR_OUT_OF_RESOURCES)", or SYCL's older "Native API returns: -5 (PI_ERROR_OUT_OF_RESOURCES)".
+    # Out of resources is how the runtime reports device memory exhausted in practice (a model that starts on more
+    # cards, or with less context); it names no size.
+    + r"|UR_RESULT_ERROR_OUT_OF_(?:DEVICE_MEMORY|RESOURCES)|ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY"
+    + r"|PI_ERROR_OUT_OF_RESOURCES"
     # Apple's Metal (vllm-metal): a command buffer the GPU could not give memory to.
     + r"|kIOGPUCommandBufferCallbackErrorOutOfMemory|\[METAL\][^\n]{0,200}Insufficient Memory"
     # PyTorch's caching allocator on its out-of-memory path asks NVML for the card's memory to word the error;
@@ -111,6 +117,7 @@ _SENTENCE = re.compile(
 _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _NEURON = re.compile(r"nrt_tensor_allocate|on ND \d+:NC \d+")
+_LEVEL_ZERO = re.compile(r"level_zero|UR_RESULT_ERROR|ZE_RESULT_ERROR|PI_ERROR")
 _CANN = re.compile(r"EL0004|runtime result = 207001")
 _DEVICE_NAME = re.compile(
     r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|memory space [vs]mem\b"
@@ -194,6 +201,8 @@ def _device(records: Sequence[Record], family: list[int]) -> str:
         return "NEURON"
     if any(_CANN.search(records[index].payload) for index in family):
         return "NPU"
+    if any(_LEVEL_ZERO.search(records[index].payload) for index in family):
+        return "XPU"
     for index in reversed(family):
         match = _DEVICE_NAME.search(records[index].payload)
         if match is not None:

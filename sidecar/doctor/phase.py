@@ -138,7 +138,10 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
     for phase, names, paths in _FRAME_PHASES:
         for path, name in frames:
             if name in names or any(part in path for part in paths):
-                return phase, f"frame {name} ({path.rsplit('/', 1)[-1]})"
+                return (
+                    phase,
+                    f"frame {name} ({path.rsplit('/', 1)[-1]})" if path else f"the call {name}() in a frame's code",
+                )
     before = range(start - 1, -1, -1)
     after = range(at + 1, len(records))  # a paste that put the error first and the lines that led to it after
     for indices, where in ((before, "before"), (after, "after, in the paste's order,")):
@@ -153,10 +156,17 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
 
 def _frames(payload: str) -> list[tuple[str, str]]:
     """(path, function) of a frame line; a code line under a frame names the functions it calls, which the
-    traceback enters next (a traceback cut short by a paste still shows `engine_core.run_busy_loop()`)."""
-    frame = _FRAME.search(payload)
-    if frame is not None:
-        return [(frame.group(1), frame.group(2))]
+    traceback enters next (a traceback cut short by a paste still shows `engine_core.run_busy_loop()`). A
+    traceback joined into one line (a web page's copy, a wrapper that flattens newlines) holds several frames,
+    each followed by its code."""
+    frames = list(_FRAME.finditer(payload))
+    if frames:
+        found: list[tuple[str, str]] = []
+        for frame, following in zip(frames, [*frames[1:], None], strict=True):
+            found.append((frame.group(1), frame.group(2)))
+            code = payload[frame.end() : following.start() if following is not None else len(payload)]
+            found.extend(("", name) for name in _CALL.findall(code))
+        return found
     if _CODE_LINE.match(payload):
         return [("", name) for name in _CALL.findall(payload)]
     return []

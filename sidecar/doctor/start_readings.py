@@ -24,6 +24,7 @@ from dataclasses import replace
 from sidecar.doctor import formula, remedies
 from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE, derived_max_len
 from sidecar.doctor.card_size import LikelyCard, likely_card
+from sidecar.doctor.cpu_kv import explicit_space_short
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
 from sidecar.doctor.ledger import Amount, MemoryLedger
@@ -106,49 +107,6 @@ def profile_check(refusal: Refusal) -> Finding:
             "under a GPU-sharing layer (vGPU, HAMi, a device plugin that slices cards) check that the free memory "
             "it reports moves with allocations; it is that layer's count vLLM reads. No memory flag changes this",
         ),
-    )
-
-
-def cpu_kv_refusal(refusal: Refusal) -> Finding:
-    """The CPU backend asked the NUMA node for a KV cache larger than what it has available: the KV space must fit
-    in it (VLLM_CPU_KVCACHE_SPACE, whole GiB), or the budget that sizes it must shrink by the difference."""
-    available = refusal.free_gib or 0.0
-    total = refusal.total_gib or 0.0
-    requested = refusal.requested_gib or 0.0
-    budget = refusal.budget_gib or requested
-    space = math.floor(available * (1 - formula.RESERVE_RATIO))
-    lines = [
-        f"vLLM refused to start: {refusal.line}",
-        f"the KV cache asked for {requested:.2f} GiB of a {budget:.2f} GiB budget; the node has {available:.2f} "
-        f"of {total:.2f} GiB available",
-    ]
-    recommendations = [
-        Recommendation(
-            flag="VLLM_CPU_KVCACHE_SPACE",
-            value=space,
-            why=f"{available:.2f} GiB available less the {formula.RESERVE_RATIO:.0%} reserve, in whole GiB -> {space}",
-        )
-    ]
-    if total > 0:
-        fits = formula.floor_hundredths((available + budget - requested) / total - 0.01)
-        if fits >= remedies.MIN_USEFUL_UTILIZATION / 10:
-            recommendations.append(
-                Recommendation(
-                    flag="--gpu-memory-utilization",
-                    value=fits,
-                    why=(
-                        f"or the budget, which on the CPU backend sizes host memory: ({available:.2f} available + "
-                        f"{budget - requested:.2f} the budget holds besides the KV cache) / {total:.2f} GiB - 0.01 "
-                        f"-> {fits:.2f}"
-                    ),
-                )
-            )
-    return Finding(
-        cause=Cause.CONFIGURATION_OVERSHOOT,
-        severity=Severity.CRITICAL,
-        summary="vLLM could not start: its KV cache asks the CPU's memory node for more than it has available",
-        evidence=tuple(lines),
-        recommendations=tuple(recommendations),
     )
 
 
@@ -296,6 +254,8 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
     uneven = _uneven_ranks(log)
     if uneven is not None:
         return _rank_card_shared(uneven, lines)
+    if log.cpu_kv_space is not None:
+        return explicit_space_short(log.cpu_kv_space, lines)
     fit = ledger.weights_fit()
     weights = ledger.weights
     if fit is False and weights is not None:

@@ -68,6 +68,18 @@ def test_the_phase_is_read_from_the_frames(frames: list[str], phase: OomPhase) -
     assert oom.phase is phase, oom.phase_evidence
 
 
+def test_a_traceback_joined_into_one_line_is_placed_by_the_call_in_its_code() -> None:
+    """A page that flattened the traceback: one frame, its code calling the graph-memory profile, then the error."""
+    line = (
+        'File "/usr/lib/python3/dist-packages/vllm/v1/worker/gpu_worker.py", line 381, in determine_available_memory '
+        "estimate = self.model_runner.profile_cudagraph_memory() ... " + _oom()
+    )
+    oom = parse_log(line).oom
+    assert oom is not None
+    assert oom.phase is OomPhase.GRAPH_CAPTURE, oom.phase_evidence
+    assert oom.phase_evidence == "the call profile_cudagraph_memory() in a frame's code"
+
+
 def test_without_a_traceback_the_last_progress_line_places_it() -> None:
     loaded = "INFO 08-20 03:10:00 [model_runner.py:1112] Model loading took 16.5557 GiB and 2.803817 seconds\n"
     blocks = "INFO 08-20 03:10:05 [executor_base.py:112] # cuda blocks: 1000, # CPU blocks: 2048\n"
