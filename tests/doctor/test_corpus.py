@@ -67,6 +67,7 @@ SETS = {
     "heldout-25as",
     "heldout-25at",
     "heldout-25au",
+    "heldout-25av",
 }
 
 
