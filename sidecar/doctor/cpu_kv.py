@@ -57,6 +57,24 @@ def explicit_space_short(space: CpuKvSpace, lines: list[str]) -> Finding:
     )
 
 
+def space_for_length(space: CpuKvSpace, wanted: int, fits: int) -> Recommendation | None:
+    """An explicit KV space that holds `fits` tokens of a `wanted` max_model_len, grown in proportion (whole GiB),
+    while it stays within half the node; None past that, or when today's space is not stated above 0."""
+    if space.space_gib <= 0 or fits <= 0:
+        return None
+    value = math.ceil(space.space_gib * wanted / fits)
+    if value > space.node_total_gib * NODE_SHARE:
+        return None
+    return Recommendation(
+        flag="VLLM_CPU_KVCACHE_SPACE",
+        value=value,
+        why=(
+            f"or keep max_model_len: the space set today, {space.space_gib:g} GiB x {wanted:,} / {fits:,} tokens, "
+            f"rounded up to whole GiB -> {value} (within half the node's {space.node_total_gib:g} GiB)"
+        ),
+    )
+
+
 def cpu_kv_refusal(refusal: Refusal) -> Finding:
     """The CPU backend asked the NUMA node for a KV cache larger than what it has available: the KV space must fit
     in it (VLLM_CPU_KVCACHE_SPACE, whole GiB), or the budget that sizes it must shrink by the difference."""

@@ -38,7 +38,7 @@ _PHASE_TEXT = {
     OomPhase.SERVING: "serving",
     OomPhase.WAKE_UP: "waking up from sleep mode",
     OomPhase.AFTER_KV_CACHE: "capturing CUDA graphs or serving (after the KV cache was allocated)",
-    OomPhase.UNKNOWN: "running",
+    OomPhase.UNKNOWN: "in a step the log does not name",  # not "running": that reads as serving
 }
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from sidecar.doctor import formula, remedies
 from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE, derived_max_len
 from sidecar.doctor.card_size import LikelyCard, likely_card
-from sidecar.doctor.cpu_kv import explicit_space_short
+from sidecar.doctor.cpu_kv import explicit_space_short, space_for_length
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
 from sidecar.doctor.ledger import Amount, MemoryLedger
@@ -571,6 +571,10 @@ def _more_kv(
                 ),
             )
         )
+    elif log.cpu_kv_space is not None:  # the budget does not size an explicit CPU KV space: grow the space
+        grown = space_for_length(log.cpu_kv_space, wanted, fits)
+        if grown is not None:
+            out.append(grown)
     elif refusal is not None and refusal.needed_gib is not None and refusal.available_gib is not None:
         raised = _raise_for_kv(refusal, ledger, lines)
         if raised is not None:

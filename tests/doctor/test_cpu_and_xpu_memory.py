@@ -69,3 +69,17 @@ def test_intel_gpus_out_of_resources_is_an_oom_on_an_xpu_with_no_sizes(line: str
 
 def test_a_host_out_of_resources_is_not_a_device_oom() -> None:
     assert parse_log("RuntimeError: Native API returns: -6 (PI_ERROR_OUT_OF_HOST_MEMORY)\n").oom is None
+
+
+def test_a_kv_refusal_on_an_explicit_cpu_space_grows_the_space_not_the_budget() -> None:
+    refusal = (
+        "ValueError: To serve at least one request with the models's max seq len (32768), (3.00 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (1.00 GiB). Based on the available memory, the "
+        "estimated maximum model length is 10912. Try increasing `gpu_memory_utilization` or decreasing "
+        "`max_model_len` when initializing the engine."
+    )
+    text = f"{WORKER}Explicitly set (1.0/11.65) GiB for KV cache on node 0.\n{ENGINE}{refusal}\n"
+    finding = _findings(text)[0]
+    assert finding.cause is Cause.KV_CACHE_BLOWOUT
+    # 1 GiB x 32,768 / 10,912 = 3.003 -> 4 GiB, within half of 11.65
+    assert _flags(finding) == {"--max-model-len": 10912, "VLLM_CPU_KVCACHE_SPACE": 4}
