@@ -25,6 +25,11 @@ from sidecar.model.gpu import ProcessOwner
 _PROFILE = "vLLM's memory-profiling line"
 FITS_SHARE = 0.75  # weights at most this share of what the card can give vLLM: they fit, with room for KV
 DOES_NOT_FIT_SHARE = 0.90  # weights above this share leave too little for activations and any KV cache
+GPU_MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
+# An XLA device (a TPU under tpu-inference) has no CUDA context and no graph pool outside the budget: its own
+# runs go to 0.98, so weights up to 97 % of a device still leave a budget above them some room.
+XLA_MAX_UTILIZATION = 0.98
+XLA_DOES_NOT_FIT_SHARE = 0.97
 MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise
 
 
@@ -59,6 +64,17 @@ class MemoryLedger:
     stranded: Amount | None  # reserved by PyTorch but unallocated
     gpu_name: str | None = None  # NVML's name of the card, or the one the log prints
     weights_bits: int | None = None  # 4, 8 or 16 when the model's name, quantization or dtype says so
+    xla: bool = False  # an XLA device (tpu-inference's lines): its budget can go higher than a GPU's
+
+    @property
+    def max_utilization(self) -> float:
+        """The highest budget worth recommending on this kind of device."""
+        return XLA_MAX_UTILIZATION if self.xla else GPU_MAX_UTILIZATION
+
+    @property
+    def does_not_fit_share(self) -> float:
+        """Weights above this share of what the card gives vLLM leave too little for anything else."""
+        return XLA_DOES_NOT_FIT_SHARE if self.xla else DOES_NOT_FIT_SHARE
 
     @property
     def fp8_capable(self) -> bool:
@@ -82,7 +98,8 @@ class MemoryLedger:
         """The largest gpu_memory_utilization that fits beside the other processes, leaving the reserve free."""
         if self.total is None or self.total.value_bytes <= 0:
             return None
-        return (self.total.value_bytes - self.others_bytes) / self.total.value_bytes - RESERVE_RATIO
+        reserve = 1 - XLA_MAX_UTILIZATION if self.xla else RESERVE_RATIO
+        return (self.total.value_bytes - self.others_bytes) / self.total.value_bytes - reserve
 
     def weights_fit(self) -> bool | None:
         """True: the weights fit what the card can give, with room; False: they leave too little for anything
@@ -90,7 +107,7 @@ class MemoryLedger:
         usable = self.usable_bytes
         if self.weights is None or usable is None or usable <= 0:
             return None
-        if self.weights.value_bytes > DOES_NOT_FIT_SHARE * usable:
+        if self.weights.value_bytes > self.does_not_fit_share * usable:
             return False
         high = self.weights_high_bytes if self.weights_high_bytes is not None else self.weights.value_bytes
         if high <= FITS_SHARE * usable:
@@ -161,6 +178,7 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
             dtype=(log.args.dtype if log.args is not None else None) or log.dtype,
             quantization=setup.quantization,
         ),
+        xla=log.tpu_devices is not None or log.xla_refusal,
     )
 
 

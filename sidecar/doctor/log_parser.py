@@ -713,7 +713,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_AVAILABLE_KV, _available_kv),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(HBM_DEVICES, hbm_devices, needle="hbm="),
-    _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="exceeds total_hbm_limit_gb"),
+    _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="total_hbm_used_gb"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
     _simple(_GRAPH_ESTIMATE, _store("graph_estimate_gib", float), needle="Estimated"),

@@ -215,6 +215,7 @@ class LogFacts:
     available_kv_max_gib: float | None = None  # the most any rank printed
     tpu_devices: int | None = None  # tpu-inference's per-device HBM lines: how many devices
     tpu_device_gib: float | None = None  # and each one's HBM
+    xla_refusal: bool = False  # tpu-inference refused a budget below what its devices hold
     kv_cache_tokens: int | None = None
     num_gpu_blocks: int | None = None
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)

@@ -24,7 +24,6 @@ MIN_USEFUL_UTILIZATION = 0.1  # below this share of the card, a lower budget is 
 MIN_LEFTOVER_UTILIZATION = 0.01  # ... unless the model is small: the least budget vLLM is given then
 LEFTOVER_MARGIN_RATIO = 0.01  # below the free memory at start, for vLLM's CUDA context and rounding
 MIN_LEFTOVER_BYTES = 2 * GIB  # a budget under this serves nothing but the smallest models: free the GPU instead
-MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the CUDA context and graphs
 MIN_HALVED_MODEL_LEN = 1024  # --max-model-len is not halved below this: shorter would refuse ordinary prompts
 SHARED_CARD_STEP = 2.0  # a budget under half the default is raised by this factor, not to the default
 KV_MARGIN_RATIO = 0.05  # a larger budget leaves the KV cache at least this share of the card
@@ -201,7 +200,8 @@ def raise_budget(
             f"({gib(needed_bytes)} + {KV_MARGIN_RATIO:.0%} of {gib(total.value_bytes)} for the KV cache) / "
             f"{gib(total.value_bytes)} = {wanted:.4f}"
         )
-    limit = min(MAX_UTILIZATION, formula.floor_hundredths(ceiling)) if ceiling is not None else MAX_UTILIZATION
+    most = ledger.max_utilization
+    limit = min(most, formula.floor_hundredths(ceiling)) if ceiling is not None else most
     value = min(math.ceil(wanted * 100 - 1e-6) / 100, limit)
     if current is not None and value <= current:
         return None

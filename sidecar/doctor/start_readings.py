@@ -27,7 +27,7 @@ from sidecar.doctor.card_size import LikelyCard, likely_card
 from sidecar.doctor.cpu_kv import explicit_space_short, space_for_length
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, MIB, gib, tokens
-from sidecar.doctor.ledger import Amount, MemoryLedger
+from sidecar.doctor.ledger import FITS_SHARE, Amount, MemoryLedger
 from sidecar.doctor.logfacts import LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.setup import DEFAULT_UTILIZATION, V0_MAX_NUM_SEQS, Setup
 from sidecar.doctor.versions import available
@@ -271,8 +271,8 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
             recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, weights.value_bytes, weights.source)),
         )
     # At the highest budget already, nothing is raised: _short_at_full_budget reads the card's floor instead.
-    raisable = fit is None and ledger.utilization < remedies.MAX_UTILIZATION
-    card = likely_card(ledger, remedies.MAX_UTILIZATION) if raisable else None
+    raisable = fit is None and ledger.utilization < ledger.max_utilization
+    card = likely_card(ledger, ledger.max_utilization) if raisable else None
     if card is not None and weights is not None and card.kv_at_bytes < MIN_USEFUL_KV_BYTES:
         return _weights_fill_likely_card(card, weights, ledger, setup, lines)
     recommendations = _room_for_kv(ledger, setup, log, lines)
@@ -363,7 +363,9 @@ def _what_would_decide(ledger: MemoryLedger) -> str:
     elif ledger.total is None:
         missing = "the card's size is not in the log (the OOM message, the memory-profiling line or NVML say it)"
     else:
-        missing = "the weights take between 75 % and 90 % of what the card gives vLLM"
+        missing = (
+            f"the weights take between {FITS_SHARE:.0%} and {ledger.does_not_fit_share:.0%} of what the card gives vLLM"
+        )
     return (
         f"whether the weights fit is not decided: {missing}; if they take most of the card, the model does not fit "
         "and --tensor-parallel-size or --quantization is the way out"
@@ -603,7 +605,7 @@ def _raise_for_kv(refusal: Refusal, ledger: MemoryLedger, lines: list[str]) -> R
     missing = (refusal.needed_gib - refusal.available_gib) * GIB
     raised = math.ceil((ledger.utilization + missing / total.value_bytes) * 100 - 1e-6) / 100
     ceiling = ledger.ceiling
-    if raised > remedies.MAX_UTILIZATION or (ceiling is not None and raised > ceiling):
+    if raised > ledger.max_utilization or (ceiling is not None and raised > ceiling):
         lines.append(
             f"a KV cache for max_model_len would need gpu_memory_utilization {raised:.2f}: the card cannot give it"
         )

@@ -3,12 +3,15 @@
 Each device's HBM is stated at start (`Init worker | ... hbm=[(used, total), ...]GiB`): the card's size, which
 XLA's out-of-memory errors do not give. A budget below what is resident is refused in tpu-inference's own words
 ("total_hbm_used_gb=U exceeds total_hbm_limit_gb=C by D GiB. Please consider increasing --gpu-memory-utilization
-from X"): the sums over every device, read as one device's where the log does not say how many there are.
+from X"; later releases name C `total_hbm_limit_cap_gb`): the sums over every device, read as one device's where
+the log does not say how many there are.
 
 Not read: the `Memory statistics` line's weights and KV cache per device. tpu-inference sizes the KV cache over
 every device while a model axis narrower than the mesh holds it on fewer (`Init model` shows devices with no
 weights), and the doctor's GPU shares for what fits do not carry over to XLA; reading them as a GPU's points the
-budget the wrong way (docs/doctor.md, known misses).
+budget the wrong way (docs/doctor.md, known misses). Where tpu-inference refuses the budget itself, the ledger
+knows the device is an XLA one: no CUDA context beside the budget, so weights fit up to a higher share and the
+budget may go higher than a GPU's (ledger.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ Facts = dict[str, object]
 _PAIR = re.compile(r"\((-?[\d.]+), ([\d.]+)\)")
 HBM_DEVICES = loose(r"Init (worker|model) \|.*?hbm=\[(\(.*?\))\]GiB")
 BUDGET_BELOW_RESIDENT = loose(
-    r"total_hbm_used_gb=([\d.]+)GiB exceeds total_hbm_limit_gb=([\d.]+)GiB by ([\d.]+)GiB\.? Please consider "
+    r"total_hbm_used_gb=([\d.]+)GiB exceeds total_hbm_limit(?:_cap)?_gb=([\d.]+)GiB by ([\d.]+)GiB\.? Please consider "
     r"increasing --gpu-memory-utilization from ([\d.]+)"
 )
 
@@ -47,6 +50,7 @@ def budget_below_resident(match: re.Match[str], facts: Facts) -> None:
     limit = cap / utilization
     devices = _devices(facts, limit)
     facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=error_text(match))
+    facts["xla_refusal"] = True
     facts["profile"] = MemoryProfile(
         total_gib=limit / devices,
         utilization=utilization,

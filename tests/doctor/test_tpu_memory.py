@@ -47,3 +47,35 @@ def test_its_refusal_of_a_budget_below_the_weights_raises_the_budget_past_them()
     # the weights alone are 647.4 / (606.37 / 0.8) = 0.854 of the HBM: above that, with room for a KV cache
     assert isinstance(raised, float)
     assert 0.86 <= raised <= 0.95
+
+
+def test_its_later_wording_and_weights_near_the_devices_size_raise_the_budget_to_an_xla_devices_ceiling() -> None:
+    """Later tpu-inference names the limit `total_hbm_limit_cap_gb`. Weights at 96 % of each device would not fit
+    a GPU beside its CUDA context, but an XLA device has none: the budget goes past them, up to 0.98."""
+    devices = ", ".join(["(91.4, 94.75)"] * 8)
+    log = "\n".join(
+        [
+            f"{CORE}INFO 04-30 20:12:40 [tpu_jax_runner.py:498] Init model | hbm=[{devices}]GiB",
+            f"{CORE}ERROR 04-30 20:12:44 [core.py:1136] ValueError: total_hbm_used_gb=731.21GiB exceeds "
+            "total_hbm_limit_cap_gb=718.55GiB by 12.66GiB. Please consider increasing --gpu-memory-utilization "
+            "from 0.948 to a larger value.",
+        ]
+    )
+    finding = _finding(log)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    # 731.21 / 757.97 = 0.965 of the HBM is resident; 5 % more for a KV cache is past the device's 0.98
+    assert {r.flag: r.value for r in finding.recommendations} == {"--gpu-memory-utilization": 0.98}
+
+
+def test_weights_past_an_xla_devices_ceiling_do_not_fit() -> None:
+    devices = ", ".join(["(93.5, 94.75)"] * 8)
+    log = "\n".join(
+        [
+            f"{CORE}INFO 04-30 20:12:40 [tpu_jax_runner.py:498] Init model | hbm=[{devices}]GiB",
+            f"{CORE}ValueError: total_hbm_used_gb=748.0GiB exceeds total_hbm_limit_cap_gb=718.55GiB by 29.45GiB. "
+            "Please consider increasing --gpu-memory-utilization from 0.948 to a larger value.",
+        ]
+    )
+    finding = _finding(log)
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert "--gpu-memory-utilization" not in {r.flag for r in finding.recommendations}
