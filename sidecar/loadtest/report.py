@@ -69,6 +69,7 @@ def document(spec: LoadSpec, summary: Summary) -> dict[str, Any]:
         "latency_s": {"ttft": _percentiles(summary.ttft_s), "e2e": _percentiles(summary.e2e_s)},
         "server": {
             "metrics_available": summary.metrics_available,
+            "metrics_readings": summary.metrics_readings,
             "peak_kv_cache_usage_ratio": summary.peak_kv_usage_ratio,
             "preemptions": summary.preemptions,
             "died": summary.server_died,
@@ -164,7 +165,10 @@ def _lag(summary: Summary) -> str:
 
 
 def _no_metrics(summary: Summary) -> str:
-    return "" if summary.metrics_available else " (the server has no vLLM /metrics)"
+    if not summary.metrics_available:
+        return " (the server has no vLLM /metrics)"
+    # A sample, not a maximum: vLLM's gauge between two reads is not seen (docs/tools.md).
+    return f" (the highest of {plural(summary.metrics_readings, '/metrics reading')})"
 
 
 def _preemptions(summary: Summary) -> str:

@@ -67,6 +67,7 @@ class Summary:
     ttft_s: Percentiles
     e2e_s: Percentiles
     metrics_available: bool
+    metrics_readings: int  # successful reads of /metrics: the peak below is the highest of these samples
     peak_kv_usage_ratio: float | None
     preemptions: float | None
     server_died: bool
@@ -153,6 +154,7 @@ def summarise(
         ttft_s=percentiles([result.ttft_s for result in ok if result.ttft_s is not None]),
         e2e_s=e2e,
         metrics_available=watch.metrics_readings > 0,
+        metrics_readings=watch.metrics_readings,
         peak_kv_usage_ratio=peak_kv,
         preemptions=preemptions,
         server_died=watch.died,

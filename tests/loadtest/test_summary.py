@@ -209,6 +209,7 @@ def test_json_has_every_section_and_null_for_the_unknown() -> None:
     }
     assert parsed["server"] == {
         "metrics_available": False,
+        "metrics_readings": 0,
         "peak_kv_cache_usage_ratio": None,
         "preemptions": None,
         "died": False,
@@ -249,3 +250,14 @@ def test_a_client_that_fell_behind_its_schedule_says_so() -> None:
         SPEC, late
     )
     assert json.loads(render_json(SPEC, late))["max_send_lag_s"] == 0.4
+
+
+def test_the_kv_peak_says_how_many_readings_it_is_the_highest_of() -> None:
+    watch = ServerWatch()
+    for usage in (0.2, 0.7, 0.4):
+        watch.observe_metrics([engine(kv=usage)])
+    summary = summary_of([ok(0, 1.5)], watch)
+    assert summary.metrics_readings == 3
+    text = render_text(SPEC, summary)
+    assert "KV cache:     peak usage 0.70 (the highest of 3 /metrics readings)" in text.splitlines()
+    assert document(SPEC, summary)["server"]["metrics_readings"] == 3
