@@ -68,6 +68,7 @@ SETS = {
     "heldout-25at",
     "heldout-25au",
     "heldout-25av",
+    "heldout-25aw",
 }
 
 
