@@ -232,7 +232,18 @@ def _not_short(oom: CudaOom) -> bool:
     return free >= 2 * tried and free >= NOT_SHORT_FREE_SHARE * total
 
 
+# An allocation that failed inside torch.compile (Inductor wraps its errors, autotuning's among them): running
+# eager skips the compile step where it failed. V1 turns compilation off with --enforce-eager where no
+# compilation level is set.
+_WITHOUT_COMPILE = Recommendation(
+    flag="--enforce-eager",
+    value="",
+    why="the allocation failed inside torch.compile (Inductor's error): eager mode does not compile the model",
+)
+
+
 def _not_a_shortage(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding:
+    compiling = "InductorError" in (oom.message or "")
     return Finding(
         cause=Cause.OTHER,
         severity=Severity.CRITICAL,
@@ -245,6 +256,7 @@ def _not_a_shortage(oom: CudaOom, phase: OomPhase, lines: list[str]) -> Finding:
             f"{gib(oom.free_bytes or 0)} was free for a {gib(oom.tried_bytes or 0)} allocation: the allocation failed "
             "for another reason than room",
         ),
+        recommendations=(_WITHOUT_COMPILE,) if compiling else (),
         steps=(
             "read the error just before this one (an 'invalid argument' from the allocator, sleep mode's cumem "
             "allocator, a driver or runtime mismatch): no budget, parallelism or precision change applies",

@@ -82,6 +82,9 @@ _FRAME_PHASES: tuple[tuple[OomPhase, frozenset[str], tuple[str, ...]], ...] = (
         (),
     ),
 )  # fmt: skip
+# V1 wraps the model in a CUDA-graph wrapper (compilation/cuda_graph.py) whose __call__ runs on every forward,
+# the profile run's and serving's too: its file alone does not say a capture.
+_EVERY_FORWARD = frozenset({"__call__", "forward"})
 # Progress lines: the step each one says vLLM had reached (an OOM after it hit in that step or a later one).
 _PROGRESS: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
     (
@@ -137,7 +140,7 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
         frames.append(("", method.group(1)))
     for phase, names, paths in _FRAME_PHASES:
         for path, name in frames:
-            if name in names or any(part in path for part in paths):
+            if name in names or (name not in _EVERY_FORWARD and any(part in path for part in paths)):
                 return (
                     phase,
                     f"frame {name} ({path.rsplit('/', 1)[-1]})" if path else f"the call {name}() in a frame's code",
