@@ -14,6 +14,7 @@ and an estimate from the model's name is divided by the tensor and pipeline para
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sidecar.doctor.blowout import DEFAULT_BLOCK_SIZE
 from sidecar.doctor.formula import GIB, RESERVE_RATIO, gib
@@ -31,6 +32,12 @@ GPU_MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the 
 XLA_MAX_UTILIZATION = 0.98
 XLA_DOES_NOT_FIT_SHARE = 0.97
 MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise
+
+
+class Accelerator(StrEnum):
+    GPU = "gpu"  # CUDA, ROCm, XPU, NPU: a context and a graph pool beside the budget, and more cards to split over
+    XLA = "xla"  # a TPU under tpu-inference (its own lines say so)
+    METAL = "metal"  # Apple Silicon under vllm-metal: one device, its memory shared with macOS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +71,16 @@ class MemoryLedger:
     stranded: Amount | None  # reserved by PyTorch but unallocated
     gpu_name: str | None = None  # NVML's name of the card, or the one the log prints
     weights_bits: int | None = None  # 4, 8 or 16 when the model's name, quantization or dtype says so
-    xla: bool = False  # an XLA device (tpu-inference's lines): its budget can go higher than a GPU's
+    accelerator: Accelerator = Accelerator.GPU
+
+    @property
+    def xla(self) -> bool:
+        return self.accelerator is Accelerator.XLA
+
+    @property
+    def more_devices(self) -> bool:
+        """Whether the weights can be split over more devices (not on one Mac)."""
+        return self.accelerator is not Accelerator.METAL
 
     @property
     def max_utilization(self) -> float:
@@ -119,7 +135,8 @@ class MemoryLedger:
         lines: list[str] = []
         where = f" (rank {self.rank})" if self.rank is not None else ""
         if self.total is not None:
-            lines.append(self.total.line(f"the GPU{where}:"))
+            device = "the GPU" if self.accelerator is Accelerator.GPU else "the device"
+            lines.append(self.total.line(f"{device}{where}:"))
             assumed = ", assumed" if self.utilization_assumed else ""
             lines.append(
                 f"vLLM's budget: gpu_memory_utilization {self.utilization:g} ({self.utilization_source}{assumed}) "
@@ -161,8 +178,8 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
         utilization_assumed=assumed,
         weights=weights,
         weights_high_bytes=weights_high,
-        activation=_gib(log.profile.activation_gib if log.profile else None, _PROFILE),
-        non_torch=_gib(log.profile.non_torch_gib if log.profile else None, _PROFILE),
+        activation=_gib(log.profile.activation_gib if log.profile else None, _profile_source(log)),
+        non_torch=_gib(log.profile.non_torch_gib if log.profile else None, _profile_source(log)),
         graphs=_gib(
             (log.profile.cudagraph_gib if log.profile else None) or log.graph_capture_gib, "vLLM's graph-capture line"
         ),
@@ -178,8 +195,18 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
             dtype=(log.args.dtype if log.args is not None else None) or log.dtype,
             quantization=setup.quantization,
         ),
-        xla=log.tpu_devices is not None or log.xla_refusal,
+        accelerator=_accelerator(log),
     )
+
+
+def _profile_source(log: LogFacts) -> str:
+    return log.profile.source if log.profile is not None else _PROFILE
+
+
+def _accelerator(log: LogFacts) -> Accelerator:
+    if log.tpu_devices is not None or log.xla_refusal:
+        return Accelerator.XLA
+    return Accelerator.METAL if log.metal_refusal else Accelerator.GPU
 
 
 def _gib(value: float | None, source: str) -> Amount | None:
@@ -206,7 +233,9 @@ def _total(log: LogFacts, setup: Setup) -> Amount | None:
 def _weights(log: LogFacts, setup: Setup) -> tuple[Amount | None, float | None]:
     if log.weights_gib is not None:
         measured = log.weights_gib * GIB
-        return Amount(value_bytes=measured, source="the model-loading line"), measured
+        plugin = log.profile is not None and log.profile.source != _PROFILE and log.profile.weights_gib is not None
+        source = log.profile.source if plugin and log.profile is not None else "the model-loading line"
+        return Amount(value_bytes=measured, source=source), measured
     if log.model is None:
         return None, None
     args = log.args

@@ -52,6 +52,7 @@ from sidecar.doctor.start_readings import (
     sequences,
     state_blocks,
 )
+from sidecar.doctor.state_reserve import state_reserve
 
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
 _SMALL_CARD_BYTES = 16 * 2**30  # where the log does not state the card: a small one, so the step is never too short
@@ -99,7 +100,24 @@ def _refusal(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: LogFacts
     reader = readers.get(refusal.kind)
     if reader is not None:
         return reader()
-    return kv_refusal(refusal, ledger, setup, log) or no_kv_room(refusal.line, ledger, setup, log)
+    finding = (
+        state_reserve(refusal, ledger, setup)
+        or kv_refusal(refusal, ledger, setup, log)
+        or no_kv_room(refusal.line, ledger, setup, log)
+    )
+    return _budget_knob(finding, refusal.budget_env)
+
+
+def _budget_knob(finding: Finding, variable: str | None) -> Finding:
+    """A plugin that reads its budget from its own environment variable is told that variable's value."""
+    if variable is None:
+        return finding
+    said = f"{variable} is the budget this plugin reads (its refusal names it), in place of --gpu-memory-utilization"
+    renamed = tuple(
+        replace(r, flag=variable, why=f"{r.why}; {said}") if r.flag == "--gpu-memory-utilization" else r
+        for r in finding.recommendations
+    )
+    return replace(finding, recommendations=renamed)
 
 
 def _inferred_kv_refusal(ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding | None:

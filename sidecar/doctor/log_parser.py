@@ -26,6 +26,7 @@ from sidecar.doctor.logfacts import (
     SchedulerStats,
     ServerArgs,
 )
+from sidecar.doctor.metal_memory import METAL_KV_REFUSAL, MITIGATION_NAMES_ENV, metal_kv_refusal, metal_mitigation
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, cut_in_traceback, oom_phase
 from sidecar.doctor.tpu_memory import (
@@ -714,6 +715,8 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(HBM_DEVICES, hbm_devices, needle="hbm="),
     _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="total_hbm_used_gb"),
+    _simple(METAL_KV_REFUSAL, metal_kv_refusal, needle="metal_limit="),
+    _simple(MITIGATION_NAMES_ENV, metal_mitigation, needle="Mitigations"),
     _simple(_WEIGHTS, _weights, needle="took"),
     _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
     _simple(_GRAPH_ESTIMATE, _store("graph_estimate_gib", float), needle="Estimated"),

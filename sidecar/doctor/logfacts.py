@@ -79,6 +79,8 @@ class Refusal:
     requested_gib: float | None = None
     budget_gib: float | None = None  # CPU backend: the budget the KV cache was asked within
     dummy_requests: int | None = None  # sampler warm-up: how many dummy requests (max_num_seqs) it ran
+    state_reserve_gib: float | None = None  # a hybrid model's per-sequence state, for max_num_seqs, outside the KV
+    budget_env: str | None = None  # the environment variable that sets the budget, where a plugin reads its own
     phase: OomPhase | None = None  # sampler warm-up: in the profile run (before the KV cache) or in the warm-up after
 
 
@@ -216,6 +218,7 @@ class LogFacts:
     tpu_devices: int | None = None  # tpu-inference's per-device HBM lines: how many devices
     tpu_device_gib: float | None = None  # and each one's HBM
     xla_refusal: bool = False  # tpu-inference refused a budget below what its devices hold
+    metal_refusal: bool = False  # vllm-metal refused a KV budget that is not positive
     kv_cache_tokens: int | None = None
     num_gpu_blocks: int | None = None
     concurrency: tuple[int, float] | None = None  # (tokens per request, max concurrency)

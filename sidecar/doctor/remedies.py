@@ -39,6 +39,7 @@ def smaller_model_per_gpu(
     usable = ledger.usable_bytes
     remedies: list[Recommendation] = []
     current = max(1, setup.tensor_parallel_size)
+    more_gpus = more_gpus and ledger.more_devices
     if more_gpus and usable is not None and usable > 0 and setup.tensor_parallel_unknown:
         # A size computed as if today's were 1 could be below it: a second pipeline stage doubles the GPUs
         # whatever today's tensor parallel size is.
@@ -73,7 +74,7 @@ def smaller_model_per_gpu(
     fp8 = _fp8(ledger, setup, weights_bytes, usable)
     if fp8 is not None:
         remedies.append(fp8)
-    if usable is not None and usable > 0:
+    if usable is not None and usable > 0 and ledger.more_devices:  # one Mac: its CPU memory is the same memory
         offload = math.ceil((weights_bytes - TARGET_WEIGHT_SHARE * usable) / GIB)
         if offload > 0:
             remedies.append(

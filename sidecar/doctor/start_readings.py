@@ -258,18 +258,9 @@ def no_kv_room(line: str | None, ledger: MemoryLedger, setup: Setup, log: LogFac
         return explicit_space_short(log.cpu_kv_space, lines)
     fit = ledger.weights_fit()
     weights = ledger.weights
-    if fit is False and weights is not None:
-        lines.append(
-            f"the weights alone take {weights.value_bytes / (ledger.usable_bytes or 1):.0%} of what the card gives "
-            "vLLM: no budget leaves the activations and a KV cache room"
-        )
-        return Finding(
-            cause=Cause.DOES_NOT_FIT,
-            severity=Severity.CRITICAL,
-            summary="the model does not fit: its weights leave no room for the KV cache on this GPU",
-            evidence=tuple(lines),
-            recommendations=tuple(remedies.smaller_model_per_gpu(ledger, setup, weights.value_bytes, weights.source)),
-        )
+    unfit = _weights_leave_no_room(fit, ledger, setup, lines)
+    if unfit is not None:
+        return unfit
     # At the highest budget already, nothing is raised: _short_at_full_budget reads the card's floor instead.
     raisable = fit is None and ledger.utilization < ledger.max_utilization
     card = likely_card(ledger, ledger.max_utilization) if raisable else None
@@ -326,6 +317,55 @@ def _rank_card_shared(uneven: str, lines: list[str]) -> Finding:
             "the KV cache from the budget, not from the length",
         ),
     )
+
+
+def _weights_leave_no_room(fit: bool | None, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding | None:
+    """The weights take too much of the card for any budget (`fit` False), or leave the highest budget a sliver of
+    KV cache; None where a budget may still make room."""
+    weights = ledger.weights
+    if weights is None:
+        return None
+    left = _kv_at_highest_budget(ledger)
+    if fit is False:
+        lines.append(
+            f"the weights alone take {weights.value_bytes / (ledger.usable_bytes or 1):.0%} of what the card gives "
+            "vLLM: no budget leaves the activations and a KV cache room"
+        )
+        summary = "the model does not fit: its weights leave no room for the KV cache on this GPU"
+    elif fit is None and left is not None and left < MIN_USEFUL_KV_BYTES:
+        lines.append(
+            f"at gpu_memory_utilization {ledger.max_utilization:g}, the highest worth setting, the KV cache would get "
+            f"{gib(left)}: under {gib(MIN_USEFUL_KV_BYTES)}, about a thousand tokens of a 7B model with full "
+            "attention heads, too little to serve from, so the weights are what does not fit"
+        )
+        summary = "the model does not fit: even the highest budget leaves its KV cache a sliver"
+    else:
+        return None
+    recommendations = tuple(remedies.smaller_model_per_gpu(ledger, setup, weights.value_bytes, weights.source))
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary=summary,
+        evidence=tuple(lines),
+        recommendations=recommendations,
+        steps=()
+        if recommendations
+        else (
+            "smaller weights: a 4-bit (AWQ or GPTQ) checkpoint of the same model takes about a third of 16-bit "
+            "weights, or a smaller model",
+        ),
+    )
+
+
+def _kv_at_highest_budget(ledger: MemoryLedger) -> float | None:
+    """The KV cache the highest budget worth recommending would leave, where the log states the card, the budget
+    and what it held before the KV cache; None where it does not."""
+    total, needed = ledger.total, _non_kv_bytes(ledger)
+    if total is None or needed is None or ledger.utilization_assumed or ledger.kv is None:
+        return None
+    ceiling = ledger.ceiling
+    highest = min(ledger.max_utilization, formula.floor_hundredths(ceiling)) if ceiling is not None else None
+    return (highest or ledger.max_utilization) * total.value_bytes - needed
 
 
 def _weights_fill_likely_card(

@@ -79,6 +79,11 @@ FLAGS: dict[str, FlagSpan] = {
         FlagSpan(flag="PYTORCH_CUDA_ALLOC_CONF", since=None, source="PyTorch's caching allocator (torch >= 2.1)"),
         FlagSpan(flag="PYTORCH_NPU_ALLOC_CONF", since=None, source="torch_npu's caching allocator (Ascend NPUs)"),
         FlagSpan(
+            flag="VLLM_METAL_MEMORY_FRACTION",
+            since=None,
+            source="vllm-metal's budget in the releases whose refusal names it (the plugin, not vLLM)",
+        ),
+        FlagSpan(
             flag="VLLM_CPU_KVCACHE_SPACE", since=None, source="the CPU backend's KV cache in GiB (vllm/envs.py 0.5.4+)"
         ),
         FlagSpan(

@@ -1238,3 +1238,28 @@ def test_a_full_kv_cache_with_a_queue_behind_it_is_a_finding_without_a_number() 
     assert not finding.recommendations
     calm = stats.replace("Pending: 36", "Pending: 2")
     assert not diagnose(evidence(live_evidence=DOWN, log_facts=parse_log(calm))).findings
+
+
+def _v0_profile(weights: float, utilization: float) -> str:
+    budget = 23.64 * utilization
+    return (
+        "INFO 01-02 10:00:00 [worker.py:1] Memory profiling takes 3.1 seconds\n"
+        f"the current vLLM instance can use total_gpu_memory (23.64GiB) x gpu_memory_utilization ({utilization:.2f}) "
+        f"= {budget:.2f}GiB\n"
+        f"model weights take {weights:.2f}GiB; non_torch_memory takes 0.40GiB; PyTorch activation peak memory takes "
+        f"1.50GiB; the rest of the memory reserved for KV Cache is {budget - weights - 1.90:.2f}GiB.\n"
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+        "initializing the engine.\n"
+    )
+
+
+def test_weights_that_leave_the_highest_budget_a_sliver_do_not_fit_where_the_budget_would_be_raised() -> None:
+    """20.50 GiB of weights on a 23.64 GiB card is 87 %, under the share that decides it alone; but 0.95 x 23.64 -
+    (20.50 + 0.40 + 1.50) = 0.06 GiB of KV cache at the highest budget: a sliver, so the weights do not fit. With
+    18.50 GiB the same start leaves 2.06 GiB at 0.95: the budget is raised, to (20.40 + 5 % of 23.64) / 23.64."""
+    finding = _finding(_v0_profile(20.50, 0.90))
+    assert finding.cause is Cause.DOES_NOT_FIT
+    assert "--gpu-memory-utilization" not in _flags(finding)
+    roomy = _finding(_v0_profile(18.50, 0.80))
+    assert roomy.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(roomy)["--gpu-memory-utilization"] == 0.92
