@@ -67,11 +67,11 @@ class Recorder:
         return httpx.Response(200, json={"kind": "Pod"}) if ok else httpx.Response(401, json={"kind": "Status"})
 
 
-def client(auth: httpx.Auth, recorder: Recorder, **fields: Any) -> KubeClient:
+def client(auth: httpx.Auth, recorder: Recorder, *, timeout_s: float = 5, **fields: Any) -> KubeClient:
     config = KubeConfig.from_one(cluster=Cluster(server="https://k8s.example"), user=User()).get()
     assert config is not None
     credentials = KubeCredentials(config=config, source="kubeconfig k (context c)", auth=auth, **fields)
-    return KubeClient(credentials, timeout_s=5, transport=httpx.MockTransport(recorder))
+    return KubeClient(credentials, timeout_s=timeout_s, transport=httpx.MockTransport(recorder))
 
 
 def plugin_script(folder: Path, body: str) -> Path:
@@ -237,8 +237,12 @@ def test_a_plugin_killed_at_the_output_cap_leaves_nothing_open_for_the_garbage_c
     and the subprocess's transport, still open when the event loop ended, raised 'Event loop is closed' when
     collected, in whichever test was running then. The plugin's whole process group is killed now, and its
     pipes are closed as it ends."""
+    # The deadline is not what this test is about: generous, so a starved CI lane reaches the cap first (at 5 s,
+    # one run read the deadline's error instead).
     kube = client(
-        ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(plugin_script(tmp_path, "yes")))), Recorder("t")
+        ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(plugin_script(tmp_path, "yes")))),
+        Recorder("t"),
+        timeout_s=120,
     )
     raised: list[BaseException | None] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: raised.append(unraisable.exc_value))
