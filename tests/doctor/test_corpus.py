@@ -69,6 +69,7 @@ SETS = {
     "heldout-25au",
     "heldout-25av",
     "heldout-25aw",
+    "heldout-25ax",
 }
 
 
