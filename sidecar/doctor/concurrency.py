@@ -16,7 +16,7 @@ from sidecar.doctor.blowout import MIN_REQUESTS
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock, tokens
-from sidecar.doctor.logfacts import SchedulerStats
+from sidecar.doctor.logfacts import FULL_CACHE, LogFacts, SchedulerStats
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import sequences
 from sidecar.doctor.versions import available
@@ -85,8 +85,10 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     log = evidence.log
     if log is None:
         return None
+    if log.swap_exhausted:
+        return _swap_exhausted(log, setup)
     if not log.preemptions:
-        return _full_and_queued(log.busiest)
+        return _squeezed(log, setup) or _full_and_queued(log.busiest)
     mode = log.preemption_mode or "an unknown"
     lines = [
         f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} (its warning, {mode} mode): "
@@ -138,6 +140,87 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         ),
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+V0_SWAP_SPACE_GIB = 4  # V0's --swap-space default, per GPU
+
+
+def _swap_exhausted(log: LogFacts, setup: Setup) -> Finding:
+    """V0 preempts a running group by swapping its KV blocks to CPU memory; with the swap space full it aborts the
+    engine. More groups ran than the KV cache holds, for longer than the swap space could absorb."""
+    recommendations: list[Recommendation] = []
+    halved = sequences(setup, log, "preemptions filled the swap space: fewer requests should run at once")
+    if halved is not None:
+        recommendations.append(halved)
+    if available("--swap-space", setup.version, v0_log=True):
+        now = log.args.swap_space if log.args is not None and log.args.swap_space else None
+        base = now or V0_SWAP_SPACE_GIB
+        said = f"today {now:g} GiB" if now else f"V0's default {V0_SWAP_SPACE_GIB} GiB, assumed"
+        recommendations.append(
+            Recommendation(
+                flag="--swap-space",
+                value=int(base * 2),
+                why=f"or room for more swapped-out requests: {said} x 2, per GPU, from the host's memory",
+            )
+        )
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.CRITICAL,
+        summary="vLLM's engine aborted: preempted requests filled the CPU swap space",
+        evidence=(
+            "V0 aborted: 'Aborted due to the lack of CPU swap space': it preempts a running request by swapping "
+            "its KV cache to CPU memory, and more were swapped out than the swap space holds",
+            MORE_KV_ROOM,
+        ),
+        recommendations=tuple(recommendations),
+        steps=()
+        if recommendations
+        else ("the log shows neither max_num_seqs nor the engine's version: halve whichever max_num_seqs you set",),
+    )
+
+
+SQUEEZED_SHARE = 0.8  # running at a full cache fell to this share of its most, or below: the cache squeezed them
+
+
+def _squeezed(log: LogFacts, setup: Setup) -> Finding | None:
+    """No preemption warning (V1 before 0.11.2 prints none), but the stats lines show its work: with the KV cache
+    full and requests waiting, fewer and fewer run as the running ones grow, the rest pushed back to the queue
+    (V1 preempts by recompute) or held in it. The fewest that ran at a full cache are how many of today's
+    requests it holds at their longest: max_num_seqs at that, less the headroom, keeps those admitted in it."""
+    least, most = log.full_least, log.full_most_running
+    if least is None or most is None or least.running <= 0 or least.running > SQUEEZED_SHARE * most:
+        return None
+    holds = least.running / least.kv_usage
+    value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
+    lines = [
+        f"with the KV cache full (stats lines at {FULL_CACHE:.0%} or more) the running requests fell from {most} to "
+        f"{least.running} while {least.waiting:,} waited: the running ones grew into the cache and the rest were "
+        "pushed back or held in the queue (V1 preempts by recompute; this version's stats line does not count it)",
+        f"at the fullest squeeze {least.running} running filled {least.kv_usage:.1%} of the KV cache: it holds about "
+        f"{least.running} / {least.kv_usage:.3f} = {holds:,.1f} requests of today's size at their longest",
+        MORE_KV_ROOM,
+    ]
+    return Finding(
+        cause=Cause.CONCURRENCY_MISJUDGEMENT,
+        severity=Severity.WARNING,
+        summary=(
+            f"vLLM's KV cache was full and squeezed the running requests from {most} to {least.running}: more were "
+            "admitted than it holds at their length"
+        ),
+        evidence=tuple(lines),
+        recommendations=tuple(
+            _fewer_seqs(
+                value,
+                setup,
+                unknown="now not in the log",
+                why=lambda now: (
+                    f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
+                    f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait in "
+                    "the queue instead of being admitted and pushed back"
+                ),
+            )
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from sidecar.doctor.log_records import Record, error_text, join_lines, loose, records
 from sidecar.doctor.logfacts import (
+    FULL_CACHE,
     CpuKvSpace,
     HostMemory,
     HostMemoryKind,
@@ -115,6 +116,8 @@ _SWAP_WARNING = loose(
     r"Possibly too large swap space\. " + _NUM + r" GiB out of the " + _NUM + r" GiB total CPU memory"
 )
 _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
+# V0's scheduler, out of CPU blocks to swap a preempted group into (V1 has no swap): the engine dies of it.
+_SWAP_EXHAUSTED = loose(r"Aborted due to the lack of CPU swap space")
 # Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
 # total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
 _AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
@@ -494,6 +497,12 @@ def _stats(match: re.Match[str], facts: Facts) -> None:
     previous = facts.get("busiest")
     if not isinstance(previous, SchedulerStats) or stats.kv_usage >= previous.kv_usage:
         facts["busiest"] = stats
+    if stats.kv_usage >= FULL_CACHE:
+        most = facts.get("full_most_running")
+        facts["full_most_running"] = max(stats.running, most if isinstance(most, int) else 0)
+        least = facts.get("full_least")
+        if stats.waiting > 0 and (not isinstance(least, SchedulerStats) or stats.running <= least.running):
+            facts["full_least"] = stats
 
 
 def _preempted(match: re.Match[str], facts: Facts) -> None:
@@ -596,6 +605,12 @@ def _node_memory(match: re.Match[str], facts: Facts) -> None:
 
 def _swap_warning(match: re.Match[str], facts: Facts) -> None:
     facts["swap_gib"], facts["host_total_gib"] = float(match.group(1)), float(match.group(2))
+
+
+def _swap_exhausted(_: re.Match[str], facts: Facts) -> None:
+    facts["swap_exhausted"] = True
+    facts["engine"] = "v0"  # only V0 swaps
+    facts.setdefault("preemption_mode", "SWAP")
 
 
 def _blocks(match: re.Match[str], facts: Facts) -> None:
@@ -711,6 +726,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_NODE_LOW, _node_low, needle="killed due to"),
     _simple(_NODE_MEMORY, _node_memory, needle="memory usage threshold"),
     _simple(_SWAP_WARNING, _swap_warning, needle="swap space"),
+    _simple(_SWAP_EXHAUSTED, _swap_exhausted, needle="swap"),
     _simple(_AVAILABLE_KV, _available_kv),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(HBM_DEVICES, hbm_devices, needle="hbm="),

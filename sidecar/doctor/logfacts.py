@@ -190,6 +190,9 @@ class MemoryProfile:
         )
 
 
+FULL_CACHE = 0.98  # a stats line at this KV cache usage or more: the cache, not max_num_seqs, caps what runs
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerStats:
     """One of vLLM's periodic stats lines: `Running: R reqs, [Swapped: S reqs, ]Pending|Waiting: W reqs, GPU KV
@@ -234,12 +237,15 @@ class LogFacts:
     host_memory: HostMemory | None = None
     cpu_kv_space: CpuKvSpace | None = None  # the CPU backend's KV space, where it was set explicitly
     cpu_blocks: int | None = None  # V0: KV blocks in pinned host memory (--swap-space), from `# CPU blocks: N`
+    swap_exhausted: bool = False  # V0 aborted a swap preemption: "Aborted due to the lack of CPU swap space"
     swap_gib: float | None = None  # the node's whole --swap-space, from vLLM's "Possibly too large swap space"
     host_total_gib: float | None = None  # the host's memory, from the same warning
     preemptions: int | None = None  # V0's cumulative count from its warnings; V1 (0.11.2+) the stats lines' sum
     v1_preemptions: int | None = None  # the part of it from V1's stats lines (`Preemptions: N`)
     preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning
     busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
+    full_most_running: int | None = None  # the most requests running on a stats line with the KV cache full
+    full_least: SchedulerStats | None = None  # the full-cache stats line with requests waiting and the fewest running
     engine_dead: bool = False  # the engine (or a worker) died: EngineDeadError, "Engine core proc ... died", ...
     capture_sizes: tuple[int, ...] | None = None  # CUDA-graph batch sizes from the engine's config line, ascending
     traceback: bool = False  # a Python traceback follows the start: something raised
