@@ -134,9 +134,9 @@ class MemoryLedger:
         """The ledger as evidence, one line per amount the log states or that is assumed."""
         lines: list[str] = []
         where = f" (rank {self.rank})" if self.rank is not None else ""
+        unit = "GPU" if self.accelerator is Accelerator.GPU else "device"
         if self.total is not None:
-            device = "the GPU" if self.accelerator is Accelerator.GPU else "the device"
-            lines.append(self.total.line(f"{device}{where}:"))
+            lines.append(self.total.line(f"the {unit}{where}:"))
             assumed = ", assumed" if self.utilization_assumed else ""
             lines.append(
                 f"vLLM's budget: gpu_memory_utilization {self.utilization:g} ({self.utilization_source}{assumed}) "
@@ -144,7 +144,7 @@ class MemoryLedger:
             )
         for amount, what in (
             (self.others, "other processes hold"),
-            (self.weights, "weights per GPU:"),
+            (self.weights, f"weights per {unit}:"),
             (self.activation, "the profile run's activation peak"),
             (self.non_torch, "non-torch memory"),
             (self.graphs, "CUDA graphs"),
