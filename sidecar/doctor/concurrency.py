@@ -104,19 +104,7 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
             f"filled {busiest.kv_usage:.1%} of the KV cache: it holds about {busiest.running} / {busiest.kv_usage:.3f} "
             f"= {holds:,.1f} requests of today's size"
         )
-        value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
-        recommendations.extend(
-            _fewer_seqs(
-                value,
-                setup,
-                unknown="now not in the log",
-                why=lambda now: (
-                    f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
-                    f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait "
-                    "in the queue instead of being preempted and recomputed"
-                ),
-            )
-        )
+        recommendations.extend(_seqs_the_cache_holds(busiest, setup, instead="being preempted and recomputed"))
     elif log.preemptions >= STORM_PREEMPTIONS and (
         halved := sequences(
             setup,
@@ -192,7 +180,6 @@ def _squeezed(log: LogFacts, setup: Setup) -> Finding | None:
     if least is None or most is None or least.running <= 0 or least.running > SQUEEZED_SHARE * most:
         return None
     holds = least.running / least.kv_usage
-    value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
     lines = [
         f"with the KV cache full (stats lines at {FULL_CACHE:.0%} or more) the running requests fell from {most} to "
         f"{least.running} while {least.waiting:,} waited: the running ones grew into the cache and the rest were "
@@ -209,17 +196,23 @@ def _squeezed(log: LogFacts, setup: Setup) -> Finding | None:
             "admitted than it holds at their length"
         ),
         evidence=tuple(lines),
-        recommendations=tuple(
-            _fewer_seqs(
-                value,
-                setup,
-                unknown="now not in the log",
-                why=lambda now: (
-                    f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
-                    f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait in "
-                    "the queue instead of being admitted and pushed back"
-                ),
-            )
+        recommendations=tuple(_seqs_the_cache_holds(least, setup, instead="being admitted and pushed back")),
+    )
+
+
+def _seqs_the_cache_holds(stats: SchedulerStats, setup: Setup, *, instead: str) -> list[Recommendation]:
+    """--max-num-seqs at the requests a stats line shows the KV cache holding (running / usage), less the
+    headroom; `instead` says what the requests over it go through today."""
+    holds = stats.running / stats.kv_usage
+    value = max(1, math.floor(holds * formula.KV_HEADROOM_RATIO))
+    return _fewer_seqs(
+        value,
+        setup,
+        unknown="now not in the log",
+        why=lambda now: (
+            f"{holds:,.1f} requests fit x {formula.KV_HEADROOM_RATIO:g} headroom = "
+            f"{holds * formula.KV_HEADROOM_RATIO:,.2f}, rounded down -> {value} ({now}): the rest wait in the "
+            f"queue instead of {instead}"
         ),
     )
 

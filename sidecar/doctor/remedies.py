@@ -168,7 +168,6 @@ def raise_budget(
     """A larger budget, within what the card has free: room for `needed_bytes` (weights and activations) plus 5 %
     of the card for the KV cache when the ledger says how much that is, else vLLM's default.
     `current` is today's budget when the log states it (None: not stated, the value is vLLM's default or more)."""
-    ceiling = ledger.ceiling
     total = ledger.total
     # Without the sizes, one step of the KV margin above today's budget (vLLM's default where the log does not
     # say it): recommending the default itself would repeat the likeliest configuration that just failed.
@@ -201,8 +200,7 @@ def raise_budget(
             f"({gib(needed_bytes)} + {KV_MARGIN_RATIO:.0%} of {gib(total.value_bytes)} for the KV cache) / "
             f"{gib(total.value_bytes)} = {wanted:.4f}"
         )
-    most = ledger.max_utilization
-    limit = min(most, formula.floor_hundredths(ceiling)) if ceiling is not None else most
+    limit = highest_budget(ledger)
     value = min(math.ceil(wanted * 100 - 1e-6) / 100, limit)
     if current is not None and value <= current:
         return None
@@ -218,6 +216,12 @@ def raise_budget(
         value=value,
         why=f"{reason}: {arithmetic}, rounded up -> {value:.2f}{capped}; {today}",
     )
+
+
+def highest_budget(ledger: MemoryLedger) -> float:
+    """The highest gpu_memory_utilization worth recommending: the device's, within what other processes leave."""
+    ceiling, most = ledger.ceiling, ledger.max_utilization
+    return min(most, formula.floor_hundredths(ceiling)) if ceiling is not None else most
 
 
 def _scaled_by_the_kv_shortfall(

@@ -363,9 +363,7 @@ def _kv_at_highest_budget(ledger: MemoryLedger) -> float | None:
     total, needed = ledger.total, _non_kv_bytes(ledger)
     if total is None or needed is None or ledger.utilization_assumed or ledger.kv is None:
         return None
-    ceiling = ledger.ceiling
-    highest = min(ledger.max_utilization, formula.floor_hundredths(ceiling)) if ceiling is not None else None
-    return (highest or ledger.max_utilization) * total.value_bytes - needed
+    return remedies.highest_budget(ledger) * total.value_bytes - needed
 
 
 def _weights_fill_likely_card(
