@@ -90,8 +90,9 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     if not log.preemptions:
         return _squeezed(log, setup) or _full_and_queued(log.busiest)
     mode = log.preemption_mode or "an unknown"
+    told_by = "its warning" if log.preemptions_noticed_by is None else f"{log.preemptions_noticed_by}'s notices"
     lines = [
-        f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} (its warning, {mode} mode): "
+        f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} ({told_by}, {mode} mode): "
         "the KV cache ran out"
     ]
     recommendations: list[Recommendation] = []

@@ -130,11 +130,16 @@ class MemoryLedger:
             return True
         return None
 
+    @property
+    def unit(self) -> str:
+        """What one of the accelerators is called in evidence: a TPU or a Mac's GPU is not what users call a GPU."""
+        return "GPU" if self.accelerator is Accelerator.GPU else "device"
+
     def lines(self) -> list[str]:
         """The ledger as evidence, one line per amount the log states or that is assumed."""
         lines: list[str] = []
         where = f" (rank {self.rank})" if self.rank is not None else ""
-        unit = "GPU" if self.accelerator is Accelerator.GPU else "device"
+        unit = self.unit
         if self.total is not None:
             lines.append(self.total.line(f"the {unit}{where}:"))
             assumed = ", assumed" if self.utilization_assumed else ""

@@ -132,6 +132,10 @@ _GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
 _PREEMPTED = loose(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
+# LMCache's vLLM connector (lmcache_mp_connector.py) logs the scheduler's own preemptions, one of two notices a
+# step: "<preempted> by preempted requests: {'id', ...}" (preempted this step) or "<preempted> by resumed requests:
+# {...}" (taken back this step). vLLM itself prints nothing of them on V1 before 0.11.2's stats field.
+_CONNECTOR_PREEMPTED = loose(r"<preempted> by (?:preempted|resumed) requests: \{([^}]*)")
 # V0: `Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%`; V1: `Running: R reqs, Waiting: W
 # reqs, [Deferred: D reqs, ][KV fetch: ..., ][Preemptions: P, ]GPU|CPU KV cache usage: U%` (Preemptions since 0.11.2:
 # the preemptions of that interval, printed only when some happened; the device name from 0.30).
@@ -248,6 +252,9 @@ def _facts(log: list[Record]) -> LogFacts:
         facts["cut_in"] = cut_in_traceback(log)
     if not recognised and (facts.get("kv_check_failed") or facts.get("cut_in")):
         recognised = 1  # a traceback through vLLM's own start, its error line cut: still vLLM's
+    connector_ids = facts.pop(_CONNECTOR_IDS, None)
+    if isinstance(connector_ids, set) and connector_ids and not facts.get("preemptions"):
+        facts.update(preemptions=len(connector_ids), preemption_mode="RECOMPUTE", preemptions_noticed_by="LMCache")
     ranks = [record.tp_rank for record in log if record.tp_rank is not None]
     if ranks:
         facts["ranks_seen"] = max(ranks) + 1
@@ -510,6 +517,17 @@ def _preempted(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("preemptions", 1)  # a warning without a counter still means at least one
 
 
+def _connector_preempted(match: re.Match[str], facts: Facts) -> None:
+    # Each id once: a request preempted, then resumed, is named by both notices (so the count is a floor).
+    seen = facts.get(_CONNECTOR_IDS)
+    if not isinstance(seen, set):
+        seen = facts[_CONNECTOR_IDS] = set()
+    seen.update(name for part in match.group(1).split(",") if (name := part.strip(" '\"")))
+
+
+_CONNECTOR_IDS = "connector_preempted_ids"  # a working set of `_facts`, not a LogFacts field
+
+
 def _free_info(match: re.Match[str], facts: Facts) -> None:
     free, total, utilization, budget, weights, activation, non_torch, graphs = (
         float(match.group(i)) for i in range(1, 9)
@@ -714,6 +732,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_CPU_KV_SPACE, _cpu_kv_space, needle="Explicitly set"),
     _simple(_STATS, _stats, needle="Running"),
     _simple(_PREEMPTED, _preempted, needle="preempted"),
+    _simple(_CONNECTOR_PREEMPTED, _connector_preempted, needle="<preempted>"),
     _simple(_FREE_INFO, _free_info, needle="utilization"),
     _simple(_V0_BUDGET, _v0_budget, needle="total_gpu_memory"),
     _simple(_V0_PROFILE, _v0_profile, needle="weights"),

@@ -43,8 +43,9 @@ _FAMILY = loose(
     r"|nrt_tensor_allocate status=\d+ message=.Allocation Failure|Failed to allocate [\d.]+ ?MB \(usage: \w+\) on ND \d"
     r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space (?:hbm|vmem|smem)"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
-    r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)|RuntimeBufferAllocationFailure"
+    r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)|Runtime(?:Buffer|Program)AllocationFailure"
     r"|Error allocating device buffer: Attempting to allocate"
+    r"|Attempting to reserve [\d.]+[KMGT]? at the bottom of memory"  # a compiled program's space
     # Ascend's CANN runtime: "Memory_Allocation_Failure(EL0004): Failed to allocate memory requested by GE module",
     # "EL0004: ... Failed to allocate memory.", "alloc device memory failed, runtime result = 207001".
     r"|Memory_Allocation_Failure\(EL0004\)|EL0004: .{0,80}Failed to allocate memory"
@@ -77,10 +78,16 @@ _MODERN = loose(
 )  # fmt: skip
 _TRIED = loose(r"Tried to allocate " + _SIZE)
 # PJRT's refusal on a TPU, sizes in binary units with one letter (tsl's HumanReadableNumBytes): "Attempting to
-# allocate 1002.00M. That was not possible. There are 897.41M free." It never states the chip's memory.
+# allocate 1002.00M. That was not possible. There are 897.41M free." It never states the chip's memory. A compiled
+# program's space is reserved instead (RuntimeProgramAllocationFailure): "Attempting to reserve 1.04G at the
+# bottom of memory. That was not possible. There are 176.58M free, 0B reserved, and 176.58M reservable."
 _XLA_SIZE = r"([\d.]+)([KMGT]|B\b)"
 _ATTEMPTING = loose(
-    r"Attempting to allocate " + _XLA_SIZE + r"\. That was not possible\. There are " + _XLA_SIZE + " free"
+    r"Attempting to (?:allocate|reserve) "
+    + _XLA_SIZE
+    + r"(?: at the bottom of memory)?\. That was not possible\. There are "
+    + _XLA_SIZE
+    + " free"
 )
 _XLA_UNITS = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _ALL_OF_IT = 0.97  # the share of the card's used memory that the listed processes hold when one of them is this one
@@ -121,7 +128,7 @@ _LEVEL_ZERO = re.compile(r"level_zero|UR_RESULT_ERROR|ZE_RESULT_ERROR|PI_ERROR")
 _CANN = re.compile(r"EL0004|runtime result = 207001")
 _DEVICE_NAME = re.compile(
     r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|memory space [vs]mem\b"
-    r"|tpu_custom_call|RuntimeBufferAllocationFailure|jax\.errors|_HBM\d|(PT_DEVMEM)"
+    r"|tpu_custom_call|Runtime(?:Buffer|Program)AllocationFailure|jax\.errors|_HBM\d|(PT_DEVMEM)"
 )
 # Where the error line itself says it was: vLLM's linear layers and model loader name the weights, and sleep
 # mode's allocator names its own source file when it cannot map memory back.

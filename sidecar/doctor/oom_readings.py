@@ -440,9 +440,9 @@ def _another_process(oom: CudaOom, ledger: MemoryLedger, lines: list[str], stran
 
 
 def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
-    held = oom.process_bytes if oom.process_bytes is not None else (oom.allocated_bytes or 0)
+    held, of_what = _held_at_failure(oom, ledger)
     needed: float = held + (oom.tried_bytes or 0)
-    what = f"at least {gib(needed)} held or asked for when the load failed"
+    what = f"at least {gib(needed)} held or asked for when the load failed{of_what}"
     high = ledger.weights_high_bytes
     if ledger.weights is not None and high is not None and high > needed:
         # Remedies are sized from the high end of an estimate: more GPUs or offload than needed still start.
@@ -456,8 +456,9 @@ def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: 
             "bytes in 16 bits) against the card's memory sizes them",
         )
     else:
-        card = f" of a {gib(ledger.total.value_bytes)} card" if ledger.total is not None else ""
-        lines.append(f"the weights need at least {gib(needed)} per GPU{card}: " + _BUDGET_DOES_NOT_CAP_WEIGHTS)
+        unit = ledger.unit
+        card = f" ({gib(ledger.total.value_bytes)} each)" if ledger.total is not None else ""
+        lines.append(f"the weights need at least {gib(needed)} per {unit}{card}: " + _BUDGET_DOES_NOT_CAP_WEIGHTS)
         if ledger.others is not None and ledger.usable_bytes is not None:
             # A budget fitted beside them does not cap the load either: the load needs what they hold, or less.
             lines.append(
@@ -468,11 +469,24 @@ def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: 
     return Finding(
         cause=Cause.DOES_NOT_FIT,
         severity=Severity.CRITICAL,
-        summary="the model's weights do not fit the GPU at this precision and parallelism",
+        summary=f"the model's weights do not fit the {ledger.unit} at this precision and parallelism",
         evidence=tuple(lines),
         recommendations=tuple(sized),
         steps=steps,
     )
+
+
+def _held_at_failure(oom: CudaOom, ledger: MemoryLedger) -> tuple[float, str]:
+    """What the failed process held, and how it is known where the message does not say it."""
+    if oom.process_bytes is not None:
+        return oom.process_bytes, ""
+    if oom.allocated_bytes is not None:
+        return oom.allocated_bytes, ""
+    if oom.device == "TPU" and oom.free_bytes is not None and ledger.total is not None:
+        # libtpu gives a chip to one process at a time: what was not free on it was this process's.
+        held = max(0, ledger.total.value_bytes - oom.free_bytes)
+        return held, f" (the device's {gib(ledger.total.value_bytes)} less the {gib(oom.free_bytes)} free)"
+    return 0, ""
 
 
 _BUDGET_DOES_NOT_CAP_WEIGHTS = "gpu_memory_utilization does not cap weight loading, lowering it cannot help"

@@ -64,10 +64,10 @@ def smaller_model_per_gpu(
                     flag="--tensor-parallel-size",
                     value=size,
                     why=(
-                        f"{what}: {gib(weights_bytes * current)} of weights / {size} GPUs = "
+                        f"{what}: {gib(weights_bytes * current)} of weights / {size} {ledger.unit}s = "
                         f"{gib(weights_bytes * current / size)} each, at most {TARGET_WEIGHT_SHARE:.0%} of the "
-                        f"{gib(usable)} each card gives vLLM, so activations and the KV cache have room (a power of "
-                        "two that divides the model's attention heads; past 8, across nodes)"
+                        f"{gib(usable)} each {ledger.unit} gives vLLM, so activations and the KV cache have room "
+                        "(a power of two that divides the model's attention heads; past 8, across nodes)"
                     ),
                 )
             )

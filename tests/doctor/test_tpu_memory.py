@@ -79,3 +79,33 @@ def test_weights_past_an_xla_devices_ceiling_do_not_fit() -> None:
     finding = _finding(log)
     assert finding.cause is Cause.DOES_NOT_FIT
     assert "--gpu-memory-utilization" not in {r.flag for r in finding.recommendations}
+
+
+def test_a_programs_reservation_that_fails_while_weights_load_sizes_more_devices_from_what_was_held() -> None:
+    """XLA reserves a compiled program's space (RuntimeProgramAllocationFailure, its sizes on the next line). libtpu
+    gives a device to one process, so what was not free was the load's own: 94.75 - 0.17 GiB held, + 1.04 asked."""
+    devices = ", ".join(["(0.0, 94.75)"] * 8)
+    error = f"{CORE}ERROR 05-13 18:59:36 [core.py:1136] "
+    log = "\n".join(
+        [
+            "INFO 05-13 18:46:19 [utils.py:233] non-default args: {'model': 'm', 'tensor_parallel_size': 8, "
+            "'gpu_memory_utilization': 0.978}",
+            f"{CORE}INFO 05-13 18:46:27 [tpu_worker.py:305] Init worker | rank=0 | hbm=[{devices}]GiB",
+            f"{error}Traceback (most recent call last):",
+            f'{error}  File "/opt/tpu_inference/runner/tpu_runner.py", line 480, in load_model',
+            f"{error}    self.model_fn = get_model(self.vllm_config)",
+            f'{error}  File "/opt/tpu_inference/layers/quantization/moe.py", line 211, in '
+            "process_weights_after_loading",
+            f"{error}    w13 = shard_moe_weights(w13, mesh)",
+            f"{error}jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure:",
+            f"{error}Error loading program 'jit__unnamed_function': Attempting to reserve 1.04G at the bottom of "
+            "memory. That was not possible. There are 176.58M free, 0B reserved, and 176.58M reservable.",
+        ]
+    )
+    oom = parse_log(log).oom
+    assert oom is not None
+    assert (oom.tried_bytes, oom.free_bytes) == (int(1.04 * 2**30), int(176.58 * 2**20))
+    finding = _finding(log)
+    assert finding.cause is Cause.DOES_NOT_FIT
+    # (94.75 - 0.17 + 1.04) GiB x 8 devices = 764.9 GiB: 16 devices hold 47.8 GiB each, under 75 % of 94.75
+    assert {r.flag: r.value for r in finding.recommendations}["--tensor-parallel-size"] == 16
