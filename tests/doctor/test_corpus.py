@@ -70,6 +70,7 @@ SETS = {
     "heldout-25av",
     "heldout-25aw",
     "heldout-25ax",
+    "heldout-25ay",
 }
 
 
