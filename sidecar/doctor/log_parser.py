@@ -68,8 +68,9 @@ _MAX_LEN_V1 = loose(
 # The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).
 _ESTIMATED_MAX_LEN = loose(r"(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)")
 _MAX_LEN_V0 = loose(  # "max \w+ len": the rest of the sentence identifies it in a copy retyped by hand ("sew len")
-    r"The model's max \w+ len \((\d+)\) is larger than the maximum number of tokens that can be stored in KV "
-    r"cache \((?:(\d+)\))?"  # an excerpt may end at the parenthesis: the refusal is still known, its size not
+    r"The model's max \w+ len \((\d+)\) is larger than the maximum number of tokens that can be"
+    # an excerpt may end before the size (at the parenthesis, mid-word): the refusal is still known, its size not
+    r"(?: stored in KV cache \((?:(\d+)\))?|\s?\S{0,20}$)"
 )
 _NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
 # V0 before 0.2.7 started with a max_model_len its KV cache could not hold and ignored each such prompt.
@@ -720,7 +721,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
     _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="estimated"),
-    _simple(_MAX_LEN_V0, _max_len_v0, needle="stored"),
+    _simple(_MAX_LEN_V0, _max_len_v0, needle="can be"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
     _simple(_STATE_BLOCKS, _state_blocks, needle="Mamba"),

@@ -493,6 +493,9 @@ def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: Lo
                 ),
             )
         )
+    eager = _graphs_took_the_margin(ledger, log) if after_kv else None
+    if eager is not None:
+        recommendations.append(eager)
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
@@ -500,6 +503,27 @@ def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: Lo
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
         steps=tuple(steps),
+    )
+
+
+def _graphs_took_the_margin(ledger: MemoryLedger, log: LogFacts) -> Recommendation | None:
+    """Before 0.21, CUDA graphs are captured after the KV cache filled the budget, outside it: where they took
+    half or more of what the budget leaves the card, the warm-up after them had little room left, and running
+    without them gives it back."""
+    graphs, total = ledger.graphs, ledger.total
+    if graphs is None or total is None or log.graphs_profiled or (log.args is not None and log.args.enforce_eager):
+        return None
+    margin = (1 - ledger.utilization) * total.value_bytes
+    if margin <= 0 or graphs.value_bytes < margin / 2:
+        return None
+    return Recommendation(
+        flag="--enforce-eager",
+        value="",
+        why=(
+            f"or keep both and drop the CUDA graphs: captured after the KV cache, outside the budget, they took "
+            f"{gib(graphs.value_bytes)} of the {gib(margin)} the budget leaves the card ({ledger.utilization:g}); "
+            "without them the warm-up has that room (decoding runs slower)"
+        ),
     )
 
 

@@ -134,6 +134,9 @@ def test_v0_weights_line_says_gb_but_means_gib() -> None:
          "stored in KV cache (51296). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
          "initializing the engine.", RefusalKind.MAX_LEN_EXCEEDS_KV,
          {"max_model_len": 131072, "capacity_tokens": 51296}),
+        # an excerpt cut before the size, mid-word: still the refusal, its capacity unknown
+        ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be s",
+         RefusalKind.MAX_LEN_EXCEEDS_KV, {"max_model_len": 32768, "capacity_tokens": None}),
         (V1_ERROR + "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV "
          "cache is needed, which is larger than the available KV cache memory (6.26 GiB). Based on the available "
          "memory, the estimated maximum model length is 51296. Try increasing `gpu_memory_utilization` or decreasing "

@@ -383,6 +383,25 @@ def test_a_sampler_warm_up_in_the_profile_run_does_not_lower_the_budget() -> Non
     assert "compile_or_warm_up_model" in bare.steps[0]
 
 
+def test_graphs_that_took_the_budgets_margin_before_the_sampler_warm_up_offer_eager_mode() -> None:
+    """Before 0.21, graphs are captured after the KV cache filled the budget, outside it. Here they took 0.66 GiB
+    of the 0.64 GiB a 0.98 budget leaves a 31.86 GiB card, and the warm-up after them found nothing free."""
+    args = "INFO 12-13 10:00:00 [utils.py:1] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.98}\n"
+    graphs = "INFO 12-13 10:01:00 [gpu_model_runner.py:1] Graph capturing finished in 7 secs, took 0.66 GiB\n"
+    oom = _oom("HIP", tried="76.00 MiB", total="31.86 GiB", free="0 bytes", process="31.00 GiB", allocated="30.75 GiB",
+               stranded="169.00 MiB")  # fmt: skip
+    warm_up = (
+        "RuntimeError: CUDA out of memory occurred when warming up sampler with 64 dummy requests. Please try "
+        "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine."
+    )
+    frames = ["compile_or_warm_up_model", "_dummy_sampler_run"]
+    text = args + graphs + _traceback(V1, frames, oom) + _traceback(V1, frames, warm_up)
+    assert _flags(_finding(text)) == {"--max-num-seqs": 32, "--gpu-memory-utilization": 0.96, "--enforce-eager": ""}
+    # Graphs that took a small part of the margin are not what left the warm-up short.
+    small = text.replace("took 0.66 GiB", "took 0.20 GiB")
+    assert "--enforce-eager" not in _flags(_finding(small))
+
+
 def test_a_preemption_storm_without_a_stats_line_halves_max_num_seqs_as_a_first_step() -> None:
     args = "INFO 05-01 12:00:00 arg_utils.py:1] args: Namespace(model='m', max_num_seqs=256, block_size=16)\n"
     warning = (
