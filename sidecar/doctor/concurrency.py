@@ -91,8 +91,12 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         return _squeezed(log, setup) or _full_and_queued(log.busiest)
     mode = log.preemption_mode or "an unknown"
     told_by = "its warning" if log.preemptions_noticed_by is None else f"{log.preemptions_noticed_by}'s notices"
+    at_least = ""
+    if log.preemption_warnings > 1:
+        told_by = f"{log.preemption_warnings} warnings, which V0 prints at the 1st, 51st, 101st... preemption"
+        at_least = "at least "
     lines = [
-        f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')} ({told_by}, {mode} mode): "
+        f"vLLM preempted requests {at_least}{plural(log.preemptions, 'time', spec=',')} ({told_by}, {mode} mode): "
         "the KV cache ran out"
     ]
     recommendations: list[Recommendation] = []
@@ -124,8 +128,8 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
         cause=Cause.CONCURRENCY_MISJUDGEMENT,
         severity=Severity.WARNING,
         summary=(
-            f"vLLM preempted requests {plural(log.preemptions, 'time', spec=',')}: more run at once than its KV "
-            "cache holds"
+            f"vLLM preempted requests {at_least}{plural(log.preemptions, 'time', spec=',')}: more run at once than "
+            "its KV cache holds"
         ),
         evidence=tuple(lines),
         recommendations=tuple(recommendations),

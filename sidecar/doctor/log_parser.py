@@ -132,7 +132,13 @@ _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 _PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
-_PREEMPTED = loose(r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space")
+_PREEMPTED = loose(  # a paste may cut the warning after its start: still a warning, its mode unknown
+    r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space"
+    r"|Sequence group \S+ is preempted by(?: PreemptionMode\.(\w+)\b)?[^\n]{0,60}$"
+)
+# V0's scheduler warns at the 1st, 51st, 101st... preemption only (`num_cumulative_preemption % 50 == 0`): each
+# warning after a log's first stands for 50 more, whether or not its counter survived the paste.
+V0_PREEMPTIONS_PER_WARNING = 50
 # LMCache's vLLM connector (lmcache_mp_connector.py) logs the scheduler's own preemptions, one of two notices a
 # step: "<preempted> by preempted requests: {'id', ...}" (preempted this step) or "<preempted> by resumed requests:
 # {...}" (taken back this step). vLLM itself prints nothing of them on V1 before 0.11.2's stats field.
@@ -514,8 +520,14 @@ def _stats(match: re.Match[str], facts: Facts) -> None:
 
 
 def _preempted(match: re.Match[str], facts: Facts) -> None:
-    facts["preemption_mode"] = match.group(1)
-    facts.setdefault("preemptions", 1)  # a warning without a counter still means at least one
+    mode = match.group(1) or match.group(2)
+    if mode is not None:
+        facts["preemption_mode"] = mode
+    warnings = int(str(facts.get("preemption_warnings", 0))) + 1
+    facts["preemption_warnings"] = warnings
+    # a warning without a counter still means at least one, and each after the first 50 more
+    at_least = 1 + V0_PREEMPTIONS_PER_WARNING * (warnings - 1)
+    facts["preemptions"] = max(at_least, int(str(facts.get("preemptions", 0))))
 
 
 def _connector_preempted(match: re.Match[str], facts: Facts) -> None:

@@ -243,6 +243,7 @@ class LogFacts:
     preemptions: int | None = None  # V0's cumulative count from its warnings; V1 (0.11.2+) the stats lines' sum
     v1_preemptions: int | None = None  # the part of it from V1's stats lines (`Preemptions: N`)
     preemption_mode: str | None = None  # RECOMPUTE or SWAP, from the same warning
+    preemption_warnings: int = 0  # V0's warnings, printed at the 1st, 51st, 101st... preemption
     preemptions_noticed_by: str | None = None  # a KV connector that logged them where vLLM did not (LMCache)
     busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
     full_most_running: int | None = None  # the most requests running on a stats line with the KV cache full

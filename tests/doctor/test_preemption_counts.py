@@ -1,6 +1,7 @@
-"""LMCache's vLLM connector logs the scheduler's preemptions (`<preempted> by preempted requests: {...}`) where V1
-before 0.11.2 prints none of its own. The notices' format is LMCache's (lmcache_mp_connector.py); the request ids
-and counts are made up."""
+"""How many preemptions a log shows. V0 warns at the 1st, 51st, 101st... preemption only; LMCache's vLLM connector
+logs the scheduler's preemptions (`<preempted> by preempted requests: {...}`) where V1 before 0.11.2 prints none of
+its own. The formats are vLLM's (core/scheduler.py) and LMCache's (lmcache_mp_connector.py); ids and counts are
+made up."""
 
 from __future__ import annotations
 
@@ -55,3 +56,26 @@ def test_vllms_own_count_wins_over_the_connectors() -> None:
     )
     log = parse_log(text)
     assert (log.preemptions, log.preemption_mode, log.preemptions_noticed_by) == (51, "RECOMPUTE", None)
+
+
+V0_WARNING = (
+    "WARNING 03-04 07:39:28 scheduler.py:1754] Sequence group {group} is preempted by PreemptionMode.RECOMPUTE mode "
+    "because there is not enough KV cache space. This can affect the end-to-end performance. Increase "
+    "gpu_memory_utilization or tensor_parallel_size to provide more KV cache memory. "
+    "total_num_cumulative_preemption={count}"
+)
+
+
+def test_each_v0_warning_after_the_first_stands_for_fifty_preemptions_even_when_cut() -> None:
+    one = parse_log(V0_WARNING.format(group=16, count=1))
+    assert (one.preemptions, one.preemption_warnings) == (1, 1)
+    cut = V0_WARNING.format(group=13, count=51)[:110]  # "... Sequence group 13 is preempted by PreemptionM"
+    two = parse_log(V0_WARNING.format(group=16, count=1) + "\n" + cut)
+    assert (two.preemptions, two.preemption_warnings, two.preemption_mode) == (51, 2, "RECOMPUTE")
+    finding = diagnose(evidence(live_evidence=DOWN, log_facts=two)).findings[0]
+    assert "at least 51 times" in finding.evidence[0]
+    # 51 is a storm: V0's default 256 sequences halved as a first step, no stats line to size it
+    assert {r.flag: r.value for r in finding.recommendations}["--max-num-seqs"] == 128
+    # A single warning sizes no step: one preemption is vLLM working under load.
+    alone = diagnose(evidence(live_evidence=DOWN, log_facts=one)).findings[0]
+    assert "--max-num-seqs" not in {r.flag for r in alone.recommendations}
