@@ -71,6 +71,7 @@ SETS = {
     "heldout-25aw",
     "heldout-25ax",
     "heldout-25ay",
+    "heldout-25az",
 }
 
 
