@@ -88,7 +88,7 @@ def log_concurrency(evidence: Evidence, setup: Setup) -> Finding | None:
     if log.swap_exhausted:
         return _swap_exhausted(log, setup)
     if not log.preemptions:
-        return _squeezed(log, setup) or _full_and_queued(log.busiest)
+        return _squeezed(log, setup) or _full_and_queued(log.busiest) or _one_request_fills_it(log.busiest)
     mode = log.preemption_mode or "an unknown"
     told_by = "its warning" if log.preemptions_noticed_by is None else f"{log.preemptions_noticed_by}'s notices"
     at_least = ""
@@ -245,6 +245,34 @@ def _full_and_queued(busiest: SchedulerStats | None) -> Finding | None:
         steps=(
             "fewer requests at once from the clients (or a router that holds them), shorter max_tokens; "
             + MORE_KV_ROOM,
+        ),
+    )
+
+
+ONE_REQUEST_FILLS = 0.9  # one running request at this KV usage or more: the cache holds about one of its size
+
+
+def _one_request_fills_it(busiest: SchedulerStats | None) -> Finding | None:
+    """A stats line with one request running and the KV cache (nearly) full: the cache holds about one request
+    of that length, so a longer one, or parallel samples of it, outgrow it. How much more room it needs depends on
+    the requests, which the log does not size: no number."""
+    if busiest is None or busiest.running != 1 or busiest.kv_usage < ONE_REQUEST_FILLS:
+        return None
+    return Finding(
+        cause=Cause.KV_CACHE_BLOWOUT,
+        severity=Severity.WARNING,
+        summary=f"one request filled {busiest.kv_usage:.1%} of vLLM's KV cache: it holds about one request that long",
+        evidence=(
+            f"at the fullest stats line 1 running request (and {busiest.waiting:,} waiting) filled "
+            f"{busiest.kv_usage:.1%} of the KV cache: a longer request, or more samples of it (n, beam search), "
+            "does not fit: vLLM preempts it, and V0 may abort it",
+        ),
+        steps=(
+            "a KV cache that holds several such requests: "
+            + MORE_KV_ROOM.removeprefix("or give the KV cache more room: "),
+            "or shorter requests: a lower --max-model-len (the log does not say the cache's size in tokens: "
+            "'# GPU blocks: N' x the block size, or 'GPU KV cache size: N tokens', does), a smaller max_tokens, "
+            "fewer parallel samples",
         ),
     )
 

@@ -50,6 +50,8 @@ _FAMILY = loose(
     # "EL0004: ... Failed to allocate memory.", "alloc device memory failed, runtime result = 207001".
     r"|Memory_Allocation_Failure\(EL0004\)|EL0004: .{0,80}Failed to allocate memory"
     r"|alloc device memory failed, runtime result = 207001"
+    # PyTorch's message from its third sentence on, where a paste (a panel showing a log's tail) starts there
+    r"|Of the allocated memory [\d.]+ ?\w+ is allocated by PyTorch"
     r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
     + _SIZE
     # Intel's GPUs (XPU) through Level Zero and its unified runtime: "level_zero backend failed with error: 40

@@ -341,6 +341,15 @@ def test_the_cuda_drivers_own_out_of_memory_is_an_oom() -> None:
     assert parse_log("RuntimeError: CUDA driver error: out of memory").oom is not None
 
 
+def test_pytorchs_message_from_its_third_sentence_on_is_still_an_oom() -> None:
+    """A panel that shows a log's tail can start inside PyTorch's message (a Hugging Face Space's error)."""
+    tail = (
+        "Exit code: 1. Reason: ess has 0 bytes memory in use. Of the allocated memory 21.48 GiB is allocated by "
+        "PyTorch, and 10.95 MiB is reserved by PyTorch but unallocated."
+    )
+    assert parse_log(tail).oom is not None
+
+
 def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_leaves() -> None:
     # 80 GiB card, another process holds 25 GiB: (80 - 25 - 4) / 80 = 0.6375 -> 0.63, whatever the budget was.
     text = _traceback(

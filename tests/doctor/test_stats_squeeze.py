@@ -37,3 +37,13 @@ def test_a_full_cache_that_keeps_its_running_requests_is_a_busy_server_not_a_fin
     says that fewer admitted would serve better."""
     findings = _findings([(200, 0, 80.0), (240, 10, 99.0), (232, 40, 100.0), (236, 30, 99.8)])
     assert all("--max-num-seqs" not in {r.flag for r in finding.recommendations} for finding in findings)
+
+
+def test_one_request_that_fills_the_cache_says_it_holds_about_one_and_sets_no_number() -> None:
+    findings = _findings([(1, 0, 91.0), (1, 0, 95.6)])
+    assert findings[0].cause is Cause.KV_CACHE_BLOWOUT
+    assert findings[0].recommendations == ()  # the cache's size in tokens is not in the log
+    assert "95.6%" in findings[0].summary
+    # Below 90 %, or two requests sharing it, is not one request outgrowing the cache.
+    assert _findings([(1, 0, 60.0), (1, 0, 85.0)]) == ()
+    assert all(f.cause is not Cause.KV_CACHE_BLOWOUT for f in _findings([(2, 0, 96.0)]))
