@@ -268,8 +268,7 @@ def _one_request_fills_it(busiest: SchedulerStats | None) -> Finding | None:
             "does not fit: vLLM preempts it, and V0 may abort it",
         ),
         steps=(
-            "a KV cache that holds several such requests: "
-            + MORE_KV_ROOM.removeprefix("or give the KV cache more room: "),
+            "a KV cache that holds several such requests: " + KV_ROOM_WAYS,
             "or shorter requests: a lower --max-model-len (the log does not say the cache's size in tokens: "
             "'# GPU blocks: N' x the block size, or 'GPU KV cache size: N tokens', does), a smaller max_tokens, "
             "fewer parallel samples",
@@ -278,10 +277,10 @@ def _one_request_fills_it(busiest: SchedulerStats | None) -> Finding | None:
 
 
 # The policy's pause reasons (sidecar/policy/rules.py `pause_findings`) for KV pressure, one pattern per rule.
-MORE_KV_ROOM = (
-    "or give the KV cache more room: --kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization "
-    "where the card has it free, or more GPUs"
+KV_ROOM_WAYS = (
+    "--kv-cache-dtype fp8 (twice the tokens), a higher gpu_memory_utilization where the card has it free, or more GPUs"
 )
+MORE_KV_ROOM = "or give the KV cache more room: " + KV_ROOM_WAYS
 
 
 def _fewer_seqs(value: int, setup: Setup, *, unknown: str, why: Callable[[str], str]) -> list[Recommendation]:

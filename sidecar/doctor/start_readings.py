@@ -511,7 +511,9 @@ def _graphs_took_the_margin(ledger: MemoryLedger, log: LogFacts) -> Recommendati
     half or more of what the budget leaves the card, the warm-up after them had little room left, and running
     without them gives it back."""
     graphs, total = ledger.graphs, ledger.total
-    if graphs is None or total is None or log.graphs_profiled or (log.args is not None and log.args.enforce_eager):
+    if graphs is None or total is None or ledger.utilization_assumed or log.graphs_profiled:
+        return None
+    if log.args is not None and log.args.enforce_eager:
         return None
     margin = (1 - ledger.utilization) * total.value_bytes
     if margin <= 0 or graphs.value_bytes < margin / 2:

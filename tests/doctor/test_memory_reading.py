@@ -409,6 +409,8 @@ def test_graphs_that_took_the_budgets_margin_before_the_sampler_warm_up_offer_ea
     # Graphs that took a small part of the margin are not what left the warm-up short.
     small = text.replace("took 0.66 GiB", "took 0.20 GiB")
     assert "--enforce-eager" not in _flags(_finding(small))
+    # Nor where the budget, and so what it leaves the card, is not in the log.
+    assert "--enforce-eager" not in _flags(_finding(text.replace(args, "")))
 
 
 def test_a_preemption_storm_without_a_stats_line_halves_max_num_seqs_as_a_first_step() -> None:
