@@ -72,6 +72,7 @@ SETS = {
     "heldout-25ax",
     "heldout-25ay",
     "heldout-25az",
+    "heldout-25ba",
 }
 
 
