@@ -186,7 +186,8 @@ def _squeezed(log: LogFacts, setup: Setup) -> Finding | None:
         return None
     holds = least.running / least.kv_usage
     lines = [
-        f"with the KV cache full (stats lines at {FULL_CACHE:.0%} or more) the running requests fell from {most} to "
+        f"with the KV cache full (stats lines at {FULL_CACHE:.0%} or more, and the line after each) the running "
+        f"requests fell from {most} to "
         f"{least.running} while {least.waiting:,} waited: the running ones grew into the cache and the rest were "
         "pushed back or held in the queue (V1 preempts by recompute; this version's stats line does not count it)",
         f"at the fullest squeeze {least.running} running filled {least.kv_usage:.1%} of the KV cache: it holds about "

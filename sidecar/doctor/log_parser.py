@@ -259,6 +259,7 @@ def _facts(log: list[Record]) -> LogFacts:
         facts["cut_in"] = cut_in_traceback(log)
     if not recognised and (facts.get("kv_check_failed") or facts.get("cut_in")):
         recognised = 1  # a traceback through vLLM's own start, its error line cut: still vLLM's
+    facts.pop(_LAST_FULL, None)
     connector_ids = facts.pop(_CONNECTOR_IDS, None)
     if isinstance(connector_ids, set) and connector_ids and not facts.get("preemptions"):
         facts.update(preemptions=len(connector_ids), preemption_mode="RECOMPUTE", preemptions_noticed_by="LMCache")
@@ -511,11 +512,16 @@ def _stats(match: re.Match[str], facts: Facts) -> None:
     previous = facts.get("busiest")
     if not isinstance(previous, SchedulerStats) or stats.kv_usage >= previous.kv_usage:
         facts["busiest"] = stats
+    after_full = facts.get(_LAST_FULL) is True
+    facts[_LAST_FULL] = stats.kv_usage >= FULL_CACHE
     if stats.kv_usage >= FULL_CACHE:
         most = facts.get("full_most_running")
         facts["full_most_running"] = max(stats.running, most if isinstance(most, int) else 0)
+    # The line after a full one counts too: the requests it preempted freed their blocks before it was printed.
+    # Of these, the one whose requests each took the most of the cache bounds how many it holds.
+    if (stats.kv_usage >= FULL_CACHE or after_full) and stats.waiting > 0 and stats.kv_usage > 0:
         least = facts.get("full_least")
-        if stats.waiting > 0 and (not isinstance(least, SchedulerStats) or stats.running <= least.running):
+        if not isinstance(least, SchedulerStats) or stats.running / stats.kv_usage <= least.running / least.kv_usage:
             facts["full_least"] = stats
 
 
@@ -539,6 +545,7 @@ def _connector_preempted(match: re.Match[str], facts: Facts) -> None:
 
 
 _CONNECTOR_IDS = "connector_preempted_ids"  # a working set of `_facts`, not a LogFacts field
+_LAST_FULL = "last_stats_full"  # whether the latest stats line had the KV cache full; likewise
 
 
 def _free_info(match: re.Match[str], facts: Facts) -> None:

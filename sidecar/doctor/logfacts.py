@@ -247,7 +247,9 @@ class LogFacts:
     preemptions_noticed_by: str | None = None  # a KV connector that logged them where vLLM did not (LMCache)
     busiest: SchedulerStats | None = None  # the stats line with the highest KV cache usage
     full_most_running: int | None = None  # the most requests running on a stats line with the KV cache full
-    full_least: SchedulerStats | None = None  # the full-cache stats line with requests waiting and the fewest running
+    # a full-cache stats line (or the next) with requests waiting, of these the one with the fewest requests per
+    # share of the cache (running / usage)
+    full_least: SchedulerStats | None = None
     engine_dead: bool = False  # the engine (or a worker) died: EngineDeadError, "Engine core proc ... died", ...
     capture_sizes: tuple[int, ...] | None = None  # CUDA-graph batch sizes from the engine's config line, ascending
     traceback: bool = False  # a Python traceback follows the start: something raised

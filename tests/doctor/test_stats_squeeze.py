@@ -47,3 +47,13 @@ def test_one_request_that_fills_the_cache_says_it_holds_about_one_and_sets_no_nu
     # Below 90 %, or two requests sharing it, is not one request outgrowing the cache.
     assert _findings([(1, 0, 60.0), (1, 0, 85.0)]) == ()
     assert all(f.cause is not Cause.KV_CACHE_BLOWOUT for f in _findings([(2, 0, 96.0)]))
+
+
+def test_the_line_after_a_full_cache_shows_the_squeeze_its_preemptions_freed() -> None:
+    """Preempted requests free their blocks before the next stats line is printed: that line's usage is below
+    full, its running fewer, and it sizes max_num_seqs from its requests' share of the cache."""
+    findings = _findings([(256, 744, 96.0), (189, 766, 91.4), (250, 530, 99.4), (199, 499, 92.9)])
+    assert findings[0].cause is Cause.CONCURRENCY_MISJUDGEMENT
+    # 199 running filled 92.9 %: 214.2 requests at those sizes, x 0.9 headroom -> 192. The drop to 189 follows a
+    # line at 96 %, not a full cache, so it does not count.
+    assert {r.flag: r.value for r in findings[0].recommendations}["--max-num-seqs"] == 192
