@@ -73,6 +73,7 @@ SETS = {
     "heldout-25ay",
     "heldout-25az",
     "heldout-25ba",
+    "heldout-25bb",
 }
 
 
