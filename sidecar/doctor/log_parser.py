@@ -739,7 +739,7 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _engine_config,
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
-    _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="estimated"),
+    _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="stimated"),
     _simple(_MAX_LEN_V0, _max_len_v0, needle="can be"),
     _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
     _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),

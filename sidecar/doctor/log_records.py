@@ -178,12 +178,16 @@ def error_text(match: re.Match[str], error: str = "ValueError:") -> str:
 
 def loose(pattern: str, flags: int = 0) -> re.Pattern[str]:
     """A message pattern that also matches where a wrap dropped or added whitespace: each literal space outside a
-    character class matches any run of whitespace, or none."""
+    character class matches any run of whitespace, or none, and so does the inside of a literal parenthesis (a
+    terminal wraps "KV cache (" before "3984)" as readily as between words)."""
     out: list[str] = []
     in_class = escaped = False
     for char in pattern:
         if escaped:
-            out.append(char)
+            if char in "()" and not in_class:  # a group, so that a quantifier after it still applies to it all
+                out[-1] = r"(?:\(\s*)" if char == "(" else r"(?:\s*\))"
+            else:
+                out.append(char)
             escaped = False
         elif char == "\\":
             out.append(char)

@@ -168,6 +168,27 @@ def test_a_loose_pattern_takes_any_whitespace_where_the_pattern_has_a_space() ->
     assert not pattern.search("KV cache is needed;")
 
 
+def test_a_loose_pattern_takes_whitespace_a_wrap_put_inside_a_parenthesis() -> None:
+    pattern = loose(r"stored in KV cache \((\d+)\)")
+    found = pattern.search("stored in KV cache ( 3984 )")
+    assert found is not None
+    assert found.group(1) == "3984"
+    assert not loose(r"cache \(x\)").search("cache (y)")
+
+
+def test_a_v0_refusal_wrapped_inside_its_parenthesis_keeps_the_size() -> None:
+    """A terminal wrapped the sentence right after "KV cache (": the size on the next line is still the size."""
+    text = (
+        "ValueError: The model's max seq len (30000) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (\n3984). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine."
+    )
+    refusal = parse_log(text).refusal
+    assert refusal is not None
+    assert refusal.kind is RefusalKind.MAX_LEN_EXCEEDS_KV
+    assert refusal.capacity_tokens == 3984
+
+
 def test_a_run_of_loose_lines_is_cut_into_bounded_records() -> None:
     """A bare log of lines that each continue the one before (no prefix, lower case) is not one record of the
     whole file: a wrapped message is never 64 KiB long, and building one would be quadratic."""
@@ -298,6 +319,15 @@ def test_a_quoted_paste_learns_its_bar_and_joins_the_lines_a_wrap_made_under_it(
                 "KV cache memory (0.24 GiB). Estimated maximum model length is 57344.",
             ],
             57344,
+        ),
+        # That sentence on a line of its own, capitalised, after a line the message ends cleanly.
+        (
+            [
+                "ValueError: To serve at least one request with the model's max seq len (32768),",
+                "3.01 GiB KV cache is needed, which is larger than the available KV cache memory (2.6 GiB).",
+                "Estimated maximum model length is 22016.",
+            ],
+            22016,
         ),
         (
             [
