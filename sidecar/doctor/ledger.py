@@ -32,6 +32,9 @@ GPU_MAX_UTILIZATION = 0.95  # vLLM on a card of its own keeps some room for the 
 XLA_MAX_UTILIZATION = 0.98
 XLA_DOES_NOT_FIT_SHARE = 0.97
 MIN_OTHER_BYTES = GIB  # less held by other processes is CUDA contexts and noise
+# No GPU or TPU chip holds more (AMD's MI355X and NVIDIA's B300 carry 288 GB): weights per device beyond this do
+# not fit whatever card the log leaves unnamed.
+LARGEST_DEVICE_BYTES = 288 * GIB
 
 
 class Accelerator(StrEnum):
@@ -72,6 +75,7 @@ class MemoryLedger:
     gpu_name: str | None = None  # NVML's name of the card, or the one the log prints
     weights_bits: int | None = None  # 4, 8 or 16 when the model's name, quantization or dtype says so
     accelerator: Accelerator = Accelerator.GPU
+    host_memory: bool = False  # the CPU backend: the "card" is the host's memory, which has no such bound
 
     @property
     def xla(self) -> bool:
@@ -121,6 +125,8 @@ class MemoryLedger:
         """True: the weights fit what the card can give, with room; False: they leave too little for anything
         else; None: the ledger cannot say (weights or the card unknown, or in between)."""
         usable = self.usable_bytes
+        if self.weights is not None and usable is None and self.beyond_any_device:
+            return False
         if self.weights is None or usable is None or usable <= 0:
             return None
         if self.weights.value_bytes > self.does_not_fit_share * usable:
@@ -129,6 +135,25 @@ class MemoryLedger:
         if high <= FITS_SHARE * usable:
             return True
         return None
+
+    @property
+    def beyond_any_device(self) -> bool:
+        """Measured weights per device that no GPU or TPU chip holds (a Mac's and a CPU's memory have no bound)."""
+        weights = self.weights
+        if weights is None or weights.assumed or self.host_memory or not self.more_devices:
+            return False
+        return weights.value_bytes > LARGEST_DEVICE_BYTES
+
+    @property
+    def budget_held_bytes(self) -> float | None:
+        """What vLLM's budget held by its memory-profiling line: weights, non-torch memory, the activation peak and
+        the KV cache are its parts (vLLM gives the KV cache the budget less the other three), so their sum is the
+        budget in bytes even where the log states neither the card nor the utilisation."""
+        parts = (self.weights, self.non_torch, self.activation, self.kv)
+        if any(part is None or part.assumed for part in parts):
+            return None
+        held = sum(part.value_bytes for part in parts if part is not None)
+        return held if held > 0 else None
 
     @property
     def unit(self) -> str:
@@ -201,6 +226,7 @@ def build_ledger(log: LogFacts, setup: Setup) -> MemoryLedger:
             quantization=setup.quantization,
         ),
         accelerator=_accelerator(log),
+        host_memory=log.device == "cpu",
     )
 
 

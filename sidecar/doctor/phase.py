@@ -145,7 +145,9 @@ def oom_phase(records: Sequence[Record], at: int) -> tuple[OomPhase, str]:
                     phase,
                     f"frame {name} ({path.rsplit('/', 1)[-1]})" if path else f"the call {name}() in a frame's code",
                 )
-    before = range(start - 1, -1, -1)
+    # From the error itself back: the walk to the chain's start can step over progress lines between blank and
+    # indented ones (uvicorn's "INFO:     Application startup complete."), and no frame or code line reads as one.
+    before = range(at - 1, -1, -1)
     after = range(at + 1, len(records))  # a paste that put the error first and the lines that led to it after
     for indices, where in ((before, "before"), (after, "after, in the paste's order,")):
         for index in indices:

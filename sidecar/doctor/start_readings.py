@@ -326,6 +326,8 @@ def _weights_leave_no_room(fit: bool | None, ledger: MemoryLedger, setup: Setup,
     if weights is None:
         return None
     left = _kv_at_highest_budget(ledger)
+    if fit is False and ledger.usable_bytes is None:
+        return _weights_beyond_any_device(weights, ledger, setup, lines)
     if fit is False:
         lines.append(
             f"the weights alone take {weights.value_bytes / (ledger.usable_bytes or 1):.0%} of what the card gives "
@@ -353,6 +355,38 @@ def _weights_leave_no_room(fit: bool | None, ledger: MemoryLedger, setup: Setup,
         else (
             "smaller weights: a 4-bit (AWQ or GPTQ) checkpoint of the same model takes about a third of 16-bit "
             "weights, or a smaller model",
+        ),
+    )
+
+
+def _weights_beyond_any_device(weights: Amount, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
+    """Weights per device larger than any GPU or TPU chip: the card's size does not matter. The remedies are sized
+    against what the budget held (the profiling line's parts), a floor of what the card gives vLLM, so they ask
+    for more, never less; with no such floor they are steps."""
+    lines.append(
+        f"the weights alone, {gib(weights.value_bytes)} per {ledger.unit}, are more than any {ledger.unit} holds "
+        "(the largest carry 288 GB): no budget and no card of one device hold them"
+    )
+    held = ledger.budget_held_bytes
+    recommendations: list[Recommendation] = []
+    if held is not None:
+        lines.append(
+            f"the budget held {gib(held)} (weights + non-torch memory + activation peak + KV cache, "
+            f"{ledger.non_torch.source if ledger.non_torch else 'the profiling line'}): the remedies are sized "
+            "against that, the least the card gives vLLM"
+        )
+        floor = Amount(value_bytes=held, source="what the budget held", assumed=True)
+        sized = replace(ledger, total=floor, others=None)
+        recommendations = remedies.smaller_model_per_gpu(sized, setup, weights.value_bytes, weights.source)
+    return Finding(
+        cause=Cause.DOES_NOT_FIT,
+        severity=Severity.CRITICAL,
+        summary="the model does not fit: its weights per device are more than any one device holds",
+        evidence=tuple(lines),
+        recommendations=tuple(recommendations),
+        steps=(
+            "split the weights over more devices (--tensor-parallel-size, --pipeline-parallel-size), keep part of "
+            "them in CPU memory (--cpu-offload-gb), or use a smaller or 4-bit checkpoint",
         ),
     )
 

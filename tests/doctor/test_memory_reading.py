@@ -89,6 +89,27 @@ def test_without_a_traceback_the_last_progress_line_places_it() -> None:
     assert parse_log(loaded + blocks + error).oom.phase is OomPhase.KV_ALLOCATION  # type: ignore[union-attr]
 
 
+def test_the_last_progress_line_counts_even_among_blank_and_indented_lines_before_the_error() -> None:
+    """Graph capture, then uvicorn's indented "INFO:     Application startup complete.", then C++'s OOM with its
+    frames dump: the walk back to the error's start steps over those lines, and they still say it was serving."""
+    text = "".join(
+        [
+            "(Worker_TP0 pid=7) Loading safetensors checkpoint shards: 100% Completed | 8/8\n",
+            "(Worker_TP0 pid=7) \n",
+            "\rCapturing CUDA graphs (decode, FULL): 100%|##########| 1/1 [00:00<00:00,  2.84it/s]\n",
+            "(Worker_TP0 pid=7) \n",
+            "(APIServer pid=1) INFO:     Started server process [1]\n",
+            "(APIServer pid=1) INFO:     Application startup complete.\n",
+            f"[rank0]:[E716 19:47:26.324569367 shim_common.cpp:523] Exception in aoti_torch: {_oom()[24:]}\n",
+            "Exception raised from malloc at /pytorch/c10/cuda/CUDACachingAllocator.cpp:1574 (most recent first)\n",
+            "\n",
+        ]
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert oom.phase is OomPhase.SERVING
+
+
 def test_another_processes_frames_do_not_place_it() -> None:
     other = "(VllmWorker rank=0 pid=2444) ERROR 05-10 16:00:15 [multiproc_executor.py:470] "
     text = "".join(
@@ -1293,3 +1314,28 @@ def test_weights_that_leave_the_highest_budget_a_sliver_do_not_fit_where_the_bud
     roomy = _finding(_v0_profile(18.50, 0.80))
     assert roomy.cause is Cause.CONFIGURATION_OVERSHOOT
     assert _flags(roomy)["--gpu-memory-utilization"] == 0.92
+
+
+def test_weights_larger_than_any_device_do_not_fit_whatever_card_the_log_leaves_unnamed() -> None:
+    """V0's profiling line of a 671B model held in unified memory (negative non-torch memory): 339.70 GiB of
+    weights per GPU, which no GPU holds. The budget held the line's four parts, 92.61 GiB: the remedies are sized
+    against that floor of what the card gives vLLM, so they ask for more, never less."""
+    line = (
+        "INFO 01-25 07:47:34 worker.py:266] model weights take 339.70GiB; non_torch_memory takes -247.98GiB; "
+        "PyTorch activation peak memory takes 1.23GiB; the rest of the memory reserved for KV Cache is -0.34GiB.\n"
+    )
+    finding = _finding(line)
+    assert finding.cause is Cause.DOES_NOT_FIT
+    # 339.70 / 8 = 42.46 <= 75 % of 92.61 = 69.46 (4 would be 84.93); 339.70 - 69.46 = 270.24 -> 271.
+    assert _flags(finding) == {"--tensor-parallel-size": 8, "--cpu-offload-gb": 271}
+    assert "--gpu-memory-utilization" not in _flags(finding)
+
+
+def test_weights_a_large_card_holds_still_leave_the_budget_to_decide() -> None:
+    """The same line with 70 GiB of weights: one 80 GB card or a larger one may hold them, so the card's size
+    decides, and the doctor does not call them too large."""
+    line = (
+        "INFO 01-25 07:47:34 worker.py:266] model weights take 70.00GiB; non_torch_memory takes 0.50GiB; "
+        "PyTorch activation peak memory takes 1.23GiB; the rest of the memory reserved for KV Cache is -0.34GiB.\n"
+    )
+    assert _finding(line).cause is not Cause.DOES_NOT_FIT
