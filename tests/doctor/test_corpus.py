@@ -74,6 +74,7 @@ SETS = {
     "heldout-25az",
     "heldout-25ba",
     "heldout-25bb",
+    "heldout-25bc",
 }
 
 
