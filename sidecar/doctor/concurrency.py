@@ -17,8 +17,8 @@ from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import clock, tokens
 from sidecar.doctor.logfacts import FULL_CACHE, LogFacts, SchedulerStats
+from sidecar.doctor.remedies import sequences
 from sidecar.doctor.setup import Setup
-from sidecar.doctor.start_readings import sequences
 from sidecar.doctor.versions import available
 from sidecar.model.text import plural
 from sidecar.policy.settings import PolicySettings

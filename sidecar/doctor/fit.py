@@ -1,7 +1,7 @@
 """Does not fit, live: the pool holds fewer than two p99 requests while vLLM already takes 90 % of the card.
 
 The ways out are more GPUs or an fp8 KV cache. From a log, the same cause is read with the memory ledger
-(`log_memory`, `start_readings.no_kv_room`). Pure.
+(`log_memory`, `kv_room.no_kv_room`). Pure.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib, tokens
 from sidecar.doctor.graph_estimate import NEGATIVE_ESTIMATE_GIB, negative_graph_estimate
 from sidecar.doctor.host_memory import host_memory_finding
+from sidecar.doctor.kv_room import no_kv_room
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.oom_readings import (
@@ -41,15 +42,14 @@ from sidecar.doctor.oom_readings import (
     stranded_why,
     weights_do_not_fit,
 )
+from sidecar.doctor.remedies import sequences
+from sidecar.doctor.sampler import sampler_warmup
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import (
     free_memory_refusal,
     kv_refusal,
-    no_kv_room,
     profile_check,
     prompt_over_kv,
-    sampler_warmup,
-    sequences,
     state_blocks,
 )
 from sidecar.doctor.state_reserve import state_reserve

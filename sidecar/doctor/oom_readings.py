@@ -17,8 +17,8 @@ from sidecar.doctor.formula import gib
 from sidecar.doctor.ledger import MemoryLedger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase
 from sidecar.doctor.overshoot import MIN_STRANDED_BYTES
+from sidecar.doctor.remedies import sequences
 from sidecar.doctor.setup import Setup
-from sidecar.doctor.start_readings import sequences
 
 RAN_OUT = "vLLM ran out of memory"
 BEYOND_ANY_BUDGET = 0.95  # PyTorch at this share of the card, 5 points over vLLM's default budget: weights, mostly

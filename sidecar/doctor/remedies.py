@@ -14,8 +14,9 @@ from sidecar.doctor import formula
 from sidecar.doctor.finding import Recommendation
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.ledger import Amount, MemoryLedger
+from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.overshoot import ALLOC_CONF, EXPANDABLE
-from sidecar.doctor.setup import DEFAULT_UTILIZATION, Setup
+from sidecar.doctor.setup import DEFAULT_UTILIZATION, V0_MAX_NUM_SEQS, Setup
 
 MAX_TENSOR_PARALLEL = 64  # past a node's 8 GPUs, tensor and pipeline parallel across nodes
 TARGET_WEIGHT_SHARE = 0.75  # weights may take at most this much of what each GPU gives vLLM after a remedy
@@ -284,3 +285,28 @@ def expandable_segments(why: str, device: str = "CUDA") -> Recommendation:
     PyTorch's."""
     flag = NPU_ALLOC_CONF if device == "NPU" else ALLOC_CONF
     return Recommendation(flag=flag, value=EXPANDABLE, why=why)
+
+
+def sequences(setup: Setup, log: LogFacts, why: str) -> Recommendation | None:
+    """Half of max_num_seqs as the arguments or vLLM's default state it (V0's 256 when the log shows V0)."""
+    seqs = setup.max_num_seqs
+    if seqs is not None:
+        return fewer_sequences(seqs.value, seqs.source, why)
+    if log.engine == "v0" and (setup.version is None or setup.version < (0, 8, 0)):
+        return fewer_sequences(V0_MAX_NUM_SEQS, "V0's default, assumed: the log shows the V0 engine", why)
+    return None
+
+
+def without_graphs(log: LogFacts) -> Recommendation | None:
+    """vLLM 0.2x profiles CUDA graphs' memory before it sizes the KV cache and keeps it out of the KV budget:
+    without graphs, that memory goes to the KV cache (for some decode speed)."""
+    if not log.graphs_profiled or (log.args is not None and log.args.enforce_eager):
+        return None
+    return Recommendation(
+        flag="--enforce-eager",
+        value="",
+        why=(
+            "vLLM profiled CUDA graphs' memory before sizing the KV cache and kept it out of the KV budget: "
+            "without graphs that memory is the KV cache's (decoding runs slower)"
+        ),
+    )
