@@ -9,27 +9,47 @@ patterns tolerate the whitespace a wrap dropped or added.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.doctor.log_records import Record, error_text, join_lines, loose, records
 from sidecar.doctor.logfacts import (
-    FULL_CACHE,
     CpuKvSpace,
+    Facts,
     HostMemory,
     HostMemoryKind,
     LogFacts,
     MemoryProfile,
     Refusal,
     RefusalKind,
-    SchedulerStats,
-    ServerArgs,
 )
 from sidecar.doctor.metal_memory import METAL_KV_REFUSAL, MITIGATION_NAMES_ENV, metal_kv_refusal, metal_mitigation
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, cut_in_traceback, oom_phase
+from sidecar.doctor.scheduler_stats import (
+    CONNECTOR_IDS,
+    CONNECTOR_PREEMPTED,
+    LAST_FULL,
+    PREEMPTED,
+    PREEMPTIONS,
+    STATS,
+    connector_notice,
+    preemption_total,
+    preemption_warning,
+    stats_line,
+)
+from sidecar.doctor.start_args import (
+    ARGS_NAMESPACE,
+    ARGS_NON_DEFAULT,
+    COMMAND_BEFORE_START,
+    COMMAND_MODEL,
+    ENGINE_CONFIG,
+    command_line,
+    command_model,
+    engine_config,
+    server_args,
+)
 from sidecar.doctor.tpu_memory import (
     BUDGET_BELOW_RESIDENT,
     HBM_DEVICES,
@@ -40,19 +60,11 @@ from sidecar.doctor.tpu_memory import (
 _SERVING = re.compile(SERVING_SIGNS)
 _NUM = r"(-?[\d.]+)"
 _INT = r"([\d,]+)"
-_ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
-_ARGS_NAMESPACE = re.compile(r"\bargs: Namespace\((.*)\)")
-# Releases before 0.4 print no version: `Initializing an LLM engine with config: ...`.
-_ENGINE_CONFIG = re.compile(r"Initializing an? (?:V1 )?LLM engine (?:\(v([^)\s]+)\) )?with config: (.*)$")
 # The card's name where a log prints it: collect_env, nvidia-smi, rocm-smi, a launcher's banner.
 _GPU_NAME = re.compile(
     r"\b((?:NVIDIA|Tesla|Quadro|AMD Instinct|AMD Radeon)[ \w-]{0,24}?\b(?:[AHLBTV]\d{1,3}[A-Z]?|GH200|GB\d00|"
     r"RTX ?\w*? ?\d{4}\w*|RTX PRO \d{4}|MI\d{3}\w*))\b"
 )
-# A command line pasted with the log: `vllm serve MODEL ...`, `--model MODEL` (api_server, launchers).
-_COMMAND_MODEL = re.compile(r"\bvllm serve\s+(?!-)([\w./@:-]+)|--model[= ]+(?!-)([\w./@:-]+)")
-COMMAND_BEFORE_START = 3  # lines between a pasted command line and vLLM's first line of the start it began
-_COMMAND_FLAG = re.compile(r"(?<!\S)--([a-z][a-z0-9-]*)(?:[= ]+(?!-)(\S+))?")
 # V1's model runner names what it loads (0.8 on): `Starting to load model Qwen/Qwen3-32B...`.
 _LOADING_MODEL = re.compile(r"Starting to load model ([\w./@:-]+?)\.{0,3}\s*$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
@@ -131,25 +143,6 @@ _GRAPHS_CHARGED = loose(r"The current --gpu-memory-utilization=" + _NUM + r" is 
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
-_PREEMPTIONS = re.compile(r"total_num_cumulative_preemption=(\d+)")
-_PREEMPTED = loose(  # a paste may cut the warning after its start: still a warning, its mode unknown
-    r"is preempted by PreemptionMode\.(\w+) mode because there is not enough KV cache space"
-    r"|Sequence group \S+ is preempted by(?: PreemptionMode\.(\w+)\b)?[^\n]{0,60}$"
-)
-# V0's scheduler warns at the 1st, 51st, 101st... preemption only (`num_cumulative_preemption % 50 == 0`): each
-# warning after a log's first stands for 50 more, whether or not its counter survived the paste.
-V0_PREEMPTIONS_PER_WARNING = 50
-# LMCache's vLLM connector (lmcache_mp_connector.py) logs the scheduler's own preemptions, one of two notices a
-# step: "<preempted> by preempted requests: {'id', ...}" (preempted this step) or "<preempted> by resumed requests:
-# {...}" (taken back this step). vLLM itself prints nothing of them on V1 before 0.11.2's stats field.
-_CONNECTOR_PREEMPTED = loose(r"<preempted> by (?:preempted|resumed) requests: \{([^}]*)")
-# V0: `Running: R reqs, Swapped: S reqs, Pending: W reqs, GPU KV cache usage: U%`; V1: `Running: R reqs, Waiting: W
-# reqs, [Deferred: D reqs, ][KV fetch: ..., ][Preemptions: P, ]GPU|CPU KV cache usage: U%` (Preemptions since 0.11.2:
-# the preemptions of that interval, printed only when some happened; the device name from 0.30).
-_STATS = loose(
-    r"Running: (\d+) reqs, (?:Swapped: (\d+) reqs, )?(?:Pending|Waiting): (\d+) reqs, (?:[^%]*?Preemptions: (\d+), )?"
-    r"(?:[^%]*?)\b[A-Z]+(?: \+ host)? KV cache usage: ([\d.]+)%"
-)
 # vllm/v1/worker/cpu_worker.py (0.2x+): "Available memory on node 0 (149.11/692.65 GiB) on kv cache allocation is
 # less than requested memory for kv (206.54/207.8 GiB)."
 _CPU_NODE = loose(
@@ -186,32 +179,6 @@ _ENGINE_GENERATION = re.compile(
     r"(EngineCore|VllmWorker rank=|Worker_TP\d|vllm/v1/|V1 LLM engine)"
     r"|MQLLMEngine|VllmWorkerProcess|vllm/worker/|vllm/engine/(?:async_)?llm_engine\.py|preempted by PreemptionMode"
 )
-# The CUDA-graph capture sizes in the engine's config line: `"cudagraph_capture_sizes":[512,504,...]` (0.7-0.10) and
-# `"max_capture_size":512` (0.7-0.10) or `"max_cudagraph_capture_size":512` (0.11.2+).
-_CAPTURE_SIZES = re.compile(r"[\"']cudagraph_capture_sizes[\"']: ?\[([\d, ]*)\]")
-_MAX_CAPTURE = re.compile(r"[\"']max_(?:cudagraph_)?capture_size[\"']: ?(\d+)")
-
-_ARG_TYPES: dict[str, type] = {
-    "max_model_len": int,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": int,
-    "gpu_memory_utilization": float,
-    "block_size": int,
-    "enable_prefix_caching": bool,
-    "kv_cache_memory_bytes": int,
-    "tensor_parallel_size": int,
-    "shutdown_timeout": int,
-    "quantization": str,
-    "kv_cache_dtype": str,
-    "model": str,
-    "dtype": str,
-    "pipeline_parallel_size": int,
-    "enforce_eager": bool,
-    "swap_space": float,
-    "cpu_offload_gb": float,
-}
-
-Facts = dict[str, object]
 
 
 def parse_log(text: str) -> LogFacts:
@@ -259,8 +226,8 @@ def _facts(log: list[Record]) -> LogFacts:
         facts["cut_in"] = cut_in_traceback(log)
     if not recognised and (facts.get("kv_check_failed") or facts.get("cut_in")):
         recognised = 1  # a traceback through vLLM's own start, its error line cut: still vLLM's
-    facts.pop(_LAST_FULL, None)
-    connector_ids = facts.pop(_CONNECTOR_IDS, None)
+    facts.pop(LAST_FULL, None)
+    connector_ids = facts.pop(CONNECTOR_IDS, None)
     if isinstance(connector_ids, set) and connector_ids and not facts.get("preemptions"):
         facts.update(preemptions=len(connector_ids), preemption_mode="RECOMPUTE", preemptions_noticed_by="LMCache")
     ranks = [record.tp_rank for record in log if record.tp_rank is not None]
@@ -291,7 +258,7 @@ def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bo
 
 def _starts(lines: list[str]) -> list[int]:
     """Where each start begins: 0, then each args line (else each engine config line) after the first line."""
-    for pattern in (_ARGS_NON_DEFAULT, _ARGS_NAMESPACE, _ENGINE_CONFIG):
+    for pattern in (ARGS_NON_DEFAULT, ARGS_NAMESPACE, ENGINE_CONFIG):
         found = [index for index, line in enumerate(lines) if pattern.search(line)]
         if found:
             return sorted({0, *(_with_its_command(lines, index) for index in found)})
@@ -302,75 +269,13 @@ def _with_its_command(lines: list[str], start: int) -> int:
     """A start's first line, moved back to the command line pasted just before it (`$ vllm serve M --flag ...`),
     when there is one within COMMAND_BEFORE_START lines: the user's flags belong to the start they began."""
     for index in range(start - 1, max(0, start - COMMAND_BEFORE_START) - 1, -1):
-        if _COMMAND_MODEL.search(lines[index]):
+        if COMMAND_MODEL.search(lines[index]):
             return index
     return start
 
 
 def _number(text: str) -> float:
     return float(text.replace(",", ""))
-
-
-def _args(line: str, facts: Facts) -> bool:
-    non_default = _ARGS_NON_DEFAULT.search(line)
-    namespace = None if non_default else _ARGS_NAMESPACE.search(line)
-    if non_default is None and namespace is None:
-        return False
-    body = (non_default or namespace).group(1)  # type: ignore[union-attr]
-    values = {key: _arg_value(body, key, kind, quoted_keys=non_default is not None) for key, kind in _ARG_TYPES.items()}
-    values["model"] = values["model"] or _arg_value(body, "model_tag", str, quoted_keys=non_default is not None)
-    facts["args"] = ServerArgs(complete=namespace is not None, **values)  # type: ignore[arg-type]
-    if values["model"]:
-        facts.setdefault("model", values["model"])
-    return True
-
-
-def _arg_value(body: str, key: str, kind: type, *, quoted_keys: bool) -> object:
-    """One argument from a dict repr (`'key': value`) or a Namespace repr (`key=value`); None when absent."""
-    pattern = rf"'{key}': " if quoted_keys else rf"(?<![\w.]){key}="
-    match = re.search(pattern + r"('([^']*)'|[^,})]+)", body)
-    if match is None:
-        return None
-    raw = match.group(2) if match.group(2) is not None else match.group(1).strip()
-    if raw == "None":
-        return None
-    try:
-        if kind is bool:
-            return {"True": True, "False": False}.get(raw)
-        return kind(raw)
-    except ValueError:
-        return None
-
-
-def _engine_config(line: str, facts: Facts) -> bool:
-    match = _ENGINE_CONFIG.search(line)
-    if match is None:
-        return False
-    if match.group(1):
-        facts["version"] = match.group(1).rstrip(",")
-    config = match.group(2)
-    for key, name, kind in (
-        ("max_seq_len", "max_seq_len", int),
-        ("tensor_parallel_size", "tensor_parallel_size", int),
-        ("quantization", "quantization", str),
-        ("kv_cache_dtype", "kv_cache_dtype", str),
-        ("device_config", "device", str),
-        ("dtype", "dtype", str),
-        ("pipeline_parallel_size", "pipeline_parallel_size", int),
-    ):
-        found = re.search(rf"\b{key}=([\w.]+)", config)
-        if found is not None and found.group(1) != "None":
-            facts[name] = kind(found.group(1))
-    model = re.search(r"\bmodel='([^']+)'", config)
-    if model is not None:
-        facts["model"] = model.group(1)
-    sizes = _CAPTURE_SIZES.search(config)
-    if sizes is not None and sizes.group(1).strip():
-        facts["capture_sizes"] = tuple(sorted(int(size) for size in sizes.group(1).split(",") if size.strip()))
-    largest = _MAX_CAPTURE.search(config)
-    if largest is not None:
-        facts["max_capture_size"] = int(largest.group(1))
-    return True
 
 
 def _simple(
@@ -498,56 +403,6 @@ def _error_line(match: re.Match[str]) -> str:
     return error_text(match, "RuntimeError:")
 
 
-def _stats(match: re.Match[str], facts: Facts) -> None:
-    stats = SchedulerStats(
-        running=int(match.group(1)),
-        swapped=int(match.group(2)) if match.group(2) is not None else None,
-        waiting=int(match.group(3)),
-        kv_usage=float(match.group(5)) / 100,
-    )
-    if match.group(4) is not None:  # V1 0.11.2+: this interval's preemptions; the log's total is their sum
-        facts["v1_preemptions"] = int(str(facts.get("v1_preemptions", 0))) + int(match.group(4))
-        facts["preemptions"] = int(str(facts.get("preemptions", 0))) + int(match.group(4))
-        facts.setdefault("preemption_mode", "V1 RECOMPUTE")
-    previous = facts.get("busiest")
-    if not isinstance(previous, SchedulerStats) or stats.kv_usage >= previous.kv_usage:
-        facts["busiest"] = stats
-    after_full = facts.get(_LAST_FULL) is True
-    facts[_LAST_FULL] = stats.kv_usage >= FULL_CACHE
-    if stats.kv_usage >= FULL_CACHE:
-        most = facts.get("full_most_running")
-        facts["full_most_running"] = max(stats.running, most if isinstance(most, int) else 0)
-    # The line after a full one counts too: the requests it preempted freed their blocks before it was printed.
-    # Of these, the one whose requests each took the most of the cache bounds how many it holds.
-    if (stats.kv_usage >= FULL_CACHE or after_full) and stats.waiting > 0 and stats.kv_usage > 0:
-        least = facts.get("full_least")
-        if not isinstance(least, SchedulerStats) or stats.running / stats.kv_usage <= least.running / least.kv_usage:
-            facts["full_least"] = stats
-
-
-def _preempted(match: re.Match[str], facts: Facts) -> None:
-    mode = match.group(1) or match.group(2)
-    if mode is not None:
-        facts["preemption_mode"] = mode
-    warnings = int(str(facts.get("preemption_warnings", 0))) + 1
-    facts["preemption_warnings"] = warnings
-    # a warning without a counter still means at least one, and each after the first 50 more
-    at_least = 1 + V0_PREEMPTIONS_PER_WARNING * (warnings - 1)
-    facts["preemptions"] = max(at_least, int(str(facts.get("preemptions", 0))))
-
-
-def _connector_preempted(match: re.Match[str], facts: Facts) -> None:
-    # Each id once: a request preempted, then resumed, is named by both notices (so the count is a floor).
-    seen = facts.get(_CONNECTOR_IDS)
-    if not isinstance(seen, set):
-        seen = facts[_CONNECTOR_IDS] = set()
-    seen.update(name for part in match.group(1).split(",") if (name := part.strip(" '\"")))
-
-
-_CONNECTOR_IDS = "connector_preempted_ids"  # a working set of `_facts`, not a LogFacts field
-_LAST_FULL = "last_stats_full"  # whether the latest stats line had the KV cache full; likewise
-
-
 def _free_info(match: re.Match[str], facts: Facts) -> None:
     free, total, utilization, budget, weights, activation, non_torch, graphs = (
         float(match.group(i)) for i in range(1, 9)
@@ -657,10 +512,6 @@ def _blocks(match: re.Match[str], facts: Facts) -> None:
     facts["num_gpu_blocks"] = max(0, int(match.group(1) or match.group(2)))
 
 
-def _preemptions(match: re.Match[str], facts: Facts) -> None:
-    facts["preemptions"] = max(int(match.group(1)), int(str(facts.get("preemptions", 0))))
-
-
 def _store(name: str, convert: Callable[[str], object]) -> Callable[[re.Match[str], Facts], None]:
     def store(match: re.Match[str], facts: Facts) -> None:
         facts[name] = convert(match.group(1))
@@ -674,34 +525,6 @@ def _concurrency(match: re.Match[str], facts: Facts) -> None:
 
 def _gpu_name(match: re.Match[str], facts: Facts) -> None:
     facts.setdefault("gpu_name", match.group(1))
-
-
-def _command_model(match: re.Match[str], facts: Facts) -> None:
-    facts.setdefault("model", match.group(1) or match.group(2))  # vLLM's own arguments line, when there is one, wins
-
-
-def _command_line(line: str, facts: Facts) -> bool:
-    """A command line pasted with the log (`vllm serve M --gpu-memory-utilization 0.98`, `python -m
-    vllm.entrypoints.openai.api_server --model M ...`): its model, and its flags as what the user changed, as
-    vLLM's own non-default arguments line says it, which wins where the log has one (read after, or kept before)."""
-    command = _COMMAND_MODEL.search(line)
-    if command is None:
-        return False
-    _command_model(command, facts)
-    if "args" in facts:
-        return False
-    values: dict[str, object] = dict.fromkeys(_ARG_TYPES)
-    for flag in _COMMAND_FLAG.finditer(line):
-        key = flag.group(1).replace("-", "_")
-        kind = _ARG_TYPES.get(key)
-        raw = (flag.group(2) or "").strip("'\"")
-        if kind is bool:
-            values[key] = raw.lower() not in ("false", "0")  # a switch, or `--flag=True`
-        elif kind is not None and raw:
-            with contextlib.suppress(ValueError):
-                values[key] = kind(raw)
-    facts["args"] = ServerArgs(complete=False, **values)  # type: ignore[arg-type]
-    return False
 
 
 def _banner_version(match: re.Match[str], facts: Facts) -> None:
@@ -735,8 +558,8 @@ def _engine(match: re.Match[str], facts: Facts) -> None:
 
 
 _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
-    _args,
-    _engine_config,
+    server_args,
+    engine_config,
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
     _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
     _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="stimated"),
@@ -750,9 +573,9 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_PROFILE_CHECK, _profile_check, needle="profiling"),
     _simple(_CPU_NODE, _cpu_node, needle="node"),
     _simple(_CPU_KV_SPACE, _cpu_kv_space, needle="Explicitly set"),
-    _simple(_STATS, _stats, needle="Running"),
-    _simple(_PREEMPTED, _preempted, needle="preempted"),
-    _simple(_CONNECTOR_PREEMPTED, _connector_preempted, needle="<preempted>"),
+    _simple(STATS, stats_line, needle="Running"),
+    _simple(PREEMPTED, preemption_warning, needle="preempted"),
+    _simple(CONNECTOR_PREEMPTED, connector_notice, needle="<preempted>"),
     _simple(_FREE_INFO, _free_info, needle="utilization"),
     _simple(_V0_BUDGET, _v0_budget, needle="total_gpu_memory"),
     _simple(_V0_PROFILE, _v0_profile, needle="weights"),
@@ -778,15 +601,15 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),
     _simple(_GRAPHS_CHARGED, _graphs_charged, needle="equivalent"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),
-    _simple(_PREEMPTIONS, _preemptions, needle="total_num_cumulative_preemption"),
+    _simple(PREEMPTIONS, preemption_total, needle="total_num_cumulative_preemption"),
     _simple(_ENGINE_DEAD, _dead),
 )
 # Context, not a line of vLLM's own: read, but a log of nothing else is still "no vLLM line recognised".
 _CONTEXT: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_TRACEBACK, _traceback),
     _simple(_KV_CHECK, _kv_check, needle="cache"),
-    _command_line,
-    _simple(_LOADING_MODEL, _command_model, needle="Starting to load model"),
+    command_line,
+    _simple(_LOADING_MODEL, command_model, needle="Starting to load model"),
     _simple(_GPU_NAME, _gpu_name),
     _simple(_ENGINE_GENERATION, _engine),
 )

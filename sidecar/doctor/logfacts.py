@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# What the parser's line handlers gather as they read, keyed by LogFacts' field names (and a few working keys
+# they drop before building it).
+Facts = dict[str, object]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CpuKvSpace:

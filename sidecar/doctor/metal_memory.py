@@ -17,9 +17,7 @@ import re
 from dataclasses import replace
 
 from sidecar.doctor.log_records import error_text, loose
-from sidecar.doctor.logfacts import MemoryProfile, Refusal, RefusalKind
-
-Facts = dict[str, object]
+from sidecar.doctor.logfacts import Facts, MemoryProfile, Refusal, RefusalKind
 
 GB = 1e9
 METAL_FRACTION_ENV = "VLLM_METAL_MEMORY_FRACTION"

@@ -20,9 +20,7 @@ import re
 from dataclasses import replace
 
 from sidecar.doctor.log_records import error_text, loose
-from sidecar.doctor.logfacts import MemoryProfile, Refusal, RefusalKind
-
-Facts = dict[str, object]
+from sidecar.doctor.logfacts import Facts, MemoryProfile, Refusal, RefusalKind
 
 _PAIR = re.compile(r"\((-?[\d.]+), ([\d.]+)\)")
 HBM_DEVICES = loose(r"Init (worker|model) \|.*?hbm=\[(\(.*?\))\]GiB")
