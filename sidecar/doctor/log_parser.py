@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from sidecar.doctor.log_records import Record, error_text, join_lines, loose, records
+from sidecar.doctor.log_records import NUMBER, Record, error_text, join_lines, loose, records
 from sidecar.doctor.logfacts import (
     CpuKvSpace,
     Facts,
@@ -50,6 +50,27 @@ from sidecar.doctor.start_args import (
     engine_config,
     server_args,
 )
+from sidecar.doctor.start_refusal import (
+    AVAILABLE_AT_START,
+    ESTIMATED_MAX_LEN,
+    FREE_AT_START,
+    MAX_LEN_V0,
+    MAX_LEN_V1,
+    NO_CACHE_MEMORY,
+    PROFILE_CHECK,
+    PROMPT_OVER_KV,
+    SAMPLER,
+    STATE_BLOCKS,
+    estimated_max_len,
+    free_at_start,
+    max_len_v0,
+    max_len_v1,
+    no_cache,
+    profile_check,
+    prompt_over_kv,
+    sampler,
+    state_blocks,
+)
 from sidecar.doctor.tpu_memory import (
     BUDGET_BELOW_RESIDENT,
     HBM_DEVICES,
@@ -58,7 +79,7 @@ from sidecar.doctor.tpu_memory import (
 )
 
 _SERVING = re.compile(SERVING_SIGNS)
-_NUM = r"(-?[\d.]+)"
+_NUM = NUMBER
 _INT = r"([\d,]+)"
 # The card's name where a log prints it: collect_env, nvidia-smi, rocm-smi, a launcher's banner.
 _GPU_NAME = re.compile(
@@ -69,32 +90,6 @@ _GPU_NAME = re.compile(
 _LOADING_MODEL = re.compile(r"Starting to load model ([\w./@:-]+?)\.{0,3}\s*$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
 
-# 0.8.x printed "GB" for sizes it had divided by 2**30 (as the weights line did): both spellings are GiB.
-_MAX_LEN_V1 = loose(
-    r"To serve at least one request with the model(?:s?'s)? max seq len \((\d+)\), \(?" + _NUM + r" Gi?B KV cache is "
-    # a paste can end after the available memory, or elide it ("2.0 GiB KV cache is needed ... estimated ...")
-    r"needed(?:, which is larger than the available KV cache memory \(" + _NUM + r" Gi?B\)\.?| \.\.\.(?= ))"
-    # A paste may elide the sentence's start (`... the estimated maximum model length is 11656.`).
-    r"(?: (?:\.\.\. )?(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)\.)?"
-)
-# The refusal's last sentence, on a line of its own where a paste broke the message (capitalised, so not joined).
-_ESTIMATED_MAX_LEN = loose(r"(?:Based on the available memory, )?(?:the )?[Ee]stimated maximum model length is (\d+)")
-_MAX_LEN_V0 = loose(  # "max \w+ len": the rest of the sentence identifies it in a copy retyped by hand ("sew len")
-    r"The model's max \w+ len \((\d+)\) is larger than the maximum number of tokens that can be"
-    # an excerpt may end before the size (at the parenthesis, mid-word): the refusal is still known, its size not
-    r"(?: stored in KV cache \((?:(\d+)\))?|\s?\S{0,20}$)"
-)
-_NO_CACHE_MEMORY = loose(r"No available memory for the cache blocks")
-# V0 before 0.2.7 started with a max_model_len its KV cache could not hold and ignored each such prompt.
-_PROMPT_OVER_KV = loose(r"Input prompt \((\d+) tokens\) is too long and exceeds the capacity of block_manager")
-# A hybrid model's state (Mamba, linear attention) takes one block per running sequence, from the same budget as the
-# KV cache (vllm/config/compilation.py, when it sizes CUDA graphs): "ValueError: max_num_seqs (1024) exceeds
-# available Mamba cache blocks (854)".
-_STATE_BLOCKS = loose(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
-_FREE_AT_START = loose(  # a quote may stop at "less than desired": free and total still say what is left
-    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup is less than desired(?: GPU "
-    r"memory utilization \(" + _NUM + ", " + _NUM + r" GiB\))?"
-)
 _FREE_INFO = loose(
     r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup\. Desired GPU memory utilization "
     r"is \(" + _NUM + ", " + _NUM + r" GiB\)\. Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for "
@@ -152,16 +147,6 @@ _CPU_NODE = loose(
 # The CPU worker's KV space when VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes set it (cpu_worker.py, 0.25-0.32):
 # "Explicitly set (0.0/11.65) GiB for KV cache on node 0."
 _CPU_KV_SPACE = loose(r"Explicitly set \(" + _NUM + "/" + _NUM + r"\) GiB for KV cache on node \d+")
-# The memory profile's own check (V0 worker.py 0.5-0.6, then V0/V1 gpu workers to 0.10+): "Error in memory
-# profiling." alone (0.5), or with "Initial free memory X, current free memory Y" after it: bytes (0.6), GiB (0.7+).
-_PROFILE_CHECK = loose(
-    r"Error in memory profiling\.(?: Initial free memory " + _NUM + r"( GiB)?, current free memory " + _NUM + ")?"
-)
-_SAMPLER = loose(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
-_AVAILABLE_AT_START = loose(
-    r"Available memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) is below required GPU memory "
-    r"utilization \(" + _NUM + ", " + _NUM + r" GiB\)"
-)
 # How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
 # unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), a worker that died, V0's
 # MQLLMEngine / AsyncEngineDeadError.
@@ -220,7 +205,7 @@ def _facts(log: list[Record]) -> LogFacts:
         recognised += 1
     refusal = facts.get("refusal")
     if isinstance(refusal, Refusal) and refusal.kind is RefusalKind.SAMPLER_WARMUP:
-        at = max(i for i, record in enumerate(log) if _SAMPLER.search(record.text))
+        at = max(i for i, record in enumerate(log) if SAMPLER.search(record.text))
         facts["refusal"] = replace(refusal, phase=oom_phase(log, at)[0])
     if oom is None and facts.get("traceback") and not {"refusal", "host_memory"} & facts.keys():
         facts["cut_in"] = cut_in_traceback(log)
@@ -296,75 +281,6 @@ def _simple(
     return handler
 
 
-def _max_len_v1(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
-        line=error_text(match),
-        max_model_len=int(match.group(1)),
-        needed_gib=float(match.group(2)),
-        available_gib=float(match.group(3)) if match.group(3) else None,
-        printed_half_unit_gib=max(_half_unit(match.group(2)), _half_unit(match.group(3) or match.group(2))),
-        estimated_max_len=int(match.group(4)) if match.group(4) else None,
-    )
-
-
-def _half_unit(number: str) -> float:
-    """The rounding error of a number as printed: 1.75 -> 0.005, 1.1 -> 0.05, 2 -> 0.5."""
-    decimals = len(number.partition(".")[2])
-    return 0.5 * 10.0**-decimals
-
-
-def _estimated_max_len(match: re.Match[str], facts: Facts) -> None:
-    refusal = facts.get("refusal")
-    if (
-        isinstance(refusal, Refusal)
-        and refusal.kind is RefusalKind.MAX_LEN_EXCEEDS_KV
-        and refusal.estimated_max_len is None
-        and refusal.needed_gib is not None  # V1's refusal: the sentence is the end of its message
-    ):
-        facts["refusal"] = replace(refusal, estimated_max_len=int(match.group(1)))
-
-
-def _max_len_v0(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
-        line=error_text(match),
-        max_model_len=int(match.group(1)),
-        capacity_tokens=int(match.group(2)) if match.group(2) else None,
-    )
-
-
-def _prompt_over_kv(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.PROMPT_OVER_KV, line=error_text(match, "Input prompt"), prompt_tokens=int(match.group(1))
-    )
-
-
-def _state_blocks(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.STATE_BLOCKS,
-        line=error_text(match),
-        max_num_seqs=int(match.group(1)),
-        state_blocks=int(match.group(2)),
-    )
-
-
-def _no_cache(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(kind=RefusalKind.NO_CACHE_MEMORY, line=error_text(match))
-
-
-def _free_at_start(match: re.Match[str], facts: Facts) -> None:
-    free, total, utilization, requested = (float(match.group(i)) if match.group(i) else None for i in range(1, 5))
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
-        line=error_text(match),
-        free_gib=free,
-        total_gib=total,
-        utilization=utilization,
-        requested_gib=requested,
-    )
-
-
 def _cpu_node(match: re.Match[str], facts: Facts) -> None:
     available, total, requested, budget = (float(match.group(i)) for i in range(1, 5))
     facts["refusal"] = Refusal(
@@ -375,28 +291,6 @@ def _cpu_node(match: re.Match[str], facts: Facts) -> None:
         requested_gib=requested,
         budget_gib=budget,
     )
-
-
-def _sampler(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.SAMPLER_WARMUP, line=_error_line(match), dummy_requests=int(match.group(1))
-    )
-
-
-def _profile_check(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.PROFILE_FREE_DID_NOT_FALL,
-        line=error_text(match, "AssertionError:"),
-        free_gib=_gib_or_bytes(match.group(1), in_gib=bool(match.group(2))),
-        free_after_gib=_gib_or_bytes(match.group(3), in_gib=bool(match.group(2))),
-    )
-
-
-def _gib_or_bytes(number: str | None, *, in_gib: bool) -> float | None:
-    if not number:
-        return None
-    value = float(number)
-    return value if in_gib else value / 2**30
 
 
 def _error_line(match: re.Match[str]) -> str:
@@ -561,16 +455,16 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     server_args,
     engine_config,
     _simple(_BANNER_VERSION, _banner_version, needle="version"),
-    _simple(_MAX_LEN_V1, _max_len_v1, needle="seq"),
-    _simple(_ESTIMATED_MAX_LEN, _estimated_max_len, needle="stimated"),
-    _simple(_MAX_LEN_V0, _max_len_v0, needle="can be"),
-    _simple(_NO_CACHE_MEMORY, _no_cache, needle="cache"),
-    _simple(_PROMPT_OVER_KV, _prompt_over_kv, needle="block_manager"),
-    _simple(_STATE_BLOCKS, _state_blocks, needle="Mamba"),
-    _simple(_FREE_AT_START, _free_at_start, needle="startup"),
-    _simple(_AVAILABLE_AT_START, _free_at_start, needle="utilization"),
-    _simple(_SAMPLER, _sampler, needle="sampler"),
-    _simple(_PROFILE_CHECK, _profile_check, needle="profiling"),
+    _simple(MAX_LEN_V1, max_len_v1, needle="seq"),
+    _simple(ESTIMATED_MAX_LEN, estimated_max_len, needle="stimated"),
+    _simple(MAX_LEN_V0, max_len_v0, needle="can be"),
+    _simple(NO_CACHE_MEMORY, no_cache, needle="cache"),
+    _simple(PROMPT_OVER_KV, prompt_over_kv, needle="block_manager"),
+    _simple(STATE_BLOCKS, state_blocks, needle="Mamba"),
+    _simple(FREE_AT_START, free_at_start, needle="startup"),
+    _simple(AVAILABLE_AT_START, free_at_start, needle="utilization"),
+    _simple(SAMPLER, sampler, needle="sampler"),
+    _simple(PROFILE_CHECK, profile_check, needle="profiling"),
     _simple(_CPU_NODE, _cpu_node, needle="node"),
     _simple(_CPU_KV_SPACE, _cpu_kv_space, needle="Explicitly set"),
     _simple(STATS, stats_line, needle="Running"),

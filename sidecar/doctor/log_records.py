@@ -168,6 +168,9 @@ def join_lines(lines: list[str]) -> list[Record]:
     return [Record(text="".join(parts), prefix=prefix) for prefix, parts in joined]
 
 
+NUMBER = r"(-?[\d.]+)"  # a number as vLLM prints it in a message, a negative one too
+
+
 def error_text(match: re.Match[str], error: str = "ValueError:") -> str:
     """The error as vLLM raised it, from a match in a record: from `error` on where the record has it, else from
     the match."""
