@@ -34,14 +34,13 @@ from sidecar.doctor.kv_room import no_kv_room
 from sidecar.doctor.ledger import MemoryLedger, build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.oom_readings import (
-    RAN_OUT,
     not_the_budget,
-    phase_text,
     stranded,
     stranded_line,
     stranded_why,
     weights_do_not_fit,
 )
+from sidecar.doctor.phase import RAN_OUT, phase_text
 from sidecar.doctor.remedies import sequences
 from sidecar.doctor.sampler import sampler_warmup
 from sidecar.doctor.setup import Setup

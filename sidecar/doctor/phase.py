@@ -217,3 +217,22 @@ def traceback_start(records: Sequence[Record], at: int) -> int:
         if stray > _MAX_STRAY_RECORDS:
             break
     return start
+
+
+RAN_OUT = "vLLM ran out of memory"
+
+_PHASE_TEXT = {
+    OomPhase.WEIGHT_LOADING: "loading the model's weights",
+    OomPhase.PROFILING: "profiling memory at start (before the KV cache)",
+    OomPhase.KV_ALLOCATION: "allocating the KV cache",
+    OomPhase.WARMUP: "warming up after the KV cache was allocated",
+    OomPhase.GRAPH_CAPTURE: "capturing CUDA graphs at start",
+    OomPhase.SERVING: "serving",
+    OomPhase.WAKE_UP: "waking up from sleep mode",
+    OomPhase.AFTER_KV_CACHE: "capturing CUDA graphs or serving (after the KV cache was allocated)",
+    OomPhase.UNKNOWN: "in a step the log does not name",  # not "running": that reads as serving
+}
+
+
+def phase_text(phase: OomPhase) -> str:
+    return _PHASE_TEXT[phase]
