@@ -27,6 +27,10 @@ from sidecar.doctor.remedies import without_graphs
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.versions import available
 
+# A length scaled from the refusal's two sizes (no estimate printed) is an upper bound: the part of the KV cache
+# that does not grow with the length (sliding-window layers, a draft model's cache) fits fewer tokens than the
+# scaling assumes. This much of it is recommended; vLLM's own estimate (0.9+) needs no such margin.
+SCALED_LENGTH_SHARE = 0.95
 MIN_REQUEST_TOKENS = 256  # a KV cache that holds less than one such request is a sliver: the model is the problem
 
 
@@ -109,7 +113,9 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
         return _capacity_cut(refusal, ledger, wanted)
     if fits is None or fits < MIN_REQUEST_TOKENS:
         return None  # a sliver: the model or the budget is the problem, not max_model_len (no_kv_room)
-    block, value = _to_blocks(fits, setup)
+    scaled = refusal is not None and refusal.estimated_max_len is None and refusal.capacity_tokens is None
+    safe = math.floor(fits * SCALED_LENGTH_SHARE) if scaled else fits
+    block, value = _to_blocks(safe, setup)
     if refusal is not None:
         lines = [f"vLLM refused to start: {refusal.line}"]
         where = _where(refusal)
@@ -129,7 +135,17 @@ def kv_refusal(refusal: Refusal | None, ledger: MemoryLedger, setup: Setup, log:
         Recommendation(
             flag="--max-model-len",
             value=value,
-            why=f"vLLM's {where}: {tokens(fits)} tokens, rounded down to the block size {block} -> {value}",
+            why=(
+                f"vLLM's {where}: {tokens(fits)} tokens"
+                + (
+                    f" at most; {SCALED_LENGTH_SHARE:.0%} of it, {tokens(safe)}, since any part of the KV cache that "
+                    "does not grow with the length (sliding-window layers, a draft model's cache) makes the length "
+                    "that fits shorter than the scaled one"
+                    if scaled
+                    else ""
+                )
+                + f", rounded down to the block size {block} -> {value}"
+            ),
         )
     ]
     if wanted is not None:
@@ -241,7 +257,7 @@ def _where(refusal: Refusal) -> str:
     return (
         f"numbers (no estimate in the log): {refusal.max_model_len:,} tokens x {refusal.available_gib:g} GiB "
         f"available / {refusal.needed_gib:g} GiB needed, each at the end of its printed rounding (+-{error:g} GiB) "
-        "that fits fewer, the KV cache growing linearly with the length, ="
+        "that fits fewer, the KV cache growing linearly with the length"
     )
 
 
