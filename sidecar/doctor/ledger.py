@@ -125,7 +125,7 @@ class MemoryLedger:
         """True: the weights fit what the card can give, with room; False: they leave too little for anything
         else; None: the ledger cannot say (weights or the card unknown, or in between)."""
         usable = self.usable_bytes
-        if self.weights is not None and usable is None and self.beyond_any_device:
+        if usable is None and self.beyond_any_device:
             return False
         if self.weights is None or usable is None or usable <= 0:
             return None
