@@ -13,12 +13,27 @@ import re
 from collections.abc import Callable
 from dataclasses import replace
 
-from sidecar.doctor.log_records import NUMBER, Record, error_text, join_lines, loose, records
+from sidecar.doctor.host_lines import (
+    CPU_KV_SPACE,
+    CPU_NODE,
+    KILLED,
+    MAP_REFUSED,
+    NODE_LOW,
+    NODE_MEMORY,
+    SWAP_EXHAUSTED,
+    SWAP_WARNING,
+    cpu_kv_space,
+    cpu_node,
+    killed,
+    map_refused,
+    node_low,
+    node_memory,
+    swap_exhausted,
+    swap_warning,
+)
+from sidecar.doctor.log_records import NUMBER, Record, join_lines, loose, records
 from sidecar.doctor.logfacts import (
-    CpuKvSpace,
     Facts,
-    HostMemory,
-    HostMemoryKind,
     LogFacts,
     MemoryProfile,
     Refusal,
@@ -106,26 +121,7 @@ _KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
 _CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
 _BLOCKS = loose(r"# (?:GPU|\w+) blocks: (-?\d+)|num_gpu_blocks is: (-?\d+)")
 _CPU_BLOCKS = loose(r"# CPU blocks: (\d+)")
-# The host's memory: a file the host would not map (safetensors maps each weights file whole), the kernel's OOM
-# killer as a shell, dmesg or Kubernetes reports it.
-_MAP_REFUSED = loose(r"unable to mmap (\d+) bytes from file .*Cannot allocate mem")
-_KILLED = re.compile(r"(?:^|\s)Killed\s*$|\bOOMKilled\b|Out of memory: Killed process \d+")
-# Ray's memory monitor kills a task or actor when the node's memory passes its threshold (0.95 by default):
-# "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."
-_NODE_LOW = loose(r"killed due to the node running low on memory|killed due to memory pressure \(OOM\)")
-# Ray's line after the kill: "... was running was 31.27GB / 32.00GB (0.977), which exceeds the memory usage
-# threshold of 0.95."
-_NODE_MEMORY = loose(
-    r"was ([\d.]+) ?GB / ([\d.]+) ?GB \([\d.]+\), which exceeds the memory usage threshold of (\d+(?:\.\d+)?)"
-)
-# vLLM's CacheConfig, when --swap-space x the GPUs of the node takes over 40 % of the host's memory: "Possibly
-# too large swap space. 16.00 GiB out of the 32.00 GiB total CPU memory is allocated for the swap space."
-_SWAP_WARNING = loose(
-    r"Possibly too large swap space\. " + _NUM + r" GiB out of the " + _NUM + r" GiB total CPU memory"
-)
 _AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
-# V0's scheduler, out of CPU blocks to swap a preempted group into (V1 has no swap): the engine dies of it.
-_SWAP_EXHAUSTED = loose(r"Aborted due to the lack of CPU swap space")
 # Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
 # total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
 _AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
@@ -138,15 +134,6 @@ _GRAPHS_CHARGED = loose(r"The current --gpu-memory-utilization=" + _NUM + r" is 
 _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
-# vllm/v1/worker/cpu_worker.py (0.2x+): "Available memory on node 0 (149.11/692.65 GiB) on kv cache allocation is
-# less than requested memory for kv (206.54/207.8 GiB)."
-_CPU_NODE = loose(
-    r"Available memory on node \d+ \(" + _NUM + "/" + _NUM + r" GiB\) on kv cache allocation is less than requested "
-    r"memory for kv \(" + _NUM + "/" + _NUM + r" GiB\)"
-)
-# The CPU worker's KV space when VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes set it (cpu_worker.py, 0.25-0.32):
-# "Explicitly set (0.0/11.65) GiB for KV cache on node 0."
-_CPU_KV_SPACE = loose(r"Explicitly set \(" + _NUM + "/" + _NUM + r"\) GiB for KV cache on node \d+")
 # How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
 # unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), a worker that died, V0's
 # MQLLMEngine / AsyncEngineDeadError.
@@ -281,22 +268,6 @@ def _simple(
     return handler
 
 
-def _cpu_node(match: re.Match[str], facts: Facts) -> None:
-    available, total, requested, budget = (float(match.group(i)) for i in range(1, 5))
-    facts["refusal"] = Refusal(
-        kind=RefusalKind.CPU_KV_OVER_AVAILABLE,
-        line=error_text(match),
-        free_gib=available,
-        total_gib=total,
-        requested_gib=requested,
-        budget_gib=budget,
-    )
-
-
-def _error_line(match: re.Match[str]) -> str:
-    return error_text(match, "RuntimeError:")
-
-
 def _free_info(match: re.Match[str], facts: Facts) -> None:
     free, total, utilization, budget, weights, activation, non_torch, graphs = (
         float(match.group(i)) for i in range(1, 9)
@@ -354,50 +325,6 @@ def _available_bytes(match: re.Match[str], facts: Facts) -> None:
     base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
     facts["profile"] = replace(base, total_gib=base.total_gib or total / 2**30)
     facts["available_kv_gib"] = available / 2**30
-
-
-def _cpu_kv_space(match: re.Match[str], facts: Facts) -> None:
-    space, total = (float(match.group(i)) for i in (1, 2))
-    facts["cpu_kv_space"] = CpuKvSpace(line=match.group(0), space_gib=space, node_total_gib=total)
-
-
-def _map_refused(match: re.Match[str], facts: Facts) -> None:
-    facts["host_memory"] = HostMemory(
-        kind=HostMemoryKind.MAP_REFUSED, line=_error_line(match), bytes=int(match.group(1))
-    )
-
-
-def _killed(match: re.Match[str], facts: Facts) -> None:
-    facts["host_memory"] = HostMemory(kind=HostMemoryKind.KILLED, line=match.string.strip())
-
-
-def _node_low(match: re.Match[str], facts: Facts) -> None:
-    text = match.string
-    line = text[text.rfind("\n", 0, match.start()) + 1 : match.end()].strip()
-    facts["host_memory"] = HostMemory(kind=HostMemoryKind.NODE_LOW, line=line)
-
-
-def _node_memory(match: re.Match[str], facts: Facts) -> None:
-    """Ray's next line says how full the node was: added to the kill it explains. Ray writes it only when it
-    kills, so alone (an excerpt without the exception before it) it is the kill."""
-    killed = facts.get("host_memory")
-    said = f"(the node at {match.group(1)} / {match.group(2)} GB, over Ray's threshold of {match.group(3)})"
-    if isinstance(killed, HostMemory) and killed.kind is HostMemoryKind.NODE_LOW:
-        facts["host_memory"] = replace(killed, line=f"{killed.line} {said}")
-    elif killed is None:
-        facts["host_memory"] = HostMemory(
-            kind=HostMemoryKind.NODE_LOW, line=f"Ray's memory monitor killed a task {said}"
-        )
-
-
-def _swap_warning(match: re.Match[str], facts: Facts) -> None:
-    facts["swap_gib"], facts["host_total_gib"] = float(match.group(1)), float(match.group(2))
-
-
-def _swap_exhausted(_: re.Match[str], facts: Facts) -> None:
-    facts["swap_exhausted"] = True
-    facts["engine"] = "v0"  # only V0 swaps
-    facts.setdefault("preemption_mode", "SWAP")
 
 
 def _blocks(match: re.Match[str], facts: Facts) -> None:
@@ -465,8 +392,8 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(AVAILABLE_AT_START, free_at_start, needle="utilization"),
     _simple(SAMPLER, sampler, needle="sampler"),
     _simple(PROFILE_CHECK, profile_check, needle="profiling"),
-    _simple(_CPU_NODE, _cpu_node, needle="node"),
-    _simple(_CPU_KV_SPACE, _cpu_kv_space, needle="Explicitly set"),
+    _simple(CPU_NODE, cpu_node, needle="node"),
+    _simple(CPU_KV_SPACE, cpu_kv_space, needle="Explicitly set"),
     _simple(STATS, stats_line, needle="Running"),
     _simple(PREEMPTED, preemption_warning, needle="preempted"),
     _simple(CONNECTOR_PREEMPTED, connector_notice, needle="<preempted>"),
@@ -477,12 +404,12 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(_CONCURRENCY, _concurrency, needle="concurrency"),
     _simple(_BLOCKS, _blocks, needle="blocks"),
     _simple(_CPU_BLOCKS, _store("cpu_blocks", int), needle="CPU"),
-    _simple(_MAP_REFUSED, _map_refused, needle="mmap"),
-    _simple(_KILLED, _killed, needle="Kill"),
-    _simple(_NODE_LOW, _node_low, needle="killed due to"),
-    _simple(_NODE_MEMORY, _node_memory, needle="memory usage threshold"),
-    _simple(_SWAP_WARNING, _swap_warning, needle="swap space"),
-    _simple(_SWAP_EXHAUSTED, _swap_exhausted, needle="swap"),
+    _simple(MAP_REFUSED, map_refused, needle="mmap"),
+    _simple(KILLED, killed, needle="Kill"),
+    _simple(NODE_LOW, node_low, needle="killed due to"),
+    _simple(NODE_MEMORY, node_memory, needle="memory usage threshold"),
+    _simple(SWAP_WARNING, swap_warning, needle="swap space"),
+    _simple(SWAP_EXHAUSTED, swap_exhausted, needle="swap"),
     _simple(_AVAILABLE_KV, _available_kv),
     _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
     _simple(HBM_DEVICES, hbm_devices, needle="hbm="),
