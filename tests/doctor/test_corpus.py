@@ -75,6 +75,7 @@ SETS = {
     "heldout-25ba",
     "heldout-25bb",
     "heldout-25bc",
+    "heldout-25bd",
 }
 
 
