@@ -50,6 +50,9 @@ _FAMILY = loose(
     # "EL0004: ... Failed to allocate memory.", "alloc device memory failed, runtime result = 207001".
     r"|Memory_Allocation_Failure\(EL0004\)|EL0004: .{0,80}Failed to allocate memory"
     r"|alloc device memory failed, runtime result = 207001"
+    # torch_npu's words when an ACL call fails to get device resources (aclrtMalloc, or a graph capture's
+    # AclmdlRICaptureBegin with error 207005): "[Error]: Failed to apply for memory." and no size.
+    r"|\[Error\]: Failed to apply for memory"
     # PyTorch's message from its third sentence on, where a paste (a panel showing a log's tail) starts there
     r"|Of the allocated memory [\d.]+ ?\w+ is allocated by PyTorch"
     r"|(?:memory mapping|memory allocation) failed with OOM|Tried to allocate "
@@ -127,7 +130,7 @@ _MAX_SENTENCES = 6
 _MAX_PLACED = 20  # the last errors of the family a phase is looked for in
 _NEURON = re.compile(r"nrt_tensor_allocate|on ND \d+:NC \d+")
 _LEVEL_ZERO = re.compile(r"level_zero|UR_RESULT_ERROR|ZE_RESULT_ERROR|PI_ERROR")
-_CANN = re.compile(r"EL0004|runtime result = 207001")
+_CANN = re.compile(r"EL0004|runtime result = 207001|Failed to apply for memory")
 _DEVICE_NAME = re.compile(
     r"\b(HIP|XPU|NPU|HPU|MUSA|TPU|METAL)\b|\bhip|\bhbm\b|\bTpuClient\b|\btpu_pjrt|memory space [vs]mem\b"
     r"|tpu_custom_call|Runtime(?:Buffer|Program)AllocationFailure|jax\.errors|_HBM\d|(PT_DEVMEM)"
@@ -140,9 +143,15 @@ _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         re.compile(r"Failed to create \w+ (?:\w+ )?weights|while loading weights|Failed to load model"),
     ),
     (OomPhase.WAKE_UP, re.compile(r"cumem_allocator")),
-    # vLLM's hint on an OOM in its CUDA-graph memory profiling or capture names the switch of that estimate.
-    (OomPhase.GRAPH_CAPTURE, re.compile(r"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")),
+    # vLLM's hint on an OOM in its CUDA-graph memory profiling or capture names the switch of that estimate; a
+    # runtime's error names the call that failed (torch_npu: "capture_begin:...compiler_depend.ts:214 NPU function
+    # error: c10_npu::acl::AclmdlRICaptureBegin(...), error code is 207005").
+    (
+        OomPhase.GRAPH_CAPTURE,
+        re.compile(r"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS|\bcapture_(?:begin|end)\b|\w*Capture(?:Begin|End)\b"),
+    ),
 )
+_ERROR_BLOCK = 3  # records from an exception's line to the runtime's memory sentence after it (torch_npu's block)
 
 
 def size_bytes(text: str) -> int:
@@ -194,10 +203,14 @@ def _message(records: Sequence[Record], index: int) -> str:
 
 def _phase(records: Sequence[Record], index: int) -> tuple[OomPhase, str]:
     payload = records[index].payload
-    if index and EXCEPTION_LINE.match(records[index - 1].payload) and not _FAMILY.search(records[index - 1].payload):
-        # The error's second sentence ("This may be caused by insufficient memory ..."): its first, the exception
-        # on the record before, says where it was.
-        payload = f"{records[index - 1].payload} {payload}"
+    for before in range(index - 1, max(-1, index - 1 - _ERROR_BLOCK), -1):
+        if _FAMILY.search(records[before].payload):
+            break
+        if EXCEPTION_LINE.match(records[before].payload):
+            # The error's later sentence ("This may be caused by insufficient memory ...", torch_npu's "[Error]:
+            # Failed to apply for memory."): its first, the exception a record or two before, says where it was.
+            payload = f"{records[before].payload} {payload}"
+            break
     for phase, pattern in _PHASE_ON_THE_LINE:
         said = pattern.search(payload)
         if said is not None:

@@ -325,6 +325,17 @@ def test_a_free_memory_refusal_quoted_up_to_less_than_desired_still_says_what_is
     assert any("free the GPU first" in line for line in finding.evidence)
 
 
+@pytest.mark.parametrize("on_startup", [" on startup", ""])
+def test_the_free_memory_refusal_is_read_with_or_without_on_startup(on_startup: str) -> None:
+    """Later releases dropped "on startup" from the start check's sentence; a wrap may fall anywhere in it."""
+    refusal = parse_log(
+        f"ValueError: Free memory on device cuda:0 (6.87/8.0 GiB){on_startup} is less than\n"
+        "desired GPU memory utilization (0.9, 7.2 GiB).\n"
+    ).refusal
+    assert refusal is not None
+    assert (refusal.free_gib, refusal.total_gib, refusal.utilization) == (6.87, 8.0, 0.9)
+
+
 def test_an_exception_message_wrapped_under_itself_is_read_whole() -> None:
     """An author's abridged block: the message's second half indented under its first, and vLLM's refusal
     broken across unprefixed lines inside a prefixed log."""
@@ -1007,6 +1018,24 @@ def test_the_npus_and_jaxs_own_allocation_failures_are_out_of_memory(line: str, 
     assert oom is not None
     assert oom.device == device
     assert oom.tried_bytes is None
+
+
+def test_torch_npus_failed_capture_is_an_out_of_memory_in_graph_capture() -> None:
+    """torch_npu reports a failed ACL call as an exception naming the call, its log line, then "[Error]: Failed to
+    apply for memory.": an NPU OOM with no numbers, placed by the call the exception names two records before."""
+    text = (
+        "(EngineCore pid=1) RuntimeError: capture_begin:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:214 NPU "
+        "function error: c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), error code is 207005\n"
+        "(EngineCore pid=1) [ERROR] 2026-04-17-09:16:39 (PID:2, Device:0, RankID:-1) ERR00100 PTA call acl api failed\n"
+        "(EngineCore pid=1) [Error]: Failed to apply for memory.\n"
+        "(EngineCore pid=1)         Check the remaining storage space in the hardware environment.\n"
+    )
+    oom = parse_log(text).oom
+    assert oom is not None
+    assert (oom.device, oom.phase, oom.tried_bytes) == ("NPU", OomPhase.GRAPH_CAPTURE, None)
+    finding = _finding(text)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "--enforce-eager" in _flags(finding)
 
 
 def test_neurons_kv_cache_is_sized_by_sequences_and_length_not_a_budget() -> None:
