@@ -43,7 +43,7 @@ PROMPT_OVER_KV = loose(r"Input prompt \((\d+) tokens\) is too long and exceeds t
 STATE_BLOCKS = loose(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)")
 
 FREE_AT_START = loose(  # a quote may stop at "less than desired": free and total still say what is left
-    # ("on startup" until about 0.11; later releases say "Free memory on device cuda:0 (X/Y GiB) is less than ...")
+    # (later releases leave out "on startup": "Free memory on device cuda:0 (X/Y GiB) is less than desired ...")
     r"Free memory on device(?: \S+)? \("
     + NUMBER
     + "/"
