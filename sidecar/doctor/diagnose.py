@@ -8,7 +8,7 @@ from dataclasses import replace
 from sidecar.doctor import hygiene
 from sidecar.doctor.allocator import history_allocator
 from sidecar.doctor.blowout import MIN_REQUESTS, live_blowout
-from sidecar.doctor.concurrency import history_concurrency, live_concurrency, log_concurrency
+from sidecar.doctor.concurrency import live_concurrency, log_concurrency
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import SEVERITY_ORDER, Cause, Diagnosis, Finding
 from sidecar.doctor.fit import live_does_not_fit
@@ -16,6 +16,7 @@ from sidecar.doctor.hang import history_hang
 from sidecar.doctor.leak import history_leak
 from sidecar.doctor.log_memory import log_memory
 from sidecar.doctor.overshoot import live_overshoot
+from sidecar.doctor.paused_concurrency import history_concurrency
 from sidecar.doctor.setup import Setup, resolve
 from sidecar.doctor.versions import available
 from sidecar.model.text import plural

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sidecar.doctor.concurrency import _KV_PAUSE, _PREEMPTION_PAUSE, _WAITING_PAUSE
 from sidecar.doctor.hang import _about_hang
+from sidecar.doctor.paused_concurrency import _KV_PAUSE, _PREEMPTION_PAUSE, _WAITING_PAUSE
 from sidecar.model.derived import Derived
 from sidecar.policy import PauseRule, PolicySettings
 from sidecar.policy.rules import hung_cause, next_waiting_streaks, pause_findings
