@@ -1,4 +1,4 @@
-"""The sampler's warm-up with max_num_seqs dummy requests, out of memory. Pure.
+"""The sampler's warm-up with max_num_seqs dummy requests (or a pooling model's pooler's), out of memory. Pure.
 
 Fewer sequences first (vLLM's own message names the flag). A lower budget only when the warm-up ran after the KV
 cache was allocated: in the profile run the budget does not cap it. Before 0.21, CUDA graphs are captured after
@@ -20,13 +20,15 @@ SAMPLER_UTILIZATION_STEP = 0.02  # what to give up for the sampler's peak when m
 
 def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
     dummy = refusal.dummy_requests or 0
+    warmed = "pooler" if "warming up pooler" in refusal.line else "sampler"
     lines = [f"vLLM could not start: {refusal.line}", *ledger.lines()]
     recommendations: list[Recommendation] = []
     halved = remedies.fewer_sequences(
         dummy,
         "the dummy requests of the warm-up",
-        f"the sampler warm-up runs max_num_seqs = {dummy} dummy requests at once and its logits did not fit; halving "
-        "it halves that peak (vLLM's own message names this flag)",
+        f"the {warmed} warm-up runs max_num_seqs = {dummy} dummy requests at once and its "
+        f"{'outputs' if warmed == 'pooler' else 'logits'} did not fit; halving it halves that peak (vLLM's own message "
+        "names this flag)",
     )
     if halved is not None:
         recommendations.append(halved)
@@ -67,7 +69,7 @@ def sampler_warmup(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: Lo
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,
-        summary=f"vLLM ran out of memory warming up its sampler with {dummy} dummy requests (max_num_seqs)",
+        summary=f"vLLM ran out of memory warming up its {warmed} with {dummy} dummy requests (max_num_seqs)",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
         steps=tuple(steps),

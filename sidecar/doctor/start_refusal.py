@@ -58,7 +58,11 @@ PROFILE_CHECK = loose(
     r"Error in memory profiling\.(?: Initial free memory " + NUMBER + r"( GiB)?, current free memory " + NUMBER + ")?"
 )
 
-SAMPLER = loose(r"CUDA out of memory occurred when warming up sampler with (\d+) dummy requests")
+# The sampler's warm-up, and a pooling model's pooler's (0.10+: "warming up pooler (task='embed') with N dummy
+# requests"): both run max_num_seqs dummy requests at once.
+SAMPLER = loose(
+    r"CUDA out of memory occurred when warming up (?:sampler|pooler(?: \([^)]*\))?) with (\d+) dummy requests"
+)
 
 AVAILABLE_AT_START = loose(
     r"Available memory on device(?: \S+)? \(" + NUMBER + "/" + NUMBER + r" GiB\) is below required GPU memory "

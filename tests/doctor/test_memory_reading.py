@@ -426,6 +426,17 @@ def test_a_sampler_warm_up_in_the_profile_run_does_not_lower_the_budget() -> Non
     assert "compile_or_warm_up_model" in bare.steps[0]
 
 
+def test_a_pooling_models_pooler_warm_up_is_read_as_the_samplers() -> None:
+    # vllm/v1/worker/gpu_model_runner.py 0.10-0.33 `_dummy_pooler_run`: the same max_num_seqs dummy requests.
+    message = (
+        "RuntimeError: CUDA out of memory occurred when warming up pooler (task='embed') with 256 dummy requests. "
+        "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine."
+    )
+    finding = _finding(_traceback(V1, ["profile_run", "_dummy_pooler_run"], message))
+    assert _flags(finding) == {"--max-num-seqs": 128}
+    assert "pooler" in finding.summary
+
+
 def test_graphs_that_took_the_budgets_margin_before_the_sampler_warm_up_offer_eager_mode() -> None:
     """Before 0.21, graphs are captured after the KV cache filled the budget, outside it. Here they took 0.66 GiB
     of the 0.64 GiB a 0.98 budget leaves a 31.86 GiB card, and the warm-up after them found nothing free."""
