@@ -76,6 +76,7 @@ SETS = {
     "heldout-25bb",
     "heldout-25bc",
     "heldout-25bd",
+    "heldout-25be",
 }
 
 
