@@ -30,7 +30,8 @@ from sidecar.doctor.formula import gib, tokens
 from sidecar.doctor.graph_estimate import NEGATIVE_ESTIMATE_GIB, negative_graph_estimate
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.kv_room import no_kv_room
-from sidecar.doctor.ledger import MemoryLedger, build_ledger
+from sidecar.doctor.ledger import MemoryLedger
+from sidecar.doctor.ledger_entries import build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
 from sidecar.doctor.oom_readings import (
     not_the_budget,

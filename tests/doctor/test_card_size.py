@@ -11,7 +11,7 @@ from sidecar.doctor.card_size import likely_card
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Finding
 from sidecar.doctor.formula import GIB
-from sidecar.doctor.ledger import build_ledger
+from sidecar.doctor.ledger_entries import build_ledger
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.setup import resolve
 from tests.doctor.builders import evidence, live

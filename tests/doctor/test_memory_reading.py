@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.doctor.diagnose import diagnose
 from sidecar.doctor.finding import Cause, Finding
-from sidecar.doctor.ledger import build_ledger
+from sidecar.doctor.ledger_entries import build_ledger
 from sidecar.doctor.log_parser import parse_log
 from sidecar.doctor.logfacts import OomPhase
 from sidecar.doctor.model_size import estimate
