@@ -135,10 +135,12 @@ _GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
 _GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 # How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
-# unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), a worker that died, V0's
-# MQLLMEngine / AsyncEngineDeadError.
+# unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), the API servers' watcher's
+# "Engine core process X died unexpectedly." (0.2x-0.33), a worker that died, V0's MQLLMEngine /
+# AsyncEngineDeadError.
 _ENGINE_DEAD = re.compile(
-    r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error|Engine core proc \S+ died"
+    r"EngineDeadError|MQLLMEngine is already dead|EngineCore encountered a fatal error"
+    r"|Engine core proc(?:ess)? \S+ died"
     r"|Got fatal signal from worker processes|Worker proc \S+ died unexpectedly|RayWorkerProc rank=\S+ died"
 )
 # The frames of vLLM's check that the KV cache it sized holds one max_model_len request (V0 `initialize_cache` ->

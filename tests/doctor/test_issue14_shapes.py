@@ -189,6 +189,9 @@ def test_v1_preemptions_in_the_stats_lines_are_a_concurrency_finding() -> None:
         # vllm/v1/engine/core_client.py 0.10.2 / 0.11.2
         "(APIServer pid=1) ERROR 05-05 12:36:59 [core_client.py:565] Engine core proc EngineCore_DP0 died "
         "unexpectedly, shutting down client.",
+        # vllm/v1/utils.py 0.33 (the API servers' watcher)
+        "(APIServer pid=1) ERROR 05-05 12:36:59 [utils.py:600] RuntimeError: Engine core process EngineCore_DP0 died "
+        "unexpectedly.",
         # vllm/v1/engine/exceptions.py
         "(APIServer pid=1) ERROR 05-05 12:36:59 [serving.py:1173] vllm.v1.engine.exceptions.EngineDeadError: "
         "EngineCore encountered an issue. See stack trace (above) for the root cause.",
