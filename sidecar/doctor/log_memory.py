@@ -45,6 +45,7 @@ from sidecar.doctor.remedies import sequences
 from sidecar.doctor.sampler import sampler_warmup
 from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_readings import (
+    external_weights,
     free_memory_refusal,
     kv_refusal,
     profile_check,
@@ -93,6 +94,7 @@ def _refusal(refusal: Refusal, ledger: MemoryLedger, setup: Setup, log: LogFacts
         RefusalKind.PROFILE_FREE_DID_NOT_FALL: lambda: profile_check(refusal),
         RefusalKind.PROMPT_OVER_KV: lambda: prompt_over_kv(refusal, ledger, setup),
         RefusalKind.STATE_BLOCKS: lambda: state_blocks(refusal),
+        RefusalKind.EXTERNAL_WEIGHTS: lambda: external_weights(refusal),
     }
     reader = readers.get(refusal.kind)
     if reader is not None:

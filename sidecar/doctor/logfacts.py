@@ -61,6 +61,7 @@ class RefusalKind(StrEnum):
     PROFILE_FREE_DID_NOT_FALL = "profile_free_did_not_fall"  # the memory profile's check: free memory did not fall
     PROMPT_OVER_KV = "prompt_over_kv"  # V0 before 0.2.7: a prompt longer than the whole KV cache, ignored
     STATE_BLOCKS = "state_blocks"  # a hybrid (Mamba, linear attention) model: more sequences than state blocks
+    EXTERNAL_WEIGHTS = "external_weights"  # 0.32+: weights another process holds exceed the whole budget
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +82,7 @@ class Refusal:
     total_gib: float | None = None
     utilization: float | None = None
     requested_gib: float | None = None
+    external_weights_gib: float | None = None  # 0.32+: weights another process holds for vLLM, inside its budget
     budget_gib: float | None = None  # CPU backend: the budget the KV cache was asked within
     dummy_requests: int | None = None  # sampler warm-up: how many dummy requests (max_num_seqs) it ran
     state_reserve_gib: float | None = None  # a hybrid model's per-sequence state, for max_num_seqs, outside the KV

@@ -38,19 +38,22 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
     """The refusal states every amount it needs: free and total at start, the budget asked for."""
     free = (refusal.free_gib or 0.0) * GIB
     total = (refusal.total_gib or 0.0) * GIB
+    external = (refusal.external_weights_gib or 0.0) * GIB  # held elsewhere for vLLM, inside its budget
     asked = (
         f"gpu_memory_utilization {refusal.utilization:g} asks for {refusal.requested_gib:.2f} GiB"
         if refusal.utilization is not None and refusal.requested_gib is not None
         else "the budget asked for is cut off in the log"
     )
+    if external:
+        asked += f" beside the {gib(external)} of weights another process holds for it, inside the budget"
     lines = [
         f"vLLM refused to start: {refusal.line}",
-        f"free at start {gib(free)} of {gib(total)}; {asked}: {gib(total - free)} is held by other processes (or a "
-        "previous vLLM)",
+        f"free at start {gib(free)} of {gib(total)}; {asked}: {gib(total - free - external)} is held by other "
+        "processes (or a previous vLLM)",
     ]
     recommendations: list[Recommendation] = []
     if total > 0:
-        computed = formula.utilization(int(total), int(total - free), 0)
+        computed = formula.utilization(int(total), int(total - free - external), 0)
         if computed.value >= remedies.MIN_USEFUL_UTILIZATION:
             recommendations.append(
                 Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
@@ -70,6 +73,28 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
         summary="vLLM could not start: the card has less free memory than gpu_memory_utilization asks for",
         evidence=tuple(lines),
         recommendations=tuple(recommendations),
+    )
+
+
+def external_weights(refusal: Refusal) -> Finding:
+    """Weights another process holds for vLLM (0.32+'s IPC weight cache) count against its budget; here they alone
+    exceed it. The budget must hold them and the engine's own memory, which the refusal does not size: a step."""
+    held, total = refusal.external_weights_gib or 0.0, refusal.total_gib or 0.0
+    share = held / total if total else None
+    above = f" above {share:.2f} ({held:.2f} of {total:.2f} GiB)" if share is not None else ""
+    return Finding(
+        cause=Cause.CONFIGURATION_OVERSHOOT,
+        severity=Severity.CRITICAL,
+        summary="vLLM could not start: the weights another process holds for it exceed gpu_memory_utilization",
+        evidence=(
+            f"vLLM refused to start: {refusal.line}",
+            "the externally held weights count against vLLM's budget; the engine's activations and KV cache must "
+            "fit in what the budget leaves beside them",
+        ),
+        steps=(
+            f"raise --gpu-memory-utilization{above} by what the engine needs for its activations and KV cache "
+            "(vLLM's next start says whether free memory allows it), or hold fewer weights outside the engine",
+        ),
     )
 
 

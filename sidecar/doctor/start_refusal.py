@@ -64,6 +64,17 @@ SAMPLER = loose(
     r"CUDA out of memory occurred when warming up (?:sampler|pooler(?: \([^)]*\))?) with (\d+) dummy requests"
 )
 
+# 0.32+ with weights held by another process (the IPC weight cache): they count against the budget, so the
+# start check compares free memory with what the budget leaves the engine, and refuses a budget they exceed.
+FREE_BESIDE_EXTERNAL = loose(
+    r"Free memory on device(?: \S+)? \(" + NUMBER + "/" + NUMBER + r" GiB\)(?: on startup)? is less than the "
+    r"engine's budget after excluding external process's weights \(" + NUMBER + ", " + NUMBER + r" GiB\)"
+)
+EXTERNAL_WEIGHTS = loose(
+    r"Externally held weights on device(?: \S+)? \(" + NUMBER + "/" + NUMBER + r" GiB\) exceed the desired GPU "
+    r"memory utilization \(" + NUMBER + ", " + NUMBER + r" GiB\)"
+)
+
 AVAILABLE_AT_START = loose(
     r"Available memory on device(?: \S+)? \(" + NUMBER + "/" + NUMBER + r" GiB\) is below required GPU memory "
     r"utilization \(" + NUMBER + ", " + NUMBER + r" GiB\)"
@@ -136,6 +147,32 @@ def free_at_start(match: re.Match[str], facts: Facts) -> None:
         total_gib=total,
         utilization=utilization,
         requested_gib=requested,
+    )
+
+
+def free_beside_external(match: re.Match[str], facts: Facts) -> None:
+    """The engine's share is the budget less the weights another process holds: those are inside the budget."""
+    free, total, utilization, engine = (float(match.group(i)) for i in range(1, 5))
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.INSUFFICIENT_FREE_MEMORY,
+        line=error_text(match),
+        free_gib=free,
+        total_gib=total,
+        utilization=utilization,
+        requested_gib=engine,
+        external_weights_gib=max(0.0, utilization * total - engine),
+    )
+
+
+def external_weights(match: re.Match[str], facts: Facts) -> None:
+    held, total, utilization, budget = (float(match.group(i)) for i in range(1, 5))
+    facts["refusal"] = Refusal(
+        kind=RefusalKind.EXTERNAL_WEIGHTS,
+        line=error_text(match),
+        external_weights_gib=held,
+        total_gib=total,
+        utilization=utilization,
+        requested_gib=budget,
     )
 
 

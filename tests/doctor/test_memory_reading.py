@@ -336,6 +336,30 @@ def test_the_free_memory_refusal_is_read_with_or_without_on_startup(on_startup: 
     assert (refusal.free_gib, refusal.total_gib, refusal.utilization) == (6.87, 8.0, 0.9)
 
 
+def test_weights_another_process_holds_for_vllm_count_inside_its_budget() -> None:
+    """0.32+ (v1/worker/utils.py, the IPC weight cache): the start check compares free memory with the budget less
+    the externally held weights. Those weights are vLLM's, so the budget that fits holds them and what is free."""
+    refusal = (
+        "ValueError: Free memory on device cuda:0 (30.00/79.19 GiB) on startup is less than the engine's budget after "
+        "excluding external process's weights (0.9, 41.27 GiB). Decrease GPU memory utilization or reduce GPU memory "
+        "used by other processes.\n"
+    )
+    finding = _finding(refusal)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    held = 0.9 * 79.19 - 41.27  # 30.0 GiB of weights held outside the engine
+    value = _flags(finding)["--gpu-memory-utilization"]
+    assert isinstance(value, float)
+    assert 0.65 <= value <= 0.71  # (30.00 free + 30.00 held) / 79.19 = 0.758, less the 5 % reserve
+    assert value * 79.19 - held <= 30.00  # the engine's share then fits in what is free
+    over = _finding(
+        "ValueError: Externally held weights on device cuda:0 (70.00/79.19 GiB) exceed the desired GPU memory "
+        "utilization (0.8, 63.35 GiB). Increase GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    assert over.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert not over.recommendations  # the engine's own need is not in the line: a step, not a guess
+    assert "above 0.88" in over.steps[0]
+
+
 def test_an_exception_message_wrapped_under_itself_is_read_whole() -> None:
     """An author's abridged block: the message's second half indented under its first, and vLLM's refusal
     broken across unprefixed lines inside a prefixed log."""
