@@ -77,6 +77,7 @@ SETS = {
     "heldout-25bc",
     "heldout-25bd",
     "heldout-25be",
+    "heldout-25bf",
 }
 
 
