@@ -46,6 +46,8 @@ _FAMILY = loose(
     r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)|Runtime(?:Buffer|Program)AllocationFailure"
     r"|Error allocating device buffer: Attempting to allocate"
     r"|Attempting to reserve [\d.]+[KMGT]? at the bottom of memory"  # a compiled program's space
+    # XLA's sizes on a line of their own, after "RuntimeProgramAllocationFailure: Error loading program ...:"
+    r"|Attempting to allocate [\d.]+[KMGT]?\. That was not possible"
     # Ascend's CANN runtime: "Memory_Allocation_Failure(EL0004): Failed to allocate memory requested by GE module",
     # "EL0004: ... Failed to allocate memory.", "alloc device memory failed, runtime result = 207001".
     r"|Memory_Allocation_Failure\(EL0004\)|EL0004: .{0,80}Failed to allocate memory"

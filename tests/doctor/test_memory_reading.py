@@ -1073,6 +1073,17 @@ def test_torch_npus_failed_capture_is_an_out_of_memory_in_graph_capture() -> Non
     assert "--enforce-eager" in _flags(finding)
 
 
+def test_xlas_sizes_on_a_line_of_their_own_are_read() -> None:
+    """XLA's program-load failure states its sizes on the next line, in its own units (1.13G, 528.72M)."""
+    oom = parse_log(
+        "RuntimeProgramAllocationFailure: Error loading program 'jit__forward':\n"
+        "Attempting to allocate 1.13G. That was not possible. There are 528.72M free.\n"
+    ).oom
+    assert oom is not None
+    assert oom.device == "TPU"
+    assert (oom.tried_bytes, oom.free_bytes) == (int(1.13 * 2**30), int(528.72 * 2**20))
+
+
 def test_neurons_kv_cache_is_sized_by_sequences_and_length_not_a_budget() -> None:
     """AWS Neuron allocates the KV cache at load for max_num_seqs x max_model_len: an allocation failure there
     halves either, and never names gpu_memory_utilization."""
