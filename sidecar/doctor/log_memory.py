@@ -44,14 +44,8 @@ from sidecar.doctor.phase import RAN_OUT, phase_text
 from sidecar.doctor.remedies import sequences
 from sidecar.doctor.sampler import sampler_warmup
 from sidecar.doctor.setup import Setup
-from sidecar.doctor.start_readings import (
-    external_weights,
-    free_memory_refusal,
-    kv_refusal,
-    profile_check,
-    prompt_over_kv,
-    state_blocks,
-)
+from sidecar.doctor.start_checks import external_weights, free_memory_refusal, profile_check
+from sidecar.doctor.start_readings import kv_refusal, prompt_over_kv, state_blocks
 from sidecar.doctor.state_reserve import state_reserve
 from sidecar.doctor.transient import BEFORE_KV_SHARE, after_kv, held_under_budget
 
