@@ -57,6 +57,8 @@ class VllmStartWatch:
             if len(fields) < 20 or fields[0] in ("Z", "X"):
                 continue
             started = int(fields[19]) / self._ticks_per_s
-            if started >= since_boot_s:
+            # /proc counts a start in clock ticks (10 ms), rounded down: one in the tick `since_boot_s` falls in is
+            # as likely after it as before (and a server started a tick before a poll cannot have answered it).
+            if started + 1 / self._ticks_per_s > since_boot_s:
                 found.append(StartedServer(pid=int(entry.name), started_boot_s=started, command=command[:160]))
         return found

@@ -4,11 +4,13 @@ hand). Real processes read from the real /proc; a real closed port for "nothing 
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -104,6 +106,26 @@ def test_a_server_for_the_port_started_since_is_seen_and_nothing_else_is(
     assert found.pid == after.pid
     assert found.command.endswith(f"vllm serve --port {port}")
     assert VllmStartWatch(port, own_pid=after.pid).started_since(since) == []  # never the sidecar itself
+
+
+def test_a_start_in_the_clock_tick_the_bound_falls_in_counts(tmp_path: Path) -> None:
+    """/proc counts a start in clock ticks, rounded down: a server that forked 4 ms after the poll that reached
+    vLLM began can read as 6 ms before it. The tick the bound falls in counts; the tick before it does not."""
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    since = 1000.0 + 0.4 * tick  # a poll began 40 % into a tick
+
+    def server(pid: int, start_ticks: int) -> None:
+        entry = tmp_path / str(pid)
+        entry.mkdir()
+        (entry / "cmdline").write_bytes(b"python\0-m\0vllm\0serve\0--port\08000\0")
+        fields = ["S", *["0"] * 18, str(start_ticks), "0", "0"]
+        (entry / "stat").write_text(f"{pid} (python) {' '.join(fields)}\n")
+
+    in_the_tick, tick_before = round(1000.0 / tick), round(1000.0 / tick) - 1
+    server(11, in_the_tick)
+    server(12, tick_before)
+    found = VllmStartWatch(8000, proc=tmp_path, own_pid=1).started_since(since)
+    assert [server.pid for server in found] == [11]
 
 
 class Says:
