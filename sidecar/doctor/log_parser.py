@@ -31,17 +31,43 @@ from sidecar.doctor.host_lines import (
     swap_exhausted,
     swap_warning,
 )
-from sidecar.doctor.log_records import NUMBER, Record, join_lines, loose, records
+from sidecar.doctor.log_records import Record, join_lines, loose, records
 from sidecar.doctor.logfacts import (
     Facts,
     LogFacts,
-    MemoryProfile,
     Refusal,
     RefusalKind,
 )
 from sidecar.doctor.metal_memory import METAL_KV_REFUSAL, MITIGATION_NAMES_ENV, metal_kv_refusal, metal_mitigation
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, cut_in_traceback, oom_phase
+from sidecar.doctor.profile_lines import (
+    AVAILABLE_BYTES,
+    AVAILABLE_KV,
+    BLOCKS,
+    CONCURRENCY,
+    CPU_BLOCKS,
+    FREE_INFO,
+    GRAPH_ESTIMATE,
+    GRAPHS,
+    GRAPHS_CHARGED,
+    GRAPHS_PROFILED,
+    KV_TOKENS,
+    V0_BUDGET,
+    V0_PROFILE,
+    WEIGHTS,
+    available_bytes,
+    available_kv,
+    blocks,
+    concurrency,
+    free_info,
+    graphs_charged,
+    graphs_profiled,
+    model_loading,
+    number,
+    v0_budget,
+    v0_profile,
+)
 from sidecar.doctor.scheduler_stats import (
     CONNECTOR_IDS,
     CONNECTOR_PREEMPTED,
@@ -98,8 +124,6 @@ from sidecar.doctor.tpu_memory import (
 )
 
 _SERVING = re.compile(SERVING_SIGNS)
-_NUM = NUMBER
-_INT = r"([\d,]+)"
 # The card's name where a log prints it: collect_env, nvidia-smi, rocm-smi, a launcher's banner.
 _GPU_NAME = re.compile(
     r"\b((?:NVIDIA|Tesla|Quadro|AMD Instinct|AMD Radeon)[ \w-]{0,24}?\b(?:[AHLBTV]\d{1,3}[A-Z]?|GH200|GB\d00|"
@@ -109,34 +133,6 @@ _GPU_NAME = re.compile(
 _LOADING_MODEL = re.compile(r"Starting to load model ([\w./@:-]+?)\.{0,3}\s*$")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|\u2588\s+version) (\d+\.\d+[\w.+-]*)")
 
-_FREE_INFO = loose(
-    r"Free memory on device(?: \S+)? \(" + _NUM + "/" + _NUM + r" GiB\) on startup\. Desired GPU memory utilization "
-    r"is \(" + _NUM + ", " + _NUM + r" GiB\)\. Actual usage is " + _NUM + r" GiB for weight, " + _NUM + r" GiB for "
-    r"peak activation, " + _NUM + r" GiB for non-torch memory, and " + _NUM + r" GiB for CUDAGraph memory"
-)
-_V0_BUDGET = loose(
-    r"total_gpu_memory \(" + _NUM + r" ?GiB\) x gpu_memory_utilization \(" + _NUM + r"\) = " + _NUM + r" ?GiB"
-)
-_V0_PROFILE = loose(
-    r"model weights take " + _NUM + r" ?GiB; non_torch_memory takes " + _NUM + r" ?GiB; PyTorch activation peak "
-    r"memory takes " + _NUM + r" ?GiB;\s*the rest of the memory reserved for KV Cache is " + _NUM + r" ?GiB"
-)  # `\s*`: a paste that wrapped the line at that space dropped it
-_KV_TOKENS = loose(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _INT + r" tokens")
-_CONCURRENCY = loose(r"Maximum concurrency for " + _INT + r" tokens per request: " + _NUM + "x")
-_BLOCKS = loose(r"# (?:GPU|\w+) blocks: (-?\d+)|num_gpu_blocks is: (-?\d+)")
-_CPU_BLOCKS = loose(r"# CPU blocks: (\d+)")
-_AVAILABLE_KV = loose(r"Available KV cache memory: " + _NUM + " GiB")
-# Hardware plugins' workers (vllm-ascend's worker_v1.py) state the same in bytes, clamped at 0, with the card's
-# total: "Available memory: 0, total memory: 65452113920". 0 means the budget is at or below weights + peak.
-_AVAILABLE_BYTES = loose(r"Available memory: (\d+), total memory: (\d+)")
-_WEIGHTS = loose(r"(?:Model loading took|Loading model weights took) " + _NUM + r" (GiB|GB)")
-_GRAPHS_PROFILED = loose(r"Profiling CUDA graph memory")
-# 0.21+ (gpu_worker.py): "CUDA graph memory profiling is enabled (default since v0.21.0). The current
-# --gpu-memory-utilization=0.3000 is equivalent to --gpu-memory-utilization=0.0201 without CUDA graph memory
-# profiling. ...": graphs are charged to the budget, and the line states the budget.
-_GRAPHS_CHARGED = loose(r"The current --gpu-memory-utilization=" + _NUM + r" is equivalent to")
-_GRAPHS = loose(r"Graph capturing finished in \d+ secs, took " + _NUM + " GiB")
-_GRAPH_ESTIMATE = loose(r"Estimated CUDA graph memory: " + _NUM + " GiB total")
 _MAX_MODEL_LEN = loose(r"Using max model len (\d+)")
 # How each release says the engine died: V1's EngineDeadError and core_client's "Engine core proc X died
 # unexpectedly" (0.8-0.11) or "Got fatal signal from worker processes" (0.7-0.8), the API servers' watcher's
@@ -252,10 +248,6 @@ def _with_its_command(lines: list[str], start: int) -> int:
     return start
 
 
-def _number(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
 def _simple(
     pattern: re.Pattern[str], store: Callable[[re.Match[str], Facts], None], *, needle: str = ""
 ) -> Callable[[str, Facts], bool]:
@@ -274,80 +266,11 @@ def _simple(
     return handler
 
 
-def _free_info(match: re.Match[str], facts: Facts) -> None:
-    free, total, utilization, budget, weights, activation, non_torch, graphs = (
-        float(match.group(i)) for i in range(1, 9)
-    )
-    facts["profile"] = MemoryProfile(
-        total_gib=total,
-        utilization=utilization,
-        budget_gib=budget,
-        weights_gib=weights,
-        activation_gib=activation,
-        non_torch_gib=non_torch,
-        cudagraph_gib=graphs,
-        free_gib=free,
-    )
-    facts["weights_gib"] = weights
-
-
-def _v0_budget(match: re.Match[str], facts: Facts) -> None:
-    previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
-    total, utilization, budget = (float(match.group(i)) for i in range(1, 4))
-    facts["profile"] = replace(base, total_gib=total, utilization=utilization, budget_gib=budget)
-    if facts.get("engine") != "v1":  # only V0's worker (vllm/worker/worker.py) words its budget so
-        facts["engine"] = "v0"
-
-
-def _v0_profile(match: re.Match[str], facts: Facts) -> None:
-    previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
-    weights, non_torch, activation, kv = (float(match.group(i)) for i in range(1, 5))
-    facts["profile"] = replace(base, weights_gib=weights, non_torch_gib=non_torch, activation_gib=activation, kv_gib=kv)
-    facts["weights_gib"] = weights
-    facts["available_kv_gib"] = kv
-
-
-def _weights(match: re.Match[str], facts: Facts) -> None:
-    # vLLM <= 0.8.0 printed "GB" for a value it had divided by 2**30: both spellings are GiB.
-    facts["weights_gib"] = float(match.group(1))
-
-
-def _available_kv(match: re.Match[str], facts: Facts) -> None:
-    # Each rank prints its own; V1's engine sizes the KV cache of every rank by the least of them, so a rank whose
-    # card holds something else fails the start however much room the others have.
-    kv = float(match.group(1))
-    least, most = facts.get("available_kv_gib"), facts.get("available_kv_max_gib")
-    facts["available_kv_gib"] = min(kv, least) if isinstance(least, float) else kv
-    facts["available_kv_max_gib"] = max(kv, most) if isinstance(most, float) else kv
-
-
-def _available_bytes(match: re.Match[str], facts: Facts) -> None:
-    available, total = (int(match.group(i)) for i in (1, 2))
-    if total <= 0:
-        return
-    previous = facts.get("profile")
-    base = previous if isinstance(previous, MemoryProfile) else MemoryProfile.empty()
-    facts["profile"] = replace(base, total_gib=base.total_gib or total / 2**30)
-    facts["available_kv_gib"] = available / 2**30
-
-
-def _blocks(match: re.Match[str], facts: Facts) -> None:
-    # vLLM 0.1 printed a budget short of the profile's peak as a negative count ("# GPU blocks: -1") and went on to
-    # fail later: no block at all, as 0 says to every reading.
-    facts["num_gpu_blocks"] = max(0, int(match.group(1) or match.group(2)))
-
-
 def _store(name: str, convert: Callable[[str], object]) -> Callable[[re.Match[str], Facts], None]:
     def store(match: re.Match[str], facts: Facts) -> None:
         facts[name] = convert(match.group(1))
 
     return store
-
-
-def _concurrency(match: re.Match[str], facts: Facts) -> None:
-    facts["concurrency"] = (int(_number(match.group(1))), float(match.group(2)))
 
 
 def _gpu_name(match: re.Match[str], facts: Facts) -> None:
@@ -364,15 +287,6 @@ def _dead(_: re.Match[str], facts: Facts) -> None:
 
 def _traceback(_: re.Match[str], facts: Facts) -> None:
     facts["traceback"] = True
-
-
-def _graphs_profiled(_: re.Match[str], facts: Facts) -> None:
-    facts["graphs_profiled"] = True
-
-
-def _graphs_charged(match: re.Match[str], facts: Facts) -> None:
-    facts["graphs_profiled"] = True
-    facts["graphs_charged_utilization"] = _number(match.group(1))
 
 
 def _kv_check(_: re.Match[str], facts: Facts) -> None:
@@ -405,30 +319,30 @@ _HANDLERS: tuple[Callable[[str, Facts], bool], ...] = (
     _simple(STATS, stats_line, needle="Running"),
     _simple(PREEMPTED, preemption_warning, needle="preempted"),
     _simple(CONNECTOR_PREEMPTED, connector_notice, needle="<preempted>"),
-    _simple(_FREE_INFO, _free_info, needle="utilization"),
-    _simple(_V0_BUDGET, _v0_budget, needle="total_gpu_memory"),
-    _simple(_V0_PROFILE, _v0_profile, needle="weights"),
-    _simple(_KV_TOKENS, _store("kv_cache_tokens", lambda text: int(_number(text)))),
-    _simple(_CONCURRENCY, _concurrency, needle="concurrency"),
-    _simple(_BLOCKS, _blocks, needle="blocks"),
-    _simple(_CPU_BLOCKS, _store("cpu_blocks", int), needle="CPU"),
+    _simple(FREE_INFO, free_info, needle="utilization"),
+    _simple(V0_BUDGET, v0_budget, needle="total_gpu_memory"),
+    _simple(V0_PROFILE, v0_profile, needle="weights"),
+    _simple(KV_TOKENS, _store("kv_cache_tokens", lambda text: int(number(text)))),
+    _simple(CONCURRENCY, concurrency, needle="concurrency"),
+    _simple(BLOCKS, blocks, needle="blocks"),
+    _simple(CPU_BLOCKS, _store("cpu_blocks", int), needle="CPU"),
     _simple(MAP_REFUSED, map_refused, needle="mmap"),
     _simple(KILLED, killed, needle="Kill"),
     _simple(NODE_LOW, node_low, needle="killed due to"),
     _simple(NODE_MEMORY, node_memory, needle="memory usage threshold"),
     _simple(SWAP_WARNING, swap_warning, needle="swap space"),
     _simple(SWAP_EXHAUSTED, swap_exhausted, needle="swap"),
-    _simple(_AVAILABLE_KV, _available_kv),
-    _simple(_AVAILABLE_BYTES, _available_bytes, needle="total"),
+    _simple(AVAILABLE_KV, available_kv),
+    _simple(AVAILABLE_BYTES, available_bytes, needle="total"),
     _simple(HBM_DEVICES, hbm_devices, needle="hbm="),
     _simple(BUDGET_BELOW_RESIDENT, budget_below_resident, needle="total_hbm_used_gb"),
     _simple(METAL_KV_REFUSAL, metal_kv_refusal, needle="metal_limit="),
     _simple(MITIGATION_NAMES_ENV, metal_mitigation, needle="Mitigations"),
-    _simple(_WEIGHTS, _weights, needle="took"),
-    _simple(_GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
-    _simple(_GRAPH_ESTIMATE, _store("graph_estimate_gib", float), needle="Estimated"),
-    _simple(_GRAPHS_PROFILED, _graphs_profiled, needle="graph"),
-    _simple(_GRAPHS_CHARGED, _graphs_charged, needle="equivalent"),
+    _simple(WEIGHTS, model_loading, needle="took"),
+    _simple(GRAPHS, _store("graph_capture_gib", float), needle="Graph"),
+    _simple(GRAPH_ESTIMATE, _store("graph_estimate_gib", float), needle="Estimated"),
+    _simple(GRAPHS_PROFILED, graphs_profiled, needle="graph"),
+    _simple(GRAPHS_CHARGED, graphs_charged, needle="equivalent"),
     _simple(_MAX_MODEL_LEN, _store("max_seq_len", int), needle="max model len"),
     _simple(PREEMPTIONS, preemption_total, needle="total_num_cumulative_preemption"),
     _simple(_ENGINE_DEAD, _dead),
