@@ -40,7 +40,8 @@ class VllmStartWatch:
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
 
     def started_since(self, since_boot_s: float) -> list[StartedServer]:
-        """vLLM servers for the port started at or after `since_boot_s`, alive (not zombies). Never raises."""
+        """vLLM servers for the port started at or after `since_boot_s` (to /proc's clock tick), alive (not zombies).
+        Never raises."""
         found: list[StartedServer] = []
         try:
             entries = [entry for entry in self._proc.iterdir() if entry.name.isdigit()]
