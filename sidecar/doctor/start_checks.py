@@ -20,6 +20,7 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
     free = (refusal.free_gib or 0.0) * GIB
     total = (refusal.total_gib or 0.0) * GIB
     external = (refusal.external_weights_gib or 0.0) * GIB  # held elsewhere for vLLM, inside its budget
+    others = total - free - external
     asked = (
         f"gpu_memory_utilization {refusal.utilization:g} asks for {refusal.requested_gib:.2f} GiB"
         if refusal.utilization is not None and refusal.requested_gib is not None
@@ -29,12 +30,12 @@ def free_memory_refusal(refusal: Refusal, ledger: MemoryLedger) -> Finding:
         asked += f" beside the {gib(external)} of weights another process holds for it, inside the budget"
     lines = [
         f"vLLM refused to start: {refusal.line}",
-        f"free at start {gib(free)} of {gib(total)}; {asked}: {gib(total - free - external)} is held by other "
+        f"free at start {gib(free)} of {gib(total)}; {asked}: {gib(others)} is held by other "
         "processes (or a previous vLLM)",
     ]
     recommendations: list[Recommendation] = []
     if total > 0:
-        computed = formula.utilization(int(total), int(total - free - external), 0)
+        computed = formula.utilization(int(total), int(others), 0)
         if computed.value >= remedies.MIN_USEFUL_UTILIZATION:
             recommendations.append(
                 Recommendation(flag="--gpu-memory-utilization", value=computed.value, why=computed.why)
