@@ -48,7 +48,7 @@ from .chaos import (
 INTERVAL_S = 0.5
 TIMEOUT_S = 0.4  # the default for this interval: 80 %
 CAP_BYTES = 1024 * 1024
-FAULT_S = 3.5  # > 3 intervals: the data goes stale, so the policy's hold is exercised too; > --dead-after
+FAULT_S = 4.5  # > 3 intervals: the data goes stale, so the policy's hold is exercised too; > --dead-after
 
 
 @dataclass
@@ -69,10 +69,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             *("--max-response-bytes", str(CAP_BYTES), "--state-dir", str(folder / "state")),
             *("--actuator", "exec", "--exec-command", shlex.join(["touch", str(witness)])),
             # As eager to restart as the settings allow: a fault read as a dead or hung engine would show.
-            # --dead-after 3, not 1: /health itself can time out on a busy 2-core box (see below), and two such
+            # --dead-after 4, not 1: /health itself can time out on a busy 2-core box (see below), and two such
             # timeouts 1 s apart are an engine dead at 1 s. CI run 33 (four lanes on two cores) saw /health time out
-            # for 2 s in a row beside garbage /metrics, and 2 restarted; 3 still lies inside every fault (FAULT_S).
-            *("--dead-after", "3", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
+            # for 2 s in a row beside garbage /metrics, and 2 restarted; a later run saw 3 s beside a trickle (real
+            # vLLM's timing lane busy on both cores). 4 still lies inside every fault (FAULT_S).
+            *("--dead-after", "4", "--down-after", "1", "--hung-after", "1", "--drain-timeout", "1"),
             *("--hung-without-probe-after", "1"),  # a false stall would restart at once: none may
         ],
         folder / "sidecar.log",
@@ -106,6 +107,9 @@ FAULTS: dict[str, tuple[Behaviour, str]] = {
 def test_a_broken_metrics_endpoint_is_held_through_and_nothing_is_lost(rig: Rig, fault: str) -> None:
     sidecar, vllm = rig.sidecar, rig.vllm
     behaviour, words = FAULTS[fault]
+    # Each test answers for its own fault: a restart in an earlier one failed that one, and must not fail the
+    # rest too (CI once saw a trickle's restart fail the four faults after it, too many to be rerun alone).
+    rig.witness.unlink(missing_ok=True)
     wait_until(lambda: value(scrape(sidecar), "vllm_sidecar_up") == 1.0, 10, "a healthy poll before the fault")
     before = scrape(sidecar)
     actions_before = {key: number for key, number in before.items() if key[0] == "vllm_sidecar_actions_total"}

@@ -306,7 +306,9 @@ def _env(item: dict[str, Any]) -> dict[str, str]:
 
 # Run in vLLM's stead by a Python without the sidecar's dependencies: find the plugin through its entry point
 # as vLLM does (importlib.metadata, group vllm.general_plugins), call it, read this process's file, then end
-# without exit handlers, as vLLM's child processes do, so the file stays for the sidecar to clean up.
+# without exit handlers, as vLLM's child processes do, so the file stays for the sidecar to clean up. The report
+# goes to a file, not stdout: buildah's chroot relay can end before it copies what a process printed just before
+# os._exit (CI once read an empty stdout with exit status 0).
 AS_VLLM = """
 import importlib.metadata, json, os, sys
 report = {"prefix": sys.prefix, "path": sys.path}
@@ -322,7 +324,8 @@ report["plugins"] = [(plugin.name, plugin.value, str(plugin.dist._path)) for plu
 plugin.load()()
 with open(os.path.join(os.environ["VLLM_SIDECAR_PROBE_DIR"], f"{os.getpid()}.json")) as handle:
     report["sample"] = handle.read()
-print(json.dumps(report), flush=True)
+with open(os.path.join(os.environ["REPORT_DIR"], "report.json"), "w") as handle:
+    json.dump(report, handle)
 os._exit(0)
 """
 
@@ -345,8 +348,8 @@ def test_the_init_containers_copy_loads_in_vllm_as_a_plugin(built: Built, tmp_pa
     sidecar, as 10001, reading and removing the file root left behind."""
     containers = _probe_patch_containers()
     init, vllm, sidecar = containers["vllm-sidecar-probe-plugin"], containers["vllm"], containers["vllm-sidecar"]
-    copy_folder, probe_folder = tmp_path / "plugin", tmp_path / "probe"
-    for folder in (copy_folder, probe_folder):
+    copy_folder, probe_folder, report_folder = tmp_path / "plugin", tmp_path / "probe", tmp_path / "report"
+    for folder in (copy_folder, probe_folder, report_folder):
         folder.mkdir()
         folder.chmod(0o777)
     init_target = _mount_path(init, "vllm-sidecar-probe-plugin")
@@ -369,14 +372,16 @@ def test_the_init_containers_copy_loads_in_vllm_as_a_plugin(built: Built, tmp_pa
     done = built.storage.buildah(
         *("run", "--isolation", "chroot", "--user", "0:0"),
         *("--volume", f"{copy_folder}:{plugin_mount}:ro", "--volume", f"{probe_folder}:{probe_dir}"),
+        *("--volume", f"{report_folder}:/tmp/vllm-sidecar-report"),
         built.container,
         "--",
-        *("env", system_path, *(f"{name}={value}" for name, value in environment.items())),
+        *("env", system_path, "REPORT_DIR=/tmp/vllm-sidecar-report"),
+        *(f"{name}={value}" for name, value in environment.items()),
         *("python3", "-c", AS_VLLM),
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads((report_folder / "report.json").read_text())
     assert not report["prefix"].startswith(f"/{VENV}")
     assert {name: report[name] for name in ("httpx", "pydantic", "structlog")} == dict.fromkeys(
         ("httpx", "pydantic", "structlog"), "missing"
