@@ -10,7 +10,7 @@ import structlog
 from sidecar.model.status import OnceDocument
 from sidecar.model.view import View
 from sidecar.report.document import finite, once_document
-from sidecar.shell.daemon import (
+from sidecar.shell.poller import (
     Poller,
     build_allocator_source,
     build_gpu_source,

@@ -353,7 +353,7 @@ async def test_an_unavailable_nvml_says_what_to_do_without_it(proc_root: Path, c
 
 
 def test_once_without_a_driver_names_the_flag_to_run_without_nvml(server: LoopbackServer) -> None:
-    """`once` and `run` build the same source (sidecar.shell.daemon.build_gpu_source); `once` is the cheap one."""
+    """`once` and `run` build the same source (sidecar.shell.poller.build_gpu_source); `once` is the cheap one."""
     if _real_nvml_library_present():
         pytest.skip("an NVIDIA driver is installed here: NVML is available")
     environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_SIDECAR_")}

@@ -27,7 +27,7 @@ from sidecar.policy.machine import Policy
 from sidecar.policy.probe import ProbeOutcome
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell.acting import Acting
-from sidecar.shell.daemon import Poller
+from sidecar.shell.poller import Poller
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.probe import ProbeAnswer

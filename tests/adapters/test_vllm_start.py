@@ -17,7 +17,7 @@ import pytest
 
 from sidecar.derive.settings import DeriveSettings
 from sidecar.model.supervision import Restarter, Supervision
-from sidecar.shell.daemon import Poller
+from sidecar.shell.poller import Poller
 from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import StartedServer, VllmStartWatch, boot_clock_s, serves_port

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from sidecar.cli import EXIT_USAGE, main
 from sidecar.shell.acting_setup import policy_settings
-from sidecar.shell.daemon import derive_settings
+from sidecar.shell.poller import derive_settings
 from sidecar.shell.settings import ENV_PREFIX, Settings, SettingsError, load_settings
 from tests.property.profile import budget
 

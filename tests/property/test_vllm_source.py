@@ -35,7 +35,7 @@ from sidecar.parse.vllm import CACHE_CONFIG, KEPT_SAMPLES, KV_USAGE, RUNNING, WA
 from sidecar.policy.machine import Policy
 from sidecar.policy.settings import PolicySettings
 from sidecar.shell.acting import Acting
-from sidecar.shell.daemon import Poller
+from sidecar.shell.poller import Poller
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.fetch import HttpxFetcher
 from sidecar.sources.vllm_http import VllmHttpSource

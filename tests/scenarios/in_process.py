@@ -26,7 +26,7 @@ from sidecar.notify.message import Notification
 from sidecar.policy import Policy, PolicySettings
 from sidecar.policy.settings import stale_after_for_interval
 from sidecar.shell.acting import Acting
-from sidecar.shell.daemon import Poller
+from sidecar.shell.poller import Poller
 from sidecar.shell.state_file import StateFile
 from sidecar.sim.config import SimConfig
 from sidecar.sim.load import ClosedLoopLoad
