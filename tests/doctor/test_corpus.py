@@ -78,6 +78,7 @@ SETS = {
     "heldout-25bd",
     "heldout-25be",
     "heldout-25bf",
+    "heldout-25bg",
 }
 
 
