@@ -28,6 +28,7 @@ from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib, tokens
 from sidecar.doctor.graph_estimate import NEGATIVE_ESTIMATE_GIB, negative_graph_estimate
+from sidecar.doctor.graph_profile import graph_profiling
 from sidecar.doctor.host_memory import host_memory_finding
 from sidecar.doctor.kv_room import no_kv_room
 from sidecar.doctor.ledger import MemoryLedger
@@ -201,6 +202,10 @@ def _oom(oom: CudaOom, ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Fin
         return elsewhere
     if phase is OomPhase.PROFILING:  # the dummy batch is the configuration's choice, stranded memory or not
         return _before_kv(oom, ledger, setup, log, lines)
+    if phase is OomPhase.GRAPH_PROFILING:
+        if ledger.weights_fit() is False:
+            return weights_do_not_fit(oom, ledger, setup, lines)
+        return graph_profiling(setup, log, lines)
     if stranded(oom) and phase is not OomPhase.GRAPH_CAPTURE:  # graphs allocate from private pools of their own
         return _finding(
             Cause.ALLOCATOR_FRAGMENTATION,

@@ -99,6 +99,9 @@ class OomPhase(StrEnum):
 
     WEIGHT_LOADING = "weight_loading"  # creating or loading the model's weights: before any budget applies
     PROFILING = "profiling"  # the profile run sizing the KV cache (a dummy batch, the sampler, the encoder)
+    # vLLM 0.20+ measures its CUDA graphs before sizing the KV cache: a minimal KV cache (a block per captured
+    # token) and a few captures, inside the memory profile, before any budget applies
+    GRAPH_PROFILING = "graph_profiling"
     KV_ALLOCATION = "kv_allocation"  # allocating the KV cache itself
     WARMUP = "warmup"  # after the KV cache: compiling, warming up kernels or the sampler
     GRAPH_CAPTURE = "graph_capture"  # CUDA graph capture after the KV cache was allocated
@@ -109,7 +112,7 @@ class OomPhase(StrEnum):
 
     @property
     def before_kv_cache(self) -> bool:
-        return self in (OomPhase.WEIGHT_LOADING, OomPhase.PROFILING)
+        return self in (OomPhase.WEIGHT_LOADING, OomPhase.PROFILING, OomPhase.GRAPH_PROFILING)
 
     @property
     def after_kv_cache(self) -> bool:

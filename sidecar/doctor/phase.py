@@ -32,12 +32,13 @@ SERVING_SIGNS = (
 # Most specific first. Each entry: the phase, then function names (exact) and path fragments.
 _FRAME_PHASES: tuple[tuple[OomPhase, frozenset[str], tuple[str, ...]], ...] = (
     (OomPhase.WAKE_UP, frozenset({"wake_up"}), ("device_allocator/cumem",)),
+    # Before the captures it encloses and the minimal KV cache it allocates: all of it runs before the budget.
+    (OomPhase.GRAPH_PROFILING, frozenset({"profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling"}), ()),
     (
         OomPhase.GRAPH_CAPTURE,
         frozenset(
             {"capture_model", "_capture_cudagraphs", "capture_graph", "graph_capture", "capture", "capture_end",
-             "capture_begin", "_capture_model", "capture_graphs", "profile_cudagraph_memory",
-             "_init_minimal_kv_cache_for_profiling"}
+             "capture_begin", "_capture_model", "capture_graphs"}
         ),
         ("cuda_graph", "cudagraph"),
     ),
@@ -95,6 +96,7 @@ _PROGRESS: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         ),
     ),
     (OomPhase.PROFILING, re.compile(r"Model loading took|Loading model weights took|Loading weights took")),
+    (OomPhase.GRAPH_PROFILING, re.compile(r"Profiling CUDA graph memory")),
     # V0 prints "# GPU blocks: N" before it allocates them (init_cache_engine), then warms up.
     (
         OomPhase.KV_ALLOCATION,
@@ -224,6 +226,7 @@ RAN_OUT = "vLLM ran out of memory"
 _PHASE_TEXT = {
     OomPhase.WEIGHT_LOADING: "loading the model's weights",
     OomPhase.PROFILING: "profiling memory at start (before the KV cache)",
+    OomPhase.GRAPH_PROFILING: "profiling CUDA graphs' memory at start (before the KV cache)",
     OomPhase.KV_ALLOCATION: "allocating the KV cache",
     OomPhase.WARMUP: "warming up after the KV cache was allocated",
     OomPhase.GRAPH_CAPTURE: "capturing CUDA graphs at start",

@@ -58,6 +58,21 @@ def _oom(device: str = "CUDA", *, tried: str = "2.00 GiB", total: str = "23.65 G
         (["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"], OomPhase.PROFILING),
         (["initialize_from_config", "initialize_kv_cache", "_allocate_kv_cache_tensors"], OomPhase.KV_ALLOCATION),
         (["compile_or_warm_up_model", "capture_model", "_capture_cudagraphs", "_dummy_run"], OomPhase.GRAPH_CAPTURE),
+        # vLLM 0.20+: the graphs' memory profiled inside the memory profile, a minimal KV cache first
+        (
+            [
+                "determine_available_memory",
+                "profile_cudagraph_memory",
+                "_init_minimal_kv_cache_for_profiling",
+                "initialize_kv_cache",
+                "_allocate_kv_cache_tensors",
+            ],
+            OomPhase.GRAPH_PROFILING,
+        ),
+        (
+            ["determine_available_memory", "profile_cudagraph_memory", "_warmup_and_capture", "_dummy_run"],
+            OomPhase.GRAPH_PROFILING,
+        ),
         (["compile_or_warm_up_model", "_dummy_sampler_run"], OomPhase.WARMUP),
         (["run_busy_loop", "step", "execute_model"], OomPhase.SERVING),
         (["wake_up", "create_and_map"], OomPhase.WAKE_UP),
@@ -78,8 +93,31 @@ def test_a_traceback_joined_into_one_line_is_placed_by_the_call_in_its_code() ->
     )
     oom = parse_log(line).oom
     assert oom is not None
-    assert oom.phase is OomPhase.GRAPH_CAPTURE, oom.phase_evidence
+    assert oom.phase is OomPhase.GRAPH_PROFILING, oom.phase_evidence
     assert oom.phase_evidence == "the call profile_cudagraph_memory() in a frame's code"
+
+
+def test_an_oom_profiling_graphs_memory_is_not_the_budgets() -> None:
+    """vLLM 0.20's minimal KV cache for the graph-memory profile (gpu_model_runner.profile_cudagraph_memory) runs
+    before the budget sizes the KV cache: a lower budget frees nothing for it, fewer graphs or none do."""
+    budget = "INFO 04-29 13:20:00 [utils.py:1] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.85}\n"
+    loaded = "INFO 04-29 13:20:10 [gpu_model_runner.py:4820] Model loading took 17.55 GiB memory and 53.5 seconds\n"
+    frames = ["determine_available_memory", "profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling",
+              "initialize_kv_cache", "_allocate_kv_cache_tensors"]  # fmt: skip
+    error = _oom(tried="1.53 GiB", total="23.52 GiB", free="75.75 MiB", process="23.43 GiB", allocated="22.35 GiB")
+    finding = _finding(budget + loaded + _traceback(V1, frames, error))
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "profiling CUDA graphs' memory" in finding.summary
+    assert "--gpu-memory-utilization" not in _flags(finding)
+    assert not any("--gpu-memory-utilization" in step for step in finding.steps)
+    assert _flags(finding)["--enforce-eager"] == ""
+    assert any("does not cap this step" in line for line in finding.evidence)
+    # Without a traceback, vLLM's own line about it places the error there too.
+    profiling = (
+        "INFO 04-29 13:20:30 [gpu_model_runner.py:5970] Profiling CUDA graph memory: PIECEWISE=51 (largest=512)\n"
+    )
+    bare = f"ERROR 04-29 13:20:40 [core.py:1136] {error}\n"
+    assert parse_log(budget + loaded + profiling + bare).oom.phase is OomPhase.GRAPH_PROFILING  # type: ignore[union-attr]
 
 
 def test_without_a_traceback_the_last_progress_line_places_it() -> None:
@@ -1223,16 +1261,6 @@ def test_vllms_hint_on_the_graph_estimate_places_an_oom_in_graph_capture() -> No
     assert oom is not None
     assert (oom.phase, oom.total_bytes) == (OomPhase.GRAPH_CAPTURE, int(22.36 * GIB))
     assert "--enforce-eager" in _flags(_finding(text))
-
-
-def test_the_frames_of_the_graph_memory_profile_are_graph_capture() -> None:
-    # vLLM 0.21+ profiles the graphs' memory before it sizes the KV cache (gpu_worker.determine_available_memory ->
-    # gpu_model_runner.profile_cudagraph_memory -> _init_minimal_kv_cache_for_profiling).
-    text = _traceback(V1, ["determine_available_memory", "profile_cudagraph_memory",
-                           "_init_minimal_kv_cache_for_profiling"], _oom())  # fmt: skip
-    oom = parse_log(text).oom
-    assert oom is not None
-    assert oom.phase is OomPhase.GRAPH_CAPTURE
 
 
 def test_a_kv_refusal_pasted_without_its_closing_period_is_read() -> None:
