@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sidecar.model.supervision import Restarter
 from sidecar.policy import rules
 from sidecar.policy.admission import Admission
 from sidecar.policy.decision import (
@@ -43,6 +42,7 @@ from sidecar.policy.probe import EngineProbe, ProbeOutcome
 from sidecar.policy.procedure import Outcome, Procedure, Stage, Step
 from sidecar.policy.rules import Finding, RestartCause, seconds
 from sidecar.policy.settings import PolicySettings
+from sidecar.policy.vitals import Vitals
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,12 +65,7 @@ class Policy:
         self._procedure = Procedure(self.settings)
         self._clock = RecordClock()
         self._starting = True
-        self._seen_healthy = False  # since the sidecar started or the last restart was accepted
-        self._seen_polled = False
-        self._failing_since_s: float | None = None  # health failing, after it had been healthy
-        self._failing_seen_s: float | None = None  # the last poll that saw it failing
-        self._down_since_s: float | None = None  # nothing listening at vLLM's address, after it had been healthy
-        self._up_since_s: float | None = None  # vLLM healthy without a break since (as observed here)
+        self._vitals = Vitals(self.settings)
         self._healthy_again_s: float | None = None  # vLLM back from the last restart: the cooldown's start
         self._waiting_streaks: dict[str, int] = {}
         self._oom_streaks: dict[int, int] = {}
@@ -89,16 +84,16 @@ class Policy:
         """One tick. The ledger is only read (it changes on `procedure_event` alone)."""
         obs, s, now = observation, self.settings, observation.now_s
         moment = _Moment(now_s=now, wall_s=obs.wall_time_s, ledger=ledger, was_paused=self._admission.paused)
-        recovered = self._track(obs)
+        recovered = self._vitals.track(obs, restarting=self._procedure.active)
         fresh = obs.data_age_s is not None and obs.data_age_s <= s.stale_after_s
         self._count_streaks(obs, fresh)
         self._pressure, self._blocked = [], None
         if self._procedure.active:
-            step = self._procedure.tick(obs, self._failing_for(now))
+            step = self._procedure.tick(obs, self._vitals.failing_for(now))
             return self._finish(moment, self._apply(step, now), step.reason)
         if self._starting:
-            if not (self._seen_healthy and self._seen_polled):
-                seen = f"healthy: {_yes(self._seen_healthy)}, polled: {_yes(self._seen_polled)}"
+            if not (self._vitals.seen_healthy and self._vitals.seen_polled):
+                seen = f"healthy: {_yes(self._vitals.seen_healthy)}, polled: {_yes(self._vitals.seen_polled)}"
                 reason = f"startup grace, no action until vLLM has been healthy and polled once ({seen})"
                 return self._finish(moment, [], reason)
             self._starting = False
@@ -109,7 +104,7 @@ class Policy:
         if fresh and self._admission.auto is None:
             self._pressure = rules.pressure_findings(obs.derived, s, self._waiting_streaks, self._oom_streaks)
         resumed = resumed or (held if not self._admission.paused and moment.was_paused else "")
-        failing = self._failing_for(now)
+        failing = self._vitals.failing_for(now)
         if failing is not None and failing < s.dead_after_s:
             self._pressure.append(Finding(rule=None, text=f"vLLM /health failing for {seconds(failing)}"))
         view = self._view(ledger, now, obs.wall_time_s)  # after a recovery, which may start a cooldown
@@ -246,64 +241,10 @@ class Policy:
         since = None if self._healthy_again_s is None else now_s - self._healthy_again_s
         return guard_view(aged, self.settings, wall_s, since)
 
-    def _track(self, obs: Observation) -> str:
-        """Follow vLLM's health; the line for a vLLM back by itself from death or absence, else ''."""
-        recovered = ""
-        if obs.healthy:
-            if not self._procedure.active:
-                recovered = self._recovery(obs.now_s)
-            self._seen_healthy, self._failing_since_s, self._down_since_s = True, None, None
-            self._up_since_s = obs.now_s if self._up_since_s is None else self._up_since_s
-        else:
-            if not obs.vllm_slow:
-                # A death or absence restarts the uptime (the forecast rule errs late, not early); a slow answer
-                # does not: under the load that fills memory it would put off a forecast restart past the OOM.
-                self._up_since_s = None
-            if obs.vllm_down:
-                # A process that is gone is not an engine that died: its supervisor gets down_after_s.
-                self._failing_since_s = None
-                if self._seen_healthy and self._down_since_s is None:
-                    self._down_since_s = obs.now_s
-            else:
-                self._down_since_s = None
-                if self._seen_healthy and self._failing_since_s is None:
-                    self._failing_since_s = obs.now_s
-                self._failing_seen_s = obs.now_s
-        self._seen_polled = self._seen_polled or obs.poll_ok
-        return recovered
-
-    def _recovery(self, now_s: float) -> str:
-        """vLLM healthy again after it had been healthy, then gone or dead, without a restart of ours. A process
-        that was gone (nothing listened) was restarted by its supervisor: always worth a line. A /health that
-        failed for less than dead_after_s was a blip (a slow answer under load), not a death."""
-        if self._down_since_s is not None:
-            lost = f"nothing listened at its address for {seconds(now_s - self._down_since_s)}"
-        elif (failed := self._failed_for()) is not None and failed >= self.settings.dead_after_s:
-            lost = f"its /health failed for {seconds(failed)}"
-        else:
-            return ""
-        return f"vLLM is healthy again: {lost}, and it came back without a restart by the sidecar"
-
-    def _failed_for(self) -> float | None:
-        """How long /health was seen failing, first to last failing poll: what came between that last poll and
-        the healthy one is unknown, so a blip shorter than dead_after_s as seen is never reported as a death."""
-        if self._failing_since_s is None or self._failing_seen_s is None:
-            return None
-        return self._failing_seen_s - self._failing_since_s
-
-    def _failing_for(self, now_s: float) -> float | None:
-        return None if self._failing_since_s is None else now_s - self._failing_since_s
-
     def _candidate(self, obs: Observation, fresh: bool) -> RestartCause | None:
-        s, failing = self.settings, self._failing_for(obs.now_s)
-        if failing is not None and failing >= s.dead_after_s:
-            text = f"vLLM /health failing for {seconds(failing)} >= {seconds(s.dead_after_s)} after it had been healthy"
-            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=text + " (engine dead)")
-        down = None if self._down_since_s is None else obs.now_s - self._down_since_s
-        limit = self._down_limit_s(obs)
-        if down is not None and down >= limit:
-            text = f"nothing listens at vLLM's address for {seconds(down)} >= {seconds(limit)}"
-            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=f"{text} ({self._who(obs)})")
+        s, dead = self.settings, self._vitals.dead(obs)
+        if dead is not None:
+            return RestartCause(reason=RestartReason.ENGINE_DEAD, text=dead)
         if not fresh:
             return None
         wedge = self._probe.wedge(obs.derived, obs.now_s)
@@ -314,43 +255,6 @@ class Policy:
             text = f"{pauses} pressure events (automatic pauses) in {seconds(s.pressure_window_s)}"
             found = RestartCause(reason=RestartReason.PRESSURE_EVENTS, text=text)
         return found
-
-    def _down_limit_s(self, obs: Observation) -> float:
-        """How long a vLLM that is gone is left to whoever restarts it: briefly when nobody else will, for ever
-        when its operator stopped it on purpose."""
-        if obs.restarter is Restarter.OPERATOR:
-            return math.inf
-        unsupervised = obs.restarter is Restarter.SIDECAR
-        return self.settings.down_unsupervised_after_s if unsupervised else self.settings.down_after_s
-
-    def _who(self, obs: Observation) -> str:
-        said = f": {obs.restarter_detail}" if obs.restarter_detail else ""
-        if obs.restarter is Restarter.SIDECAR:
-            return f"its process is gone and nobody else will start it{said}"
-        if obs.restarter is Restarter.SUPERVISOR:
-            return f"its process is gone and its supervisor is bringing it back{said}"
-        if obs.restarter is Restarter.OPERATOR:
-            return f"it was stopped on purpose{said}"
-        return f"its process is gone, not restarted{said}"
-
-    def _is_down(self, now_s: float) -> bool:
-        """vLLM gone (nothing listens), or its /health failing as long as an engine death takes: not serving."""
-        failing = self._failing_for(now_s)
-        return self._down_since_s is not None or (failing is not None and failing >= self.settings.dead_after_s)
-
-    def _down_line(self, obs: Observation) -> str | None:
-        """While vLLM is gone or its /health fails, outside a restart: what the policy waits for, one line."""
-        now, s = obs.now_s, self.settings
-        if self._down_since_s is not None:
-            down, limit = now - self._down_since_s, self._down_limit_s(obs)
-            gone = f"nothing listens at vLLM's address for {seconds(down)} ({self._who(obs)})"
-            if math.isinf(limit):
-                return f"down: {gone}; left stopped until someone starts it (or POST /admin/restart)"
-            return f"down: {gone}; restart after {seconds(limit)}"
-        failing = self._failing_for(now)
-        if failing is not None:
-            return f"down: vLLM /health failing for {seconds(failing)}; restart after {seconds(s.dead_after_s)}"
-        return None
 
     def _block(self, candidate: RestartCause, now_s: float, view: GuardView) -> tuple[Guard, str] | None:
         """The first guard that refuses this automatic restart, with its line; None when all allow it."""
@@ -369,7 +273,7 @@ class Policy:
         if refused is not None:
             return Guard.PLATFORM_REFUSED, refused
         if candidate.reason is RestartReason.OOM_FORECAST:
-            uptime, needed = self._uptime(now_s), self.settings.min_uptime_for_forecast_restart_s
+            uptime, needed = self._vitals.uptime(now_s), self.settings.min_uptime_for_forecast_restart_s
             if uptime < needed:
                 # Whole seconds down: 39.6 s rounded would read "40 s < 40 s".
                 text = (
@@ -378,32 +282,27 @@ class Policy:
                 return Guard.MIN_UPTIME, text
         return None
 
-    def _uptime(self, now_s: float) -> float:
-        return 0.0 if self._up_since_s is None else now_s - self._up_since_s
-
     def _apply(self, step: Step, now_s: float) -> list[Action]:
         """What a procedure step means for the rest of the policy's memory."""
         if step.outcome is Outcome.ACCEPTED:
             self._probe.forget()
             # A new vLLM: earlier health, streaks, pauses and uptime describe the old process.
-            self._seen_healthy, self._failing_since_s, self._up_since_s = False, None, None
-            self._down_since_s = None
+            self._vitals.restart_accepted()
             self._waiting_streaks, self._oom_streaks = {}, {}
             self._admission.forget_history()
         elif step.outcome is Outcome.DONE:
             self._admission.procedure, self._healthy_again_s, self._starting = None, now_s, False
-            self._seen_healthy, self._seen_polled = True, True
-            self._up_since_s = now_s if self._up_since_s is None else self._up_since_s
+            self._vitals.restart_done(now_s)
         elif step.outcome in (Outcome.NOT_NOW, Outcome.FAILED):
             self._admission.procedure = f"{step.reason}; admission held until vLLM answers healthy"
         return list(step.actions)
 
     def _quiet_reason(self, obs: Observation, fresh: bool, held: str, view: GuardView) -> str:
         prefix = f"failed: {self._procedure.latched}; " if self._procedure.latched else ""
-        down = self._down_line(obs)
+        down = self._vitals.down_line(obs)
         if self._blocked is not None:
             line = f"would restart ({self._blocked[0].reason}): {self._blocked[0].text}; but {self._blocked[2]}"
-        elif down is not None and self._is_down(obs.now_s):
+        elif down is not None and self._vitals.is_down(obs.now_s):
             line = down
         elif not fresh:
             age = "vLLM never polled" if obs.data_age_s is None else f"last poll {seconds(obs.data_age_s)} ago"
@@ -462,7 +361,7 @@ class Policy:
             return PolicyState.FAILED
         if self._starting:
             return PolicyState.STARTING
-        if self._is_down(now_s):
+        if self._vitals.is_down(now_s):
             return PolicyState.DOWN
         if self._admission.paused:
             return PolicyState.PAUSED
