@@ -79,6 +79,7 @@ SETS = {
     "heldout-25be",
     "heldout-25bf",
     "heldout-25bg",
+    "heldout-25bh",
 }
 
 
