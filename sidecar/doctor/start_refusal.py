@@ -82,7 +82,7 @@ AVAILABLE_AT_START = loose(
 
 
 def max_len_v1(match: re.Match[str], facts: Facts) -> None:
-    facts["refusal"] = Refusal(
+    refusal = Refusal(
         kind=RefusalKind.MAX_LEN_EXCEEDS_KV,
         line=error_text(match),
         max_model_len=int(match.group(1)),
@@ -91,6 +91,19 @@ def max_len_v1(match: re.Match[str], facts: Facts) -> None:
         printed_half_unit_gib=max(_half_unit(match.group(2)), _half_unit(match.group(3) or match.group(2))),
         estimated_max_len=int(match.group(4)) if match.group(4) else None,
     )
+    if not _looser_than_before(refusal, facts.get("refusal")):
+        facts["refusal"] = refusal
+
+
+def _looser_than_before(refusal: Refusal, before: object) -> bool:
+    """Whether an earlier refusal of the same length in this start had less KV memory: ranks, or runs of one test,
+    that refused the same length with different room. The length must fit the one with the least, so that one
+    stays the refusal read."""
+    if not isinstance(before, Refusal) or before.kind is not refusal.kind:
+        return False
+    if before.max_model_len != refusal.max_model_len or before.available_gib is None or refusal.available_gib is None:
+        return False
+    return before.available_gib < refusal.available_gib
 
 
 def _half_unit(number: str) -> float:

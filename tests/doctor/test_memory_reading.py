@@ -1273,6 +1273,21 @@ def test_a_kv_refusal_pasted_without_its_closing_period_is_read() -> None:
     assert (refusal.max_model_len, refusal.needed_gib, refusal.available_gib) == (40960, 4.38, 0.85)
 
 
+@pytest.mark.parametrize("order", [(3.6, 3.74), (3.74, 3.6)])
+def test_of_two_refusals_of_one_length_the_one_with_less_room_is_read(order: tuple[float, float]) -> None:
+    """Two runs (or ranks) refusing the same length with different room: the length must fit the tighter."""
+    estimate = {3.6: 33664, 3.74: 34944}
+    text = "".join(
+        "ValueError: To serve at least one request with the model's max seq len (40960), (4.38 GiB KV cache is "
+        f"needed, which is larger than the available KV cache memory ({room} GiB). Based on the available memory, "
+        f"the estimated maximum model length is {estimate[room]}.\n"
+        for room in order
+    )
+    refusal = parse_log(text).refusal
+    assert refusal is not None
+    assert (refusal.available_gib, refusal.estimated_max_len) == (3.6, 33664)
+
+
 def test_a_tpu_runtimes_refused_device_buffer_is_an_oom_of_the_tpu() -> None:
     # PJRT's own line when XLA cannot place a buffer in HBM (no "memory" word in it).
     text = (
