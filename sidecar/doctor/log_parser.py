@@ -165,10 +165,19 @@ def parse_records(log: list[Record]) -> LogFacts:
     as the next attempt begins), the start before it, which did fail, is read instead, and says so."""
     starts = _starts([record.text for record in log])
     last = _facts(log[starts[-1] :])
-    if len(starts) < 2 or _failed(last) or shows_serving([record.text for record in log[starts[-1] :]]):
+    if len(starts) < 2:
         return last
     before = _facts(log[starts[-2] : starts[-1]])
+    if _failed(last) or shows_serving([record.text for record in log[starts[-1] :]]):
+        return _with_earlier_weights(last, before)
     return replace(before, later_start_unfinished=True) if _failed(before) else last
+
+
+def _with_earlier_weights(last: LogFacts, before: LogFacts) -> LogFacts:
+    """The weights the start before measured, where it served the same model and this one measured none."""
+    if last.weights_gib is not None or before.weights_gib is None or not last.model or before.model != last.model:
+        return last
+    return replace(last, earlier_weights_gib=before.weights_gib)
 
 
 def shows_serving(lines: list[str]) -> bool:

@@ -274,3 +274,6 @@ class LogFacts:
     max_capture_size: int | None = None  # the largest of them as the config line states it
     # The log ends while a later start was still starting; these are the facts of the start before it, which failed.
     later_start_unfinished: bool = False
+    # The weights a start before this one measured for the same model (its load finished): a process that runs
+    # several engines (a notebook's second LLM()) keeps the earlier ones on the card.
+    earlier_weights_gib: float | None = None

@@ -18,6 +18,7 @@ from sidecar.doctor.outside_budget import outside_the_budget
 from sidecar.doctor.overshoot import MIN_STRANDED_BYTES
 from sidecar.doctor.phase import RAN_OUT, phase_text
 from sidecar.doctor.remedies import sequences
+from sidecar.doctor.resident import resident_beyond_weights, resident_memory
 from sidecar.doctor.setup import Setup
 
 BEYOND_ANY_BUDGET = 0.95  # PyTorch at this share of the card, 5 points over vLLM's default budget: weights, mostly
@@ -42,8 +43,18 @@ def not_the_budget(
     if _larger_than_any_margin(oom, ledger):
         return _one_step_too_large(oom, phase, setup, log, lines)
     if phase is OomPhase.WEIGHT_LOADING or ledger.weights_fit() is False:
-        return weights_do_not_fit(oom, ledger, setup, lines)
+        return _the_weights(oom, phase, ledger, setup, log=log, lines=lines)
     return _probably_weights(oom, ledger, setup, lines) if _beyond_any_budget(oom, ledger, phase) else None
+
+
+def _the_weights(
+    oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, *, log: LogFacts, lines: list[str]
+) -> Finding:
+    """A weight load that failed, or weights the card cannot hold: the weights do not fit, unless the load
+    failed in a process already holding far more than an earlier load of the same model measured."""
+    if phase is OomPhase.WEIGHT_LOADING and (beyond := resident_beyond_weights(oom, ledger, log)) is not None:
+        return resident_memory(log, beyond, lines)
+    return weights_do_not_fit(oom, ledger, setup, lines)
 
 
 def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> bool:
