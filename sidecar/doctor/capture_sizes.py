@@ -85,3 +85,16 @@ def fewer_graphs(setup: Setup, log: LogFacts, lines: list[str]) -> Recommendatio
             f"(their memory falls with their count and size); batches above {half} run without a graph"
         ),
     )
+
+
+def fewer_or_no_graphs(
+    setup: Setup, log: LogFacts, lines: list[str], *, eager_why: str, fewer: bool = True
+) -> list[Recommendation]:
+    """Fewer captured sizes (where `fewer`, and the log sizes them), then no graphs at all unless already eager."""
+    found: list[Recommendation] = []
+    halved = fewer_graphs(setup, log, lines) if fewer else None
+    if halved is not None:
+        found.append(halved)
+    if not (log.args is not None and log.args.enforce_eager):
+        found.append(Recommendation(flag="--enforce-eager", value="", why=eager_why))
+    return found

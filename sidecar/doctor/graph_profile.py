@@ -10,8 +10,8 @@ all, which skips the profiling.
 
 from __future__ import annotations
 
-from sidecar.doctor.capture_sizes import fewer_graphs
-from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
+from sidecar.doctor.capture_sizes import fewer_or_no_graphs
+from sidecar.doctor.finding import Cause, Finding, Severity
 from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.phase import RAN_OUT
 from sidecar.doctor.setup import Setup
@@ -24,18 +24,9 @@ _NOT_THE_BUDGET = (
 
 def graph_profiling(setup: Setup, log: LogFacts, lines: list[str]) -> Finding:
     """Fewer captured sizes, or no graphs: what the profiling allocates falls with them."""
-    recommendations: list[Recommendation] = []
-    fewer = fewer_graphs(setup, log, lines)
-    if fewer is not None:
-        recommendations.append(fewer)
-    if not (log.args is not None and log.args.enforce_eager):
-        recommendations.append(
-            Recommendation(
-                flag="--enforce-eager",
-                value="",
-                why="or no CUDA graphs at all: vLLM then skips this profiling (decoding runs slower)",
-            )
-        )
+    recommendations = fewer_or_no_graphs(
+        setup, log, lines, eager_why="or no CUDA graphs at all: vLLM then skips this profiling (decoding runs slower)"
+    )
     return Finding(
         cause=Cause.CONFIGURATION_OVERSHOOT,
         severity=Severity.CRITICAL,

@@ -6,7 +6,7 @@ the budget), or make it smaller (fewer or no CUDA graphs, fewer sequences, fewer
 from __future__ import annotations
 
 from sidecar.doctor import formula, remedies
-from sidecar.doctor.capture_sizes import fewer_graphs
+from sidecar.doctor.capture_sizes import fewer_or_no_graphs
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import GIB, gib
 from sidecar.doctor.ledger import MemoryLedger
@@ -114,22 +114,15 @@ def _graph_remedies(
     """Fewer or no CUDA graphs, where graphs exist or are being captured. (What "allocated in private pools"
     says is no measure of what no graphs would free: the corpus has logs where it reads 0.04-0.07 GiB under
     graphs of 2.65 GiB, and no graphs was the fix.)"""
-    found: list[Recommendation] = []
     if phase not in (OomPhase.GRAPH_CAPTURE, OomPhase.WARMUP, OomPhase.AFTER_KV_CACHE) or _kernel_warmup(oom):
-        return found
-    if phase is not OomPhase.AFTER_KV_CACHE:
-        fewer = fewer_graphs(setup, log, lines)
-        if fewer is not None:
-            found.append(fewer)
-    if not (log.args is not None and log.args.enforce_eager):
-        found.append(
-            Recommendation(
-                flag="--enforce-eager",
-                value="",
-                why="or no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
-            )
-        )
-    return found
+        return []
+    return fewer_or_no_graphs(
+        setup,
+        log,
+        lines,
+        eager_why="or no CUDA graphs at all: their memory is freed, at the cost of slower decoding",
+        fewer=phase is not OomPhase.AFTER_KV_CACHE,
+    )
 
 
 # Kernel warm-ups (DeepGEMM's JIT, FlashInfer's autotuner) run before vLLM captures its CUDA graphs
