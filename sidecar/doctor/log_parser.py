@@ -50,8 +50,17 @@ def parse_records(log: list[Record]) -> LogFacts:
 
 
 def _with_earlier_weights(last: LogFacts, before: LogFacts) -> LogFacts:
-    """The weights the start before measured, where it served the same model and this one measured none."""
+    """The weights the start before measured, where it loaded the same model no smaller per GPU (the same
+    parallelism and dtype, and unquantized or quantized alike) and this one measured none."""
     if last.weights_gib is not None or before.weights_gib is None or not last.model or before.model != last.model:
+        return last
+    same_split = (before.tensor_parallel_size, before.pipeline_parallel_size) == (
+        last.tensor_parallel_size,
+        last.pipeline_parallel_size,
+    )
+    same_dtype = before.dtype is None or last.dtype is None or before.dtype == last.dtype
+    no_larger = before.quantization is None or before.quantization == last.quantization
+    if not (same_split and same_dtype and no_larger):
         return last
     return replace(last, earlier_weights_gib=before.weights_gib)
 

@@ -12,10 +12,10 @@ from tests.doctor.builders import evidence, live
 DOWN = live(error="connection refused", version=None, max_model_len=None)
 
 
-def _start(model: str, *, loaded: str | None) -> str:
+def _start(model: str, *, loaded: str | None, tp: int = 1) -> str:
     lines = [
         f"INFO 11-02 04:23:09 llm_engine.py:174] Initializing an LLM engine (v0.5.4) with config: model='{model}', "
-        f"tokenizer='{model}', dtype=torch.float16, max_seq_len=2048, tensor_parallel_size=1, enforce_eager=False",
+        f"tokenizer='{model}', dtype=torch.float16, max_seq_len=2048, tensor_parallel_size={tp}, enforce_eager=False",
         f"INFO 11-02 04:23:11 model_runner.py:720] Starting to load model {model}...",
     ]
     if loaded is not None:
@@ -59,3 +59,10 @@ def test_a_process_holding_about_its_weights_is_still_a_load_that_does_not_fit()
     load itself may be what filled the card."""
     text = _start("some/model", loaded="12.0") + _start("some/model", loaded=None) + OOM
     assert _finding(text).cause is Cause.DOES_NOT_FIT
+
+
+def test_an_earlier_start_split_over_more_gpus_measured_less_than_this_load_needs() -> None:
+    """The same model over two GPUs measured 5.19 GiB each; on one GPU its load needs twice that, so a process
+    full at its load is the load itself."""
+    text = _start("microsoft/phi-2", loaded="5.1933", tp=2) + _start("microsoft/phi-2", loaded=None) + OOM
+    assert parse_log(text).earlier_weights_gib is None
