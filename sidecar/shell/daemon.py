@@ -41,6 +41,7 @@ from sidecar.shell.poller import (
     build_gpu_source,
     build_http_client,
     build_vllm_fetcher,
+    build_vllm_source,
     derive_settings,
 )
 from sidecar.shell.remediation_setup import build_remediator, load_record
@@ -50,7 +51,6 @@ from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings, SettingsError, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.probe import CompletionProbe
-from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import VllmStartWatch
 
 SHUTDOWN_GRACE_S = 2.0
@@ -95,12 +95,7 @@ class Daemon:
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
         self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
         self._views: deque[View] = deque(maxlen=STATUS_HISTORY_VIEWS)  # for an incident's /status history
-        vllm_source = VllmHttpSource(
-            fetcher=self._vllm_fetcher,
-            base_url=settings.vllm_url,
-            timeout_s=settings.poll_timeout_s,
-            max_body_bytes=settings.max_response_bytes,
-        )
+        vllm_source = build_vllm_source(settings, self._vllm_fetcher)
         self.incidents = build_recorder(
             settings, logger=self._log, log_source=parts.vllm_log, vllm=vllm_source, status_history=self._status_history
         )

@@ -16,10 +16,10 @@ from sidecar.shell.poller import (
     build_gpu_source,
     build_http_client,
     build_vllm_fetcher,
+    build_vllm_source,
     derive_settings,
 )
 from sidecar.shell.settings import ScrapeSettings
-from sidecar.sources.vllm_http import VllmHttpSource
 
 
 async def poll_once(settings: ScrapeSettings) -> View:
@@ -28,12 +28,7 @@ async def poll_once(settings: ScrapeSettings) -> View:
     gpu = build_gpu_source(settings, fetcher)
     try:
         poller = Poller(
-            vllm=VllmHttpSource(
-                fetcher=fetcher,
-                base_url=settings.vllm_url,
-                timeout_s=settings.poll_timeout_s,
-                max_body_bytes=settings.max_response_bytes,
-            ),
+            vllm=build_vllm_source(settings, fetcher),
             gpu=gpu,
             allocator=build_allocator_source(settings),
             derive=derive_settings(settings),

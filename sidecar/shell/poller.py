@@ -78,6 +78,16 @@ async def _nothing() -> None:
     return None
 
 
+def build_vllm_source(settings: ScrapeSettings, fetcher: BodyFetcher) -> VllmHttpSource:
+    """vLLM's /metrics, /health and /version as `run` and `once` both read them."""
+    return VllmHttpSource(
+        fetcher=fetcher,
+        base_url=settings.vllm_url,
+        timeout_s=settings.poll_timeout_s,
+        max_body_bytes=settings.max_response_bytes,
+    )
+
+
 def build_allocator_source(settings: ScrapeSettings) -> AllocatorProbeSource | None:
     if settings.probe_dir is None:
         return None
