@@ -43,16 +43,21 @@ def parse_records(log: list[Record]) -> LogFacts:
     last = _facts(log[starts[-1] :])
     if len(starts) < 2:
         return last
-    before = _facts(log[starts[-2] : starts[-1]])
+    earlier = log[starts[-2] : starts[-1]]
     if _failed(last) or shows_serving([record.text for record in log[starts[-1] :]]):
-        return _with_earlier_weights(last, before)
+        return _with_earlier_weights(last, earlier)
+    before = _facts(earlier)
     return replace(before, later_start_unfinished=True) if _failed(before) else last
 
 
-def _with_earlier_weights(last: LogFacts, before: LogFacts) -> LogFacts:
+def _with_earlier_weights(last: LogFacts, earlier: list[Record]) -> LogFacts:
     """The weights the start before measured, where it loaded the same model no smaller per GPU (the same
-    parallelism and dtype, and unquantized or quantized alike) and this one measured none."""
-    if last.weights_gib is not None or before.weights_gib is None or not last.model or before.model != last.model:
+    parallelism and dtype, and unquantized or quantized alike) and this one measured none. The earlier start
+    is read only when this one could use it."""
+    if last.weights_gib is not None or not last.model:
+        return last
+    before = _facts(earlier)
+    if before.weights_gib is None or before.model != last.model:
         return last
     same_split = (before.tensor_parallel_size, before.pipeline_parallel_size) == (
         last.tensor_parallel_size,
