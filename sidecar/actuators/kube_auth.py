@@ -142,6 +142,10 @@ class ExecCredentialAuth(httpx.Auth):
             stdout, stderr = await asyncio.gather(
                 _read_up_to(process.stdout, MAX_PLUGIN_OUTPUT_BYTES, process), _tail(process.stderr, STDERR_KEPT_BYTES)
             )
+            if len(stdout) > MAX_PLUGIN_OUTPUT_BYTES:
+                # Left unread at the cap, stdout's pipe may be paused (a full buffer) and never see its end, and
+                # asyncio's wait() waits for every pipe's end: close them, or the request waits out its deadline.
+                _close_pipes(process)
             await process.wait()
         except BaseException:  # the request's deadline passed: the plugin must not outlive it
             _kill(process)

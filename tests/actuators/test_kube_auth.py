@@ -25,6 +25,7 @@ import pytest
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 
+from sidecar.actuators import kube_auth
 from sidecar.actuators.kube_auth import (
     ExecCredentialAuth,
     ExecPlugin,
@@ -255,6 +256,34 @@ def test_a_plugin_killed_at_the_output_cap_leaves_nothing_open_for_the_garbage_c
         loop.close()  # at once, with no further turn that could have closed the pipes
     gc.collect()
     assert raised == []
+
+
+async def test_a_plugin_stopped_at_the_output_cap_fails_at_once_though_its_pipe_was_paused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader slow to stop at the cap lets the plugin fill the pipe's buffer, and asyncio pauses that pipe: it
+    never sees its end, and the process's wait() waits for every pipe's end. The request must fail at the cap,
+    not wait out its deadline (CI once read the deadline's error here)."""
+    real = kube_auth._read_up_to
+
+    async def slow_to_stop(stream: asyncio.StreamReader, limit: int, process: asyncio.subprocess.Process) -> bytes:
+        read = b""
+        while chunk := await stream.read(65536):
+            read += chunk
+            if len(read) > limit:
+                await asyncio.sleep(0.2)  # the plugin writes on meanwhile: the buffer fills and reading pauses
+                return read + await real(stream, 0, process)  # the cap's own end: kill, stop reading
+        return read
+
+    monkeypatch.setattr(kube_auth, "_read_up_to", slow_to_stop)
+    kube = client(
+        ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(plugin_script(tmp_path, "yes")))),
+        Recorder("t"),
+        timeout_s=10,
+    )
+    with pytest.raises(KubeTransportError, match="printed over 1048576 bytes"):
+        await kube.request("GET", "/x")
+    await kube.close()
 
 
 @pytest.mark.parametrize("loadable", [True, False])
