@@ -238,8 +238,8 @@ def test_a_plugin_killed_at_the_output_cap_leaves_nothing_open_for_the_garbage_c
     and the subprocess's transport, still open when the event loop ended, raised 'Event loop is closed' when
     collected, in whichever test was running then. The plugin's whole process group is killed now, and its
     pipes are closed as it ends."""
-    # The deadline is not what this test is about: generous, so a starved CI lane reaches the cap first (at 5 s,
-    # one run read the deadline's error instead).
+    # The deadline is not what this test is about: generous. (Runs that read the deadline's error here, at 5 s and
+    # at 120 s, met a paused stdout pipe; the test after this one pins that.)
     kube = client(
         ExecCredentialAuth(ExecPlugin(api_version=V1, command=str(plugin_script(tmp_path, "yes")))),
         Recorder("t"),
