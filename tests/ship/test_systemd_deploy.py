@@ -424,7 +424,11 @@ def test_a_vllm_that_exits_0_is_started_again_by_systemd(deployment: Deployment)
     systemd (no restart of its own) and reports vLLM back."""
     container = deployment.container
     deployment.wait(lambda: _policy_state(deployment) in SETTLED, 30, "the policy to have seen vLLM")
-    old_pid = container.main_pid(VLLM_UNIT)
+    # The policy's state may still be its reading of the vLLM an earlier test restarted, and a SIGTERM to a
+    # simulator that has not yet set its handlers kills it (ExecMainCode 2, status 15) instead of ending it.
+    deployment.wait(lambda: _serving_main_pid(deployment) is not None, 30, "vLLM's main process to serve")
+    old_pid = _serving_main_pid(deployment)
+    assert old_pid is not None
     restarts = container.service_property(VLLM_UNIT, "NRestarts")
     assert isinstance(restarts, int)
     outcomes = len(_restart_outcomes(deployment))
@@ -445,6 +449,17 @@ def test_a_vllm_that_exits_0_is_started_again_by_systemd(deployment: Deployment)
     assert [action for action, _ in said] == ["notify_vllm_recovered"], said
     assert said[0][1].endswith("and it came back without a restart by the sidecar"), said
     assert len(_restart_outcomes(deployment)) == outcomes
+
+
+def _serving_main_pid(deployment: Deployment) -> int | None:
+    """vLLM's main PID, if that process answers /health: the simulator sets its signal handlers before it
+    listens, and systemd starts a new main process only after the old one has gone, so the answer is its own."""
+    pid = deployment.container.main_pid(VLLM_UNIT)
+    try:
+        healthy = httpx.get(f"http://127.0.0.1:{deployment.installed.vllm_port}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return None
+    return pid if pid and healthy and deployment.container.main_pid(VLLM_UNIT) == pid else None
 
 
 def test_stopping_vllm_holds_and_leaves_the_sidecar_running(deployment: Deployment) -> None:
