@@ -80,6 +80,7 @@ SETS = {
     "heldout-25bf",
     "heldout-25bg",
     "heldout-25bh",
+    "heldout-25bi",
 }
 
 
