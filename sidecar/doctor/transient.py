@@ -16,6 +16,10 @@ from sidecar.doctor.remedies import sequences
 from sidecar.doctor.setup import Setup
 
 BEFORE_KV_SHARE = 0.8  # vLLM's process under this share of its budget had not allocated its KV cache yet
+# Over the default budget by more than this share of the card (and these bytes), vLLM's process had a budget set
+# higher: what a V0 process holds outside its budget (CUDA graphs, NCCL, the context) stays within a few GiB.
+OVER_DEFAULT_SHARE = 0.05
+OVER_DEFAULT_BYTES = 3 * 2**30
 _SMALL_CARD_BYTES = 16 * 2**30  # where the log does not state the card: a small one, so the step is never too short
 
 
@@ -42,8 +46,12 @@ def after_kv(
             step = (oom.shortfall_bytes or 0) / ledger.total.value_bytes + formula.GRAPH_MARGIN_RATIO
             steps.append(
                 _unless_before_kv(oom, phase, ledger, step)
-                or f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; from "
-                f"vLLM's default {ledger.utilization:g} that is {lowered.value}): "
+                or f"lower --gpu-memory-utilization by {step:.3f} below what you set (the log does not say it; "
+                + (
+                    _above_the_default(oom, ledger)
+                    or f"from vLLM's default {ledger.utilization:g} that is {lowered.value}"
+                )
+                + "): "
                 + _lacked(oom, ledger.total.value_bytes)
             )
     recommendations += _graph_remedies(oom, phase, setup, log=log, lines=lines)
@@ -88,6 +96,21 @@ def _lacked(oom: CudaOom, total_bytes: float) -> str:
         asked, free = gib(oom.tried_bytes), gib(oom.free_bytes or 0)
         return f"the {card} card was full: the transient asked for {asked} with {free} free"
     return f"the transient lacked {gib(shortfall)} of {card}"
+
+
+def _above_the_default(oom: CudaOom, ledger: MemoryLedger) -> str | None:
+    """With the budget assumed, a process holding well over what vLLM's default gives it says the budget was set
+    higher: a value stepped down from the default would be below it by more than the transient needs. What the
+    process held bounds the budget set from above (what it holds beyond the budget is unknown here)."""
+    held, total, budget = oom.process_bytes or oom.allocated_bytes, ledger.total, ledger.budget_bytes
+    beyond = max(OVER_DEFAULT_SHARE * total.value_bytes, OVER_DEFAULT_BYTES) if total is not None else 0
+    if held is None or total is None or not budget or held <= budget + beyond:
+        return None
+    share = held / total.value_bytes
+    return (
+        f"vLLM's process held {gib(held)}, {share:.0%} of the card, more than vLLM's default "
+        f"{ledger.utilization:g} gives it: it was set higher, at most about {share:.2f}"
+    )
 
 
 def _unless_before_kv(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, step: float) -> str | None:

@@ -460,6 +460,20 @@ def test_another_process_holding_most_of_the_card_caps_the_budget_at_what_it_lea
     assert "another process" in finding.summary
 
 
+def test_a_process_holding_far_more_than_the_default_budget_is_not_stepped_down_from_the_default() -> None:
+    """Stepping down from 0.9 would be 0.09 below a budget set near 0.99, where the transient lacked 0.19 GiB."""
+    serving = ["run_busy_loop", "execute_model"]
+    # A worker's error that quotes PyTorch's message up to the processes, as vLLM 0.20's offload worker does
+    over = _oom(tried="0.31 GiB", total="94.97 GiB", free="0.13 GiB", process="94.12 GiB").split(" Of the")[0]
+    step = _finding(_traceback(V1, serving, over)).steps[0]
+    # 94.12 GiB > 0.9 x 94.97 GiB + max(0.05 x 94.97, 3) GiB = 90.22 GiB; 94.12 / 94.97 = 0.991
+    assert "more than vLLM's default 0.9 gives it: it was set higher, at most about 0.99" in step, step
+    assert "that is 0.88" not in step
+    # 86.00 GiB is within what a process holds beyond a 0.9 budget: the default stays the example
+    near = _oom(tried="9.00 GiB", total="94.97 GiB", free="8.97 GiB", process="86.00 GiB").split(" Of the")[0]
+    assert "from vLLM's default 0.9 that is 0.88" in _finding(_traceback(V1, serving, near)).steps[0]
+
+
 def test_an_oom_in_the_profile_run_shrinks_the_dummy_batch_and_not_the_budget() -> None:
     args = "INFO 05-01 12:00:00 [utils.py:1] non-default args: {'model': 'm', 'max_num_seqs': 1024}\n"
     finding = _finding(args + _traceback(V1, ["determine_available_memory", "profile_run"], _oom()))
