@@ -10,11 +10,9 @@ acted on: readiness stays 200, the adapter is asked for its dry-run answer, and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
 
@@ -43,6 +41,7 @@ from sidecar.policy.presence import Presence
 from sidecar.policy.probe import ProbeOutcome
 from sidecar.shell.incident import IncidentRecorder
 from sidecar.shell.ledger_store import LedgerStore
+from sidecar.shell.probing import PROBE_ACTIONS, Prober, Probing
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.probe import ProbeAnswer
 
@@ -64,19 +63,9 @@ _NOTIFIED = {
 }
 _RESTART_FAILURE = "restart"
 _FAILURE_KINDS = (_RESTART_FAILURE,)
-_NO_PROBER = ProbeAnswer(outcome=ProbeOutcome.INCONCLUSIVE, detail="no probe sender is configured", duration_s=0.0)
-
-
-_PROBES = (ActionKind.PROBE_ENGINE, ActionKind.WARM_UP_ENGINE)
 # The notifications that name the incident of their restart: it is written by the time they go out.
 _AFTER_RESTART = (ActionKind.NOTIFY_RESTART_DONE, ActionKind.NOTIFY_RESTART_FAILED)
 CRASH_CAUSE = "vllm_died"  # an incident's cause when vLLM died and came back without the sidecar
-
-
-class Prober(Protocol):
-    """Sends the engine probe (sidecar.sources.probe) and says what came back; never raises."""
-
-    async def probe(self, *, warm_up: bool = False) -> ProbeAnswer: ...
 
 
 class Acting:
@@ -120,11 +109,7 @@ class Acting:
         self._last_good: Derived | None = None
         self._last_good_s: float | None = None
         self._restart_task: asyncio.Task[None] | None = None
-        self._prober = prober
-        self._probe_task: asyncio.Task[None] | None = None
-        self.probes: Counter[str] = Counter()
-        self.last_probe: ProbeAnswer | None = None
-        self._probe_kind: tuple[ActionKind, object] | None = None  # what the last probe was sent for
+        self._probing = Probing(prober, logger=logger, answered=self._probe_answered)
         self._presence = Presence()
         self._incidents = incidents
         self._restart_incident: IncidentRef | None = None  # taken before the restart in progress
@@ -196,7 +181,7 @@ class Acting:
                 "policy_state", state=str(decision.state), previous=str(decision.previous_state), reason=decision.reason
             )
         self._log_blocked(previous, decision)
-        recorded = [action for action in decision.actions if action.kind not in _PROBES]
+        recorded = [action for action in decision.actions if action.kind not in PROBE_ACTIONS]
         if recorded:  # a probe a minute on an idle server would push every decision that matters out of sight
             self.recent.append(
                 {
@@ -231,18 +216,8 @@ class Acting:
 
     def _perform(self, action: Action, decision: Decision) -> None:
         self.actions[str(action.kind)] += 1
-        if action.kind in _PROBES:
-            # Sent in dry-run too: it reads, it does not act on vLLM. Logged at info when it says something new:
-            # the first probe of its kind (a stall's, a warm-up, the idle routine), and any answer unlike the
-            # last; a probe repeated for the same reason with the same answer (the idle routine of a working
-            # engine, every --probe-after) at debug, or it would drown every decision that matters.
-            sent_for = (action.kind, action.cause)
-            repeated = sent_for == self._probe_kind and self.last_probe is not None
-            self._probe_kind = sent_for
-            warm_up = action.kind is ActionKind.WARM_UP_ENGINE
-            log = self._log.debug if repeated else self._log.info
-            log("probe_sent", kind="warm_up" if warm_up else "probe", reason=action.reason)
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe(warm_up=warm_up, repeated=repeated))
+        if action.kind in PROBE_ACTIONS:
+            self._probing.send(action)
             return
         verb = "would " if self.dry_run else ""
         self._log.warning("action", action=str(action.kind), dry_run=self.dry_run, reason=f"{verb}{action.reason}")
@@ -321,20 +296,7 @@ class Acting:
         self._store.clear_in_flight()  # the outcome is known (and in the ledger when accepted)
         self._apply(decision)
 
-    async def _probe(self, *, warm_up: bool, repeated: bool) -> None:
-        answer = await self._prober.probe(warm_up=warm_up) if self._prober is not None else _NO_PROBER
-        self.probes[str(answer.outcome)] += 1
-        previous, self.last_probe = self.last_probe, answer
-        same = (
-            repeated
-            and previous is not None
-            and previous.outcome is answer.outcome
-            and (answer.outcome is ProbeOutcome.ANSWERED or previous.detail == answer.detail)
-        )
-        loud = self._log.info if answer.outcome is ProbeOutcome.ANSWERED else self._log.warning
-        (self._log.debug if same else loud)(
-            "probe_" + str(answer.outcome), detail=answer.detail, duration_s=round(answer.duration_s, 3)
-        )
+    def _probe_answered(self, answer: ProbeAnswer) -> None:
         self._apply(
             self.policy.probe_event(answer.outcome, self._clock(), self._wall_clock(), self.ledger, answer.detail)
         )
@@ -351,6 +313,7 @@ class Acting:
         last = self.ledger.last
         limit = self.policy.settings.max_restarts_per_hour
         in_window = decision.restarts_in_budget_window if decision is not None else 0
+        last_probe = self._probing.last
         return ActingView(
             state=str(decision.state) if decision is not None else str(PolicyState.STARTING),
             states=tuple(str(state) for state in PolicyState),
@@ -372,10 +335,10 @@ class Acting:
             action_kinds=tuple(str(kind) for kind in ActionKind),
             failure_kinds=_FAILURE_KINDS,
             restart_reasons=tuple(str(reason) for reason in RestartReason),
-            probes=dict(self.probes),
+            probes=dict(self._probing.outcomes),
             probe_outcomes=tuple(str(outcome) for outcome in ProbeOutcome),
-            last_probe=None if self.last_probe is None else f"{self.last_probe.outcome}: {self.last_probe.detail}",
-            last_probe_duration_s=None if self.last_probe is None else self.last_probe.duration_s,
+            last_probe=None if last_probe is None else f"{last_probe.outcome}: {last_probe.detail}",
+            last_probe_duration_s=None if last_probe is None else last_probe.duration_s,
             last_incident=self._incidents.last if self._incidents is not None else None,
             incidents=dict(self._incidents.kept) if self._incidents is not None else {},
             incident_triggers=tuple(str(trigger) for trigger in Trigger) if self._incidents is not None else (),
@@ -391,10 +354,7 @@ class Acting:
         for incident in list(self._incident_tasks):
             incident.cancel()
         await asyncio.gather(*self._incident_tasks, return_exceptions=True)
-        if self._probe_task is not None and not self._probe_task.done():
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+        await self._probing.close()
         task = self._restart_task
         if task is not None and not task.done():
             task.cancel()
