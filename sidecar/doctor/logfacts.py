@@ -154,6 +154,11 @@ class CudaOom:
             return None
         return max(0, self.tried_bytes - self.free_bytes)
 
+    @property
+    def held_bytes(self) -> int | None:
+        """What the failed process held: its whole use where the message states it, else PyTorch's allocation."""
+        return self.process_bytes if self.process_bytes is not None else self.allocated_bytes
+
 
 class HostMemoryKind(StrEnum):
     MAP_REFUSED = "map_refused"  # the host refused to map a file (a weights file) into memory: ENOMEM

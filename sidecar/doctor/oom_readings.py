@@ -234,7 +234,7 @@ def _beside_others(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: S
 def _load_outweighs_others(oom: CudaOom, ledger: MemoryLedger) -> bool:
     """A load that failed holding more than the other processes hold: its own weights are the larger part of what
     left no room, and no budget caps a load. (Others holding more: freeing the card is the way, as before.)"""
-    held = oom.process_bytes if oom.process_bytes is not None else oom.allocated_bytes
+    held = oom.held_bytes
     return held is not None and held >= ledger.others_bytes
 
 
@@ -307,10 +307,8 @@ def weights_do_not_fit(oom: CudaOom, ledger: MemoryLedger, setup: Setup, lines: 
 
 def _held_at_failure(oom: CudaOom, ledger: MemoryLedger) -> tuple[float, str]:
     """What the failed process held, and how it is known where the message does not say it."""
-    if oom.process_bytes is not None:
-        return oom.process_bytes, ""
-    if oom.allocated_bytes is not None:
-        return oom.allocated_bytes, ""
+    if oom.held_bytes is not None:
+        return oom.held_bytes, ""
     if oom.device == "TPU" and oom.free_bytes is not None and ledger.total is not None:
         # libtpu gives a chip to one process at a time: what was not free on it was this process's.
         held = max(0, ledger.total.value_bytes - oom.free_bytes)

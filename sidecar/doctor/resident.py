@@ -22,7 +22,7 @@ _SLACK_BYTES = 2 * GIB  # the CUDA context, the load's own buffers: held beyond 
 def resident_beyond_weights(oom: CudaOom, ledger: MemoryLedger, log: LogFacts) -> float | None:
     """What the process held beyond the weights an earlier load of the same model measured, at a weight-loading
     error, when that is more than the weights themselves (and some slack) and they fit the card; else None."""
-    held = oom.process_bytes if oom.process_bytes is not None else oom.allocated_bytes
+    held = oom.held_bytes
     total = ledger.total
     if log.earlier_weights_gib is None or held is None or total is None:
         return None

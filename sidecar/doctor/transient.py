@@ -26,7 +26,7 @@ _SMALL_CARD_BYTES = 16 * 2**30  # where the log does not state the card: a small
 def held_under_budget(oom: CudaOom, ledger: MemoryLedger) -> int | None:
     """What vLLM's process held at the error, when that is under BEFORE_KV_SHARE of its budget; else None."""
     budget = ledger.budget_bytes
-    held = oom.process_bytes or oom.allocated_bytes
+    held = oom.held_bytes
     if not budget or held is None or held >= BEFORE_KV_SHARE * budget:
         return None
     return held
@@ -102,7 +102,7 @@ def _above_the_default(oom: CudaOom, ledger: MemoryLedger) -> str | None:
     """With the budget assumed, a process holding well over what vLLM's default gives it says the budget was set
     higher: a value stepped down from the default would be below it by more than the transient needs. What the
     process held bounds the budget set from above (what it holds beyond the budget is unknown here)."""
-    held, total, budget = oom.process_bytes or oom.allocated_bytes, ledger.total, ledger.budget_bytes
+    held, total, budget = oom.held_bytes, ledger.total, ledger.budget_bytes
     beyond = max(OVER_DEFAULT_SHARE * total.value_bytes, OVER_DEFAULT_BYTES) if total is not None else 0
     if held is None or total is None or not budget or held <= budget + beyond:
         return None
