@@ -1,8 +1,9 @@
-"""Authentication no Python kubeconfig loader does as a daemon needs: exec plugins as kubectl runs them, oidc. I/O.
+"""Authentication no Python kubeconfig loader does as a daemon needs: exec plugins as kubectl runs them, and
+impersonation. I/O. The `oidc` auth-provider is `kube_oidc`.
 
 lightkube authenticates a kubeconfig's token, `tokenFile`, client certificate and username/password. For the
-other two forms kubectl accepts, these `httpx.Auth` flows do what client-go does; kubernetes_asyncio's and the
-official client's loaders were weighed and not taken (docs/kubernetes-credentials.md, "Who carries what"):
+other forms kubectl accepts, these do what client-go does; kubernetes_asyncio's and the official client's
+loaders were weighed and not taken (docs/kubernetes-credentials.md, "Who carries what"):
 
 - `ExecCredentialAuth`: the exec plugin (`aws eks get-token`, `gke-gcloud-auth-plugin`, `kubelogin`), in each
   ExecCredential version kubectl speaks (v1, v1beta1, v1alpha1). The plugin gets `KUBERNETES_EXEC_INFO`
@@ -11,35 +12,27 @@ official client's loaders were weighed and not taken (docs/kubernetes-credential
   401), a plugin still running when the request's deadline passes is killed, and a failure is one line with
   the end of what the plugin printed on stderr. lightkube's own runner takes v1beta1/v1alpha1 only, passes
   no `KUBERNETES_EXEC_INFO` and takes no certificate; no loader kills a plugin at the deadline or caps its output.
-- `OidcAuth`: the `oidc` auth-provider. The id-token is the bearer until its `exp` is 10 s away; then the
-  refresh-token buys a new one at the issuer's token endpoint (OpenID discovery, an OAuth 2.0 refresh grant,
-  the client authenticated with HTTP Basic as RFC 6749 asks servers to accept). lightkube refuses the form;
-  the loaders that run it leave the issuer's TLS unverified without an idp CA.
-  kubectl writes refreshed tokens back into the kubeconfig; the sidecar keeps them in memory only.
+- `impersonation_headers`: a kubeconfig user's `as`, which no Python loader reads.
 
-Both are async only (the sidecar's client is), and their failures are `CredentialPluginError`, which the
+The exec flow is async only (the sidecar's client is), and its failures are `CredentialPluginError`, which the
 client reports as "no credentials from <kubeconfig>".
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
 import os
 import signal
-import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote
 
 import httpx
 
-from sidecar.body_cap import BodyTooLargeError, send_capped
 from sidecar.model.text import one_line
 
 EXEC_API_VERSIONS = (
@@ -49,11 +42,10 @@ EXEC_API_VERSIONS = (
 )
 _V1ALPHA1 = EXEC_API_VERSIONS[2]
 MAX_PLUGIN_OUTPUT_BYTES = 2**20  # an ExecCredential is a token or a certificate: a few KiB
-MAX_IDP_ANSWER_BYTES = 2**20
 STDERR_KEPT_BYTES = 4096  # what a plugin says last on stderr is why it failed ("run aws sso login")
 STDERR_TAIL_CHARS = 300
 # client-go's oidc refreshes an id-token this long before it expires, so a request never carries one that
-# expires on the way; the same margin is used for an exec plugin's expirationTimestamp.
+# expires on the way; the same margin is used for an exec plugin's expirationTimestamp (and by kube_oidc).
 EXPIRY_MARGIN_S = 10.0
 
 
@@ -262,132 +254,6 @@ def _present(request: httpx.Request, credential: ExecCredential) -> None:
         request.headers["Authorization"] = f"Bearer {credential.token}"
     else:
         request.headers.pop("Authorization", None)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OidcProvider:
-    """A kubeconfig user's `auth-provider: {name: oidc, config: ...}`."""
-
-    issuer_url: str | None
-    client_id: str | None
-    client_secret: str | None = None
-    id_token: str | None = None
-    refresh_token: str | None = field(default=None, repr=False)
-    ca_pem: str | None = None  # idp-certificate-authority(-data); else certifi's bundle, httpx's default
-
-
-class OidcAuth(httpx.Auth):
-    def __init__(
-        self,
-        provider: OidcProvider,
-        *,
-        wall_clock: Callable[[], float] = time.time,
-        timeout_s: float = 10.0,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._provider = provider
-        self._wall_clock = wall_clock
-        self._timeout_s = timeout_s
-        self._transport = transport
-        self._id_token = provider.id_token
-        self._refresh_token = provider.refresh_token
-        self._lock = asyncio.Lock()
-
-    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        raise RuntimeError("the oidc auth-provider runs on the async client only")
-
-    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        async with self._lock:
-            if self._id_token is None or self._expired(self._id_token):
-                self._id_token = await self._refresh()
-            token = self._id_token
-        request.headers["Authorization"] = f"Bearer {token}"
-        yield request
-
-    def _expired(self, id_token: str) -> bool:
-        """client-go's test: the JWT's `exp` (read, not verified: the API server verifies) minus 10 s is past;
-        a token whose expiry cannot be read counts as expired."""
-        expiry = jwt_expiry(id_token)
-        return expiry is None or self._wall_clock() >= expiry - EXPIRY_MARGIN_S
-
-    async def _refresh(self) -> str:
-        provider, refresh_token = self._provider, self._refresh_token
-        missing = [
-            name
-            for name, value in (
-                ("refresh-token", refresh_token),
-                ("idp-issuer-url", provider.issuer_url),
-                ("client-id", provider.client_id),
-            )
-            if not value
-        ]
-        if missing or provider.issuer_url is None or provider.client_id is None or refresh_token is None:
-            state = "has expired" if self._id_token else "is missing"
-            raise CredentialPluginError(
-                f"the oidc id-token {state} and the auth-provider config has no {', '.join(missing)} to refresh it "
-                "(log in again, or use an exec plugin such as kubelogin)"
-            )
-        verify: ssl.SSLContext | bool = True
-        if provider.ca_pem is not None:
-            verify = ssl.create_default_context(cadata=provider.ca_pem)
-        issuer = provider.issuer_url.rstrip("/")
-        async with httpx.AsyncClient(verify=verify, timeout=self._timeout_s, transport=self._transport) as http:
-            discovery = await _json(http, http.build_request("GET", f"{issuer}/.well-known/openid-configuration"))
-            endpoint = discovery.get("token_endpoint")
-            if not isinstance(endpoint, str) or not endpoint.startswith("https://"):
-                raise CredentialPluginError(f"the oidc issuer {issuer} names no https token_endpoint in its discovery")
-            form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
-            auth: httpx.BasicAuth | None = None
-            if provider.client_secret:
-                auth = httpx.BasicAuth(quote_plus(provider.client_id), quote_plus(provider.client_secret))
-            else:  # a public client names itself in the form
-                form["client_id"] = provider.client_id
-            request = http.build_request("POST", endpoint, data=form, headers={"Accept": "application/json"})
-            answer = await _json(http, request, auth=auth)
-        id_token = answer.get("id_token")
-        if not isinstance(id_token, str) or not id_token:
-            raise CredentialPluginError(f"the oidc issuer {issuer} answered the refresh without an id_token")
-        new_refresh = answer.get("refresh_token")
-        if isinstance(new_refresh, str) and new_refresh:  # issuers that rotate refresh tokens send the next one
-            self._refresh_token = new_refresh
-        return id_token
-
-
-async def _json(
-    http: httpx.AsyncClient, request: httpx.Request, *, auth: httpx.Auth | None = None
-) -> dict[str, object]:
-    """The JSON object an identity provider answers; its OAuth error (RFC 6749 5.2) or status in one line."""
-    what = f"the oidc issuer's {request.url.copy_with(query=None)}"
-    try:
-        response, raw = await send_capped(http, request, MAX_IDP_ANSWER_BYTES, auth=auth)
-    except BodyTooLargeError:
-        raise CredentialPluginError(f"{what} answered over {MAX_IDP_ANSWER_BYTES} bytes") from None
-    except httpx.HTTPError as error:
-        raise CredentialPluginError(f"{what}: {type(error).__name__}: {one_line(str(error))}") from None
-    try:
-        document = json.loads(raw)
-    except ValueError:
-        document = None
-    if not isinstance(document, dict):
-        raise CredentialPluginError(f"{what} answered HTTP {response.status_code} without a JSON object")
-    if response.status_code != 200:
-        code, description = document.get("error"), document.get("error_description")
-        said = f": {code}" + (f" ({one_line(str(description))})" if description else "") if code else ""
-        raise CredentialPluginError(f"{what} answered HTTP {response.status_code}{said}")
-    return document
-
-
-def jwt_expiry(token: str) -> float | None:
-    """The `exp` claim of a JWT, unverified; None when the token is not a JWT with a numeric `exp`."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, binascii.Error):
-        return None
-    expiry = claims.get("exp") if isinstance(claims, dict) else None
-    return float(expiry) if isinstance(expiry, int | float) and not isinstance(expiry, bool) else None
 
 
 def impersonation_headers(user: Mapping[str, object], where: str) -> tuple[tuple[str, str], ...]:

@@ -31,15 +31,9 @@ from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.config.models import UserExec
 from lightkube.core.exceptions import ConfigError
 
-from sidecar.actuators.kube_auth import (
-    EXEC_API_VERSIONS,
-    ExecCredentialAuth,
-    ExecPlugin,
-    OidcAuth,
-    OidcProvider,
-    impersonation_headers,
-)
+from sidecar.actuators.kube_auth import EXEC_API_VERSIONS, ExecCredentialAuth, ExecPlugin, impersonation_headers
 from sidecar.actuators.kube_names import KubeNameError, check_label, check_subdomain
+from sidecar.actuators.kube_oidc import OidcAuth, OidcProvider
 from sidecar.file_cap import read_capped_file
 from sidecar.model.text import one_line
 

@@ -26,16 +26,10 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 
 from sidecar.actuators import kube_auth
-from sidecar.actuators.kube_auth import (
-    ExecCredentialAuth,
-    ExecPlugin,
-    OidcAuth,
-    OidcProvider,
-    header_key_escape,
-    jwt_expiry,
-)
+from sidecar.actuators.kube_auth import ExecCredentialAuth, ExecPlugin, header_key_escape
 from sidecar.actuators.kube_client import KubeClient, KubeTransportError
 from sidecar.actuators.kube_credentials import CredentialsError, KubeCredentials, kubeconfig_credentials
+from sidecar.actuators.kube_oidc import OidcAuth, OidcProvider, jwt_expiry
 from tests.security.certs import issue, make_ca
 
 from .test_kubernetes_unit import write_kubeconfig
