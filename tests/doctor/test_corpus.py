@@ -81,6 +81,7 @@ SETS = {
     "heldout-25bg",
     "heldout-25bh",
     "heldout-25bi",
+    "heldout-25bj",
 }
 
 
