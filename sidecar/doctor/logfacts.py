@@ -133,6 +133,9 @@ class CudaOom:
 
     phase: OomPhase
     phase_evidence: str = ""  # the frame or the progress line that placed it
+    # A V1 worker answered an executor's RPC with it ("Worker failed with error '...'"): the worker loads its
+    # weights as it starts, not by an RPC, so whatever the phase, it was after the weights had loaded.
+    after_load: bool = False
     device: str = "CUDA"
     message: str = ""  # the error as printed, without the log's prefix
     rank: int | None = None  # the tensor-parallel rank whose line it was, when the prefix says

@@ -101,6 +101,10 @@ _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         re.compile(r"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS|\bcapture_(?:begin|end)\b|\w*Capture(?:Begin|End)\b"),
     ),
 )
+# vLLM V1's multiprocess executor wrapping a worker's failed RPC (determine_available_memory, initialize_from_config,
+# compile_or_warm_up_model, execute_model; vllm/v1/executor/multiproc_executor.py 0.9-0.33), where init_device and
+# load_model run in the worker's constructor.
+_WORKER_RPC = re.compile(r"Worker failed with error '")
 _ERROR_BLOCK = 3  # records from an exception's line to the runtime's memory sentence after it (torch_npu's block)
 
 
@@ -118,9 +122,16 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
             break
     record = records[last]
     message = record.payload.strip()
+    after_load = phase is OomPhase.UNKNOWN and any(_WORKER_RPC.search(records[index].payload) for index in family)
+    if after_load:
+        where = (
+            "no frame places it, but a worker returned it to an RPC ('Worker failed with error'): after the weights "
+            "loaded, which vLLM's workers do as they start, not by an RPC"
+        )
     return CudaOom(
         phase=phase,
         phase_evidence=where,
+        after_load=after_load,
         device=_device(records, family),
         message=message,
         rank=next((records[i].rank for i in reversed(family) if records[i].rank is not None), None),

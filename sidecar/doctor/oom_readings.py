@@ -59,10 +59,11 @@ def _the_weights(
 
 def _beyond_any_budget(oom: CudaOom, ledger: MemoryLedger, phase: OomPhase) -> bool:
     """PyTorch itself holding nearly the whole card, in no known phase, beyond any budget the log states: the
-    weights before any budget applied, or a transient after a budget set that high. The log does not say which."""
+    weights before any budget applied, or a transient after a budget set that high. The log does not say which,
+    unless a worker returned the error to an RPC: its weights had loaded."""
     total = oom.total_bytes
     allocated = oom.allocated_bytes
-    if phase is not OomPhase.UNKNOWN or not total or allocated is None:
+    if phase is not OomPhase.UNKNOWN or oom.after_load or not total or allocated is None:
         return False
     budget_allows = ledger.utilization if not ledger.utilization_assumed else 0.0
     return allocated >= BEYOND_ANY_BUDGET * total and budget_allows < BEYOND_ANY_BUDGET

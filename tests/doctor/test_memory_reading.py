@@ -278,6 +278,22 @@ def test_a_full_card_with_no_step_on_a_model_split_over_gpus_bets_on_neither_rea
     assert any("--tensor-parallel-size" in step for step in split.steps)
 
 
+def test_a_full_card_a_worker_returned_to_an_rpc_is_not_read_as_weights() -> None:
+    """vLLM V1's workers load their weights as they start; "Worker failed with error" wraps what a worker returned
+    to an RPC after that (the profile run, the KV cache, warm-up, a step): the full card is then no weight load."""
+    full = _oom(tried="256.00 MiB", total="44.39 GiB", free="151.31 MiB", process="44.24 GiB", allocated="43.37 GiB")
+    wrapped = parse_log(f"RuntimeError: Worker failed with error '{full}', please check the stack trace above").oom
+    assert wrapped is not None
+    assert (wrapped.phase, wrapped.after_load) == (OomPhase.UNKNOWN, True)
+    assert parse_log(full).oom.after_load is False  # type: ignore[union-attr]
+    finding = _finding(f"RuntimeError: Worker failed with error '{full}', please check the stack trace above")
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert "--tensor-parallel-size" not in _flags(finding)
+    assert (
+        "a worker returned it to an RPC ('Worker failed with error'): after the weights loaded" in finding.evidence[1]
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "free", "device"),
     [
