@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from sidecar.doctor.log_records import EXCEPTION_LINE, Record, loose
 from sidecar.doctor.logfacts import CudaOom, OomPhase
 from sidecar.doctor.oom_numbers import SIZE, message_numbers
-from sidecar.doctor.phase import oom_phase
+from sidecar.doctor.phase import oom_phase, traceback_start
 
 # Any member of the family, for finding the records; oom_numbers reads their numbers.
 _FAMILY = loose(
@@ -101,10 +101,12 @@ _PHASE_ON_THE_LINE: tuple[tuple[OomPhase, re.Pattern[str]], ...] = (
         re.compile(r"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS|\bcapture_(?:begin|end)\b|\w*Capture(?:Begin|End)\b"),
     ),
 )
-# vLLM V1's multiprocess executor wrapping a worker's failed RPC (determine_available_memory, initialize_from_config,
-# compile_or_warm_up_model, execute_model; vllm/v1/executor/multiproc_executor.py 0.9-0.33), where init_device and
-# load_model run in the worker's constructor.
+# vLLM V1's multiprocess executor: the error of a worker's failed RPC (determine_available_memory,
+# initialize_from_config, compile_or_warm_up_model, execute_model) as the executor wraps it, and the worker's own
+# line above the traceback (vllm/v1/executor/multiproc_executor.py 0.9-0.33). init_device and load_model run in
+# the worker's constructor, whose failure is logged as "WorkerProc failed to start." instead.
 _WORKER_RPC = re.compile(r"Worker failed with error '")
+_WORKER_RPC_HEADER = re.compile(r"WorkerProc hit an exception")
 _ERROR_BLOCK = 3  # records from an exception's line to the runtime's memory sentence after it (torch_npu's block)
 
 
@@ -122,7 +124,7 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
             break
     record = records[last]
     message = record.payload.strip()
-    after_load = phase is OomPhase.UNKNOWN and any(_WORKER_RPC.search(records[index].payload) for index in family)
+    after_load = phase is OomPhase.UNKNOWN and _in_a_workers_rpc(records, family)
     if after_load:
         where = (
             "no frame places it, but a worker returned it to an RPC ('Worker failed with error'): after the weights "
@@ -137,6 +139,15 @@ def find_oom(records: Sequence[Record]) -> CudaOom | None:
         rank=next((records[i].rank for i in reversed(family) if records[i].rank is not None), None),
         **numbers,  # type: ignore[arg-type]
     )
+
+
+def _in_a_workers_rpc(records: Sequence[Record], family: list[int]) -> bool:
+    """Whether a V1 worker raised the error in an RPC, after its weights loaded: the executor's wrapper around it,
+    or the worker's line just above the last error's traceback."""
+    if any(_WORKER_RPC.search(records[index].payload) for index in family):
+        return True
+    header = traceback_start(records, family[-1]) - 1
+    return header >= 0 and _WORKER_RPC_HEADER.search(records[header].payload) is not None
 
 
 def _message(records: Sequence[Record], index: int) -> str:

@@ -292,6 +292,18 @@ def test_a_full_card_a_worker_returned_to_an_rpc_is_not_read_as_weights() -> Non
     assert (
         "a worker returned it to an RPC ('Worker failed with error'): after the weights loaded" in finding.evidence[1]
     )
+    # The worker's own line above a traceback whose frames are torch's only says the same; a constructor's does not
+    worker = "(Worker_TP0 pid=7) ERROR 11-30 10:00:00 [multiproc_executor.py:1189] "
+    torch_frames = [
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/dist-packages/torch/nn/modules/module.py", line 1, in _call_impl',
+        "    return forward_call(*args, **kwargs)",
+        full,
+    ]
+    for header, after_load in (("WorkerProc hit an exception.", True), ("WorkerProc failed to start.", False)):
+        oom = parse_log("\n".join(worker + line for line in [header, *torch_frames]) + "\n").oom
+        assert oom is not None
+        assert (oom.phase, oom.after_load) == (OomPhase.UNKNOWN, after_load), header
 
 
 @pytest.mark.parametrize(
