@@ -82,6 +82,7 @@ SETS = {
     "heldout-25bh",
     "heldout-25bi",
     "heldout-25bj",
+    "heldout-25bk",
 }
 
 
