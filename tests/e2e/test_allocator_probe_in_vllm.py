@@ -24,6 +24,7 @@ from .vllm.server import server_env, start_vllm
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 INTERVAL_S = 0.5
+SEEN_WITHIN_S = 30.0  # for a poll of the probe folder to show in the metrics
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +111,7 @@ def test_vllm_loads_the_plugin_in_every_process_and_the_sidecar_reads_them(plugi
             tmp_path / "sidecar.log",
         )
         sidecar.wait_ready(timeout_s=30)
-        time.sleep(1.5)
-        metrics = sidecar.get("/metrics").text
-        assert 'vllm_sidecar_source_success{source="probe"} 1.0' in metrics
+        metrics = _metrics_with(sidecar, 'vllm_sidecar_source_success{source="probe"} 1.0')
         assert "vllm_sidecar_torch_reserved_bytes{" not in metrics  # no CUDA: no value, never a made-up 0
         status = sidecar.get("/status").json()
         assert status["sources"]["probe"]["ok"] is True
@@ -124,8 +123,7 @@ def test_vllm_loads_the_plugin_in_every_process_and_the_sidecar_reads_them(plugi
         while list(probe_dir.glob("*.json")) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert list(probe_dir.glob("*.json")) == [], f"left behind of {pids}"
-        metrics = sidecar.get("/metrics").text
-        assert 'vllm_sidecar_source_success{source="probe"} 0.0' in metrics
+        _metrics_with(sidecar, 'vllm_sidecar_source_success{source="probe"} 0.0')  # by its next poll of the folder
     finally:
         server.stop()
         if sidecar is not None:
@@ -152,3 +150,15 @@ def test_vllm_plugins_allow_list_decides_whether_the_probe_loads(plugin_site: Pa
         written[allowed] = done.stdout.strip().splitlines()[-1]
         assert not list(probe_dir.glob("*.json")) if probe_dir.exists() else True  # removed at a normal exit
     assert written == {"some_other_plugin": "False", "some_other_plugin,vllm_sidecar_probe": "True"}
+
+
+def _metrics_with(sidecar: SidecarProcess, line: str, timeout_s: float = SEEN_WITHIN_S) -> str:
+    """The sidecar's exposition once it holds `line`: a poll (every 0.5 s) may come late on a loaded box."""
+    deadline = time.monotonic() + timeout_s
+    metrics = ""
+    while time.monotonic() < deadline:
+        metrics = sidecar.get("/metrics").text
+        if line in metrics:
+            return metrics
+        time.sleep(0.25)
+    raise AssertionError(f"{line!r} not in the sidecar's metrics within {timeout_s} s:\n{metrics[-2000:]}")
