@@ -34,13 +34,7 @@ from sidecar.doctor.kv_room import no_kv_room
 from sidecar.doctor.ledger import MemoryLedger
 from sidecar.doctor.ledger_entries import build_ledger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase, Refusal, RefusalKind
-from sidecar.doctor.oom_readings import (
-    not_the_budget,
-    stranded,
-    stranded_line,
-    stranded_why,
-    weights_do_not_fit,
-)
+from sidecar.doctor.oom_readings import not_the_budget, weights_do_not_fit
 from sidecar.doctor.phase import RAN_OUT, phase_text
 from sidecar.doctor.remedies import sequences
 from sidecar.doctor.sampler import sampler_warmup
@@ -48,6 +42,7 @@ from sidecar.doctor.setup import Setup
 from sidecar.doctor.start_checks import external_weights, free_memory_refusal, profile_check
 from sidecar.doctor.start_readings import kv_refusal, prompt_over_kv, state_blocks
 from sidecar.doctor.state_reserve import state_reserve
+from sidecar.doctor.stranded import stranded, stranded_line, stranded_why
 from sidecar.doctor.transient import BEFORE_KV_SHARE, after_kv, held_under_budget
 
 

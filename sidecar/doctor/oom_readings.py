@@ -2,7 +2,7 @@
 
 Checked before the budget's readings (`log_memory`): memory the budget does not share out (outside_budget.py);
 the card had the memory; another process holds what the budget counts on; one step asked for more than any
-budget leaves; the weights do not fit the card. Also here: the stranded-memory test both use.
+budget leaves; the weights do not fit the card.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from sidecar.doctor.formula import gib
 from sidecar.doctor.ledger import MemoryLedger
 from sidecar.doctor.logfacts import CudaOom, LogFacts, OomPhase
 from sidecar.doctor.outside_budget import outside_the_budget
-from sidecar.doctor.overshoot import MIN_STRANDED_BYTES
 from sidecar.doctor.phase import RAN_OUT, phase_text
 from sidecar.doctor.remedies import sequences
 from sidecar.doctor.resident import resident_beyond_weights, resident_memory
 from sidecar.doctor.setup import Setup
+from sidecar.doctor.stranded import stranded, stranded_line, stranded_why
 
 BEYOND_ANY_BUDGET = 0.95  # PyTorch at this share of the card, 5 points over vLLM's default budget: weights, mostly
-MIN_SLACK_BYTES = 64 * 2**20  # stranded memory under this is the caching allocator's ordinary slack
-STRANDED_MARGIN = 4  # a small shortfall is fragmentation when the stranded memory holds it this many times
 NOT_SHORT_FREE_SHARE = 0.1  # free at the error at least this share of the card (and twice the ask): no shortage
 MAX_TRANSIENT_SHARE = 0.2  # a shortfall beyond this share of the card is no transient a budget makes room for
 
@@ -196,32 +194,6 @@ def _stranded_covers_overcommit(oom: CudaOom, ledger: MemoryLedger) -> bool:
         return True
     overcommit = max(0.0, ledger.utilization - ceiling) * total.value_bytes
     return (oom.reserved_unallocated_bytes or 0) >= overcommit
-
-
-def stranded(oom: CudaOom) -> bool:
-    """The stranded memory would have held what the allocation lacked, with room: at least 256 MiB, or, for a
-    small shortfall, four times it (and more than the allocator's usual 64 MiB of slack)."""
-    stranded = oom.reserved_unallocated_bytes
-    shortfall = oom.shortfall_bytes
-    if stranded is None or shortfall is None or stranded < shortfall:
-        return False
-    return stranded >= MIN_STRANDED_BYTES or stranded >= max(MIN_SLACK_BYTES, STRANDED_MARGIN * shortfall)
-
-
-def stranded_line(oom: CudaOom) -> str:
-    return (
-        f"{gib(oom.reserved_unallocated_bytes or 0)} reserved by PyTorch but unallocated, at least the "
-        f"{gib(oom.shortfall_bytes or 0)} the {gib(oom.tried_bytes or 0)} allocation lacked "
-        f"({gib(oom.free_bytes or 0)} free): the memory was there, split into pieces too small"
-    )
-
-
-def stranded_why(oom: CudaOom) -> str:
-    return (
-        f"{gib(oom.reserved_unallocated_bytes or 0)} stranded >= {gib(oom.shortfall_bytes or 0)} short: expandable "
-        "segments let PyTorch's allocator grow a segment in place instead of stranding split ones (PyTorch's own "
-        "OOM message suggests it)"
-    )
 
 
 def _beside_others(oom: CudaOom, phase: OomPhase, ledger: MemoryLedger, setup: Setup, lines: list[str]) -> Finding:
