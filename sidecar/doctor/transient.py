@@ -103,8 +103,9 @@ def _above_the_default(oom: CudaOom, ledger: MemoryLedger) -> str | None:
     higher: a value stepped down from the default would be below it by more than the transient needs. What the
     process held bounds the budget set from above (what it holds beyond the budget is unknown here)."""
     held, total, budget = oom.held_bytes, ledger.total, ledger.budget_bytes
-    beyond = max(OVER_DEFAULT_SHARE * total.value_bytes, OVER_DEFAULT_BYTES) if total is not None else 0
-    if held is None or total is None or not budget or held <= budget + beyond:
+    if held is None or total is None or not budget:
+        return None
+    if held <= budget + max(OVER_DEFAULT_SHARE * total.value_bytes, OVER_DEFAULT_BYTES):
         return None
     share = held / total.value_bytes
     return (
