@@ -116,5 +116,45 @@ def vllm_processes(table: Iterable[ProcessEntry], *, port: int, own_pid: int) ->
 
 
 def _short(command: str, limit: int = 160) -> str:
-    flat = " ".join(command.split())
+    flat = redacted(" ".join(command.split()))
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+# vLLM's flags that take a secret (`--api-key`, `--hf-token`, `--s3-secret-access-key`, ...), and any flag named so.
+_SECRET_FLAG = re.compile(r"^--?[a-z0-9-]*(?:api-key|token|secret|password|passwd|credential|access-key)[a-z0-9-]*$")
+_NOT_SECRET = re.compile(r"tokens|tokenizer|token-(?:threshold|budget|prob)|-tokens?-")
+REDACTED = "***"
+
+
+def redacted(command: str) -> str:
+    """`command` with the values of its secret flags replaced by ***: a command line reaches logs, incident
+    folders and /status, and `vllm serve --api-key KEY` must not take its key there. Every word after such a
+    flag is its value until the next flag, as argparse reads `--api-key K1 K2`."""
+    words: list[str] = []
+    hiding = False
+    for word in command.split(" "):
+        name, equals, _ = word.partition("=")
+        if word.startswith("-"):
+            hiding = bool(_SECRET_FLAG.match(name)) and not _NOT_SECRET.search(name)
+            words.append(f"{name}={REDACTED}" if hiding and equals else word)
+            hiding = hiding and not equals
+        else:
+            words.append(REDACTED if hiding and word else word)
+    return " ".join(words)
+
+
+# py-spy's header: `Process PID: <argv joined by spaces>`, then `Python vX.Y.Z (...)`. An argument may hold newlines
+# (`python -c CODE`), so the command line runs to the Python line, or to the end of its own line without one.
+_DUMP_HEADER = re.compile(r"^(Process \d+: )(.*?)(?=\nPython v)|^(Process \d+: )(.*)$", re.MULTILINE | re.DOTALL)
+
+
+def redacted_dump(text: str) -> str:
+    """py-spy's dump with the command line of its `Process PID:` header redacted as `redacted` does."""
+
+    def redact(match: re.Match[str]) -> str:
+        if match.group(1) is not None:
+            return match.group(1) + redacted(match.group(2))
+        head, _, rest = match.group(4).partition("\n")
+        return match.group(3) + redacted(head) + (_ + rest if _ else "")
+
+    return _DUMP_HEADER.sub(redact, text, count=1)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.parse.vllm_process import redacted_dump
+
 PY_SPY = "py-spy"
 MAX_STACK_BYTES = 256 * 2**10  # one process's threads: a few KiB each
 NO_PY_SPY = "py-spy is not installed (pip install 'vllm-sidecar[incidents]', or put py-spy on PATH)"
@@ -88,7 +90,7 @@ async def dump_stack(py_spy: Path, pid: int, *, timeout_s: float, max_bytes: int
         said = err.decode("utf-8", errors="replace") + "\n" + out.decode("utf-8", errors="replace")
         return failed(_error_line(said, pid, code))
     truncated = len(out) > max_bytes
-    text = out[:max_bytes].decode("utf-8", errors="replace")
+    text = redacted_dump(out[:max_bytes].decode("utf-8", errors="replace"))
     return StackDump(pid=pid, text=text, error=None, truncated=truncated, duration_s=time.monotonic() - started)
 
 

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.parse.vllm_process import redacted
 from sidecar.parse.vllm_process import serves_port as serves_port  # noqa: PLC0414 - re-exported, as before
 from sidecar.sources.proc import read_proc_text
 
@@ -29,7 +30,7 @@ def boot_clock_s() -> float:
 class StartedServer:
     pid: int
     started_boot_s: float
-    command: str  # its command line, shortened for a log line
+    command: str  # its command line, secrets redacted and shortened for a log line
 
 
 class VllmStartWatch:
@@ -61,5 +62,7 @@ class VllmStartWatch:
             # /proc counts a start in clock ticks (10 ms), rounded down: one in the tick `since_boot_s` falls in is
             # as likely after it as before (and a server started a tick before a poll cannot have answered it).
             if started + 1 / self._ticks_per_s > since_boot_s:
-                found.append(StartedServer(pid=int(entry.name), started_boot_s=started, command=command[:160]))
+                found.append(
+                    StartedServer(pid=int(entry.name), started_boot_s=started, command=redacted(command)[:160])
+                )
         return found

@@ -39,6 +39,7 @@ from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, SERVER_FUNCTION, Fake
 from tests.conftest import required_in_ci
 from tests.loopback import closed_port
 
+SECRET = "sk-not-for-any-file"  # noqa: S105 - a made-up key the capture must not write
 WAITING = "def waiting_in_a_named_function():\n    time.sleep(600)\n"
 
 
@@ -54,9 +55,10 @@ def py_spy() -> Path:
 
 @pytest.fixture
 def stopped_process() -> Iterator[int]:
-    """A Python process waiting in a named function, stopped with SIGSTOP."""
+    """A Python process waiting in a named function, stopped with SIGSTOP; its command line holds a secret."""
     code = f"import time\n{WAITING}print('ready', flush=True)\nwaiting_in_a_named_function()\n"
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", code, "--api-key", SECRET]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     time.sleep(0.2)  # into the sleep
@@ -80,6 +82,8 @@ async def test_py_spy_reads_the_stack_of_a_stopped_process(py_spy: Path, stopped
     assert dump.error is None, dump.error
     assert dump.text is not None
     assert "waiting_in_a_named_function" in dump.text
+    assert SECRET not in dump.text, dump.text[:400]  # the header of py-spy's dump is the command line
+    assert "--api-key ***" in dump.text.partition("\nPython v")[0]
 
 
 async def test_a_read_the_kernel_refuses_is_one_line_naming_the_permission(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.model.incident import IncidentRef, Trigger
-from sidecar.parse.vllm_process import ProcessEntry, ProcessRole, role_of, vllm_processes
+from sidecar.parse.vllm_process import ProcessEntry, ProcessRole, redacted, redacted_dump, role_of, vllm_processes
 from sidecar.report.incident import (
     MANIFEST_RESERVE_BYTES,
     expired,
@@ -157,3 +157,35 @@ def test_without_a_server_for_the_port_every_titled_process_is_taken_and_said() 
 )
 def test_a_role_from_vllms_titles(command: str, role: ProcessRole | None) -> None:
     assert role_of(command) is role
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("vllm serve m --api-key sk-1 --port 8000", "vllm serve m --api-key *** --port 8000"),
+        ("vllm serve m --api-key=sk-1 --max-num-seqs 8", "vllm serve m --api-key=*** --max-num-seqs 8"),
+        ("vllm serve m --api-key k1 k2 --enforce-eager", "vllm serve m --api-key *** *** --enforce-eager"),
+        ("vllm serve m --hf-token hf_abc", "vllm serve m --hf-token ***"),
+        (
+            "vllm serve m --s3-secret-access-key abc --s3-access-key-id id",
+            "vllm serve m --s3-secret-access-key *** --s3-access-key-id ***",
+        ),
+        # Flags that only look like secrets keep their values.
+        (
+            "vllm serve m --max-num-batched-tokens 8192 --tokenizer t --dbo-decode-token-threshold 32 --ssl-keyfile k",
+            "vllm serve m --max-num-batched-tokens 8192 --tokenizer t --dbo-decode-token-threshold 32 --ssl-keyfile k",
+        ),
+    ],
+)
+def test_a_command_line_never_shows_a_secret_flags_value(command: str, shown: str) -> None:
+    assert redacted(command) == shown
+    found = vllm_processes([entry(10, 1, command)], port=8000, own_pid=99)
+    assert found.processes[0].title == shown[:159] + ("…" if len(shown) > 160 else "")
+
+
+def test_py_spys_header_line_never_shows_a_secret_flags_value() -> None:
+    dump = "Process 41: python -m vllm.entrypoints.openai.api_server --api-key sk-1\nPython v3.12.3\n\nThread 41\n"
+    assert (
+        redacted_dump(dump).splitlines()[0] == "Process 41: python -m vllm.entrypoints.openai.api_server --api-key ***"
+    )
+    assert redacted_dump(dump).splitlines()[1:] == dump.splitlines()[1:]
