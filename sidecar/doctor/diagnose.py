@@ -15,11 +15,25 @@ from sidecar.doctor.fit import live_does_not_fit
 from sidecar.doctor.hang import history_hang
 from sidecar.doctor.leak import history_leak
 from sidecar.doctor.log_memory import log_memory
+from sidecar.doctor.logfacts import LogFacts
 from sidecar.doctor.overshoot import live_overshoot
 from sidecar.doctor.paused_concurrency import history_concurrency
 from sidecar.doctor.setup import Setup, resolve
 from sidecar.doctor.versions import available
 from sidecar.model.text import plural
+
+# The arguments the memory readings use, in the order a report names them.
+_FLAG_NAMES = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+    "quantization",
+    "kv_cache_dtype",
+    "enforce_eager",
+    "cpu_offload_gb",
+)
 
 _CAUSE_ORDER = {cause: index for index, cause in enumerate(Cause)}
 
@@ -129,6 +143,7 @@ def _notes(evidence: Evidence, setup: Setup) -> list[str]:
                 else ""
             )
         )
+        notes.append(_flags_note(log))
     else:
         notes.append(
             "no log (--vllm-log): max_num_seqs and max_num_batched_tokens are not published on /metrics, so the "
@@ -147,6 +162,19 @@ def _notes(evidence: Evidence, setup: Setup) -> list[str]:
         notes.append("vLLM version unknown: only flags every release since 0.5.4 has are recommended")
     notes.extend(evidence.problems)
     return notes
+
+
+def _flags_note(log: LogFacts) -> str:
+    """Where the start's flags came from; without any, how to give them (a step where a value needs the budget)."""
+    args = log.args
+    if args is None:
+        return (
+            "flags: not in the log (no 'non-default args' or 'args: Namespace' line, no command line): where a "
+            "reading needs them it assumes vLLM's defaults and says so; --vllm-command 'vllm serve MODEL --flag "
+            "value ...' gives yours"
+        )
+    said = ", ".join(f"{name} {getattr(args, name)}" for name in _FLAG_NAMES if getattr(args, name) is not None)
+    return f"flags: {args.stated_by}" + (f" ({said})" if said else "")
 
 
 def _vllm_note(evidence: Evidence, setup: Setup) -> str:

@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# Where a start's arguments were read (`ServerArgs.stated_by`), as each reading names its source.
+STATED_BY_VLLM = "the arguments vLLM logged at start"
+STATED_BY_PASTED = "the command line pasted with the log"
+STATED_BY_OPTION = "--vllm-command"
+
 # What the parser's line handlers gather as they read, keyed by LogFacts' field names (and a few working keys
 # they drop before building it).
 Facts = dict[str, object]
@@ -25,14 +30,16 @@ class CpuKvSpace:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerArgs:
-    """The command-line arguments vLLM logged at start.
+    """The command-line arguments a start ran with: as vLLM logged them, or as a command line gave them.
 
-    `complete` is True for the `args: Namespace(...)` line (<= 0.8.x: every argument, None when unset) and
-    False for `non-default args: {...}` (0.9+: only what differs from the default, so a missing key means
-    vLLM's default).
+    `complete` is True for the `args: Namespace(...)` line (<= 0.8.x: every argument, None when unset), and for a
+    command line that names a `--config` file (what it leaves out may be in the file): a missing key is unknown.
+    It is False for `non-default args: {...}` (0.9+: only what differs from the default) and for a command line:
+    a missing key means vLLM's default.
     """
 
     complete: bool
+    stated_by: str = STATED_BY_VLLM
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sidecar.doctor.evidence import Evidence
-from sidecar.doctor.logfacts import LogFacts
+from sidecar.doctor.logfacts import STATED_BY_VLLM, LogFacts, ServerArgs
 from sidecar.doctor.versions import Version, at_least, parse_version
 from sidecar.model.gpu import GpuDevice
 from sidecar.model.vllm import CacheConfig
@@ -23,7 +23,7 @@ DEFAULT_UTILIZATION = 0.9  # --gpu-memory-utilization's default in every release
 V0_MAX_NUM_SEQS = 256  # V0's default (0.5-0.10), the same for every card
 V1_CARD_DEFAULTS = (0, 9, 0)  # defaults by card size for the OpenAI server (earlier V1 lines: by GPU name)
 
-LOG_ARGS = "the arguments vLLM logged at start"
+LOG_ARGS = STATED_BY_VLLM
 LOG_DEFAULT = "vLLM's default: absent from the non-default arguments it logged"
 CACHE_CONFIG = "vllm:cache_config_info"
 
@@ -73,10 +73,10 @@ def resolve(evidence: Evidence) -> Setup:
 
     def from_args(name: str, default: T | None) -> Fact[T] | None:
         value = getattr(args, name) if args is not None else None
-        if value is not None:
-            return Fact(value, LOG_ARGS)
-        if defaults_known and default is not None:
-            return Fact(default, LOG_DEFAULT)
+        if value is not None and args is not None:
+            return Fact(value, args.stated_by)
+        if defaults_known and default is not None and args is not None:
+            return Fact(default, _default_source(args))
         return None
 
     utilization = next((c.gpu_memory_utilization for c in configs if c.gpu_memory_utilization is not None), None)
@@ -107,6 +107,11 @@ def resolve(evidence: Evidence) -> Setup:
         else None,
         card=card,
     )
+
+
+def _default_source(args: ServerArgs) -> str:
+    """Where a default comes from: a flag absent from vLLM's non-default arguments, or from the command."""
+    return LOG_DEFAULT if args.stated_by == STATED_BY_VLLM else f"vLLM's default: not in {args.stated_by}"
 
 
 def _stated_tensor_parallel(log: LogFacts | None) -> int | None:
@@ -155,18 +160,22 @@ def _max_model_len(evidence: Evidence, log: LogFacts | None) -> Fact[int] | None
         return None
     if log.refusal is not None and log.refusal.max_model_len is not None:
         return Fact(log.refusal.max_model_len, "vLLM's refusal to start")
-    if log.args is not None and log.args.max_model_len is not None:
-        return Fact(log.args.max_model_len, LOG_ARGS)
-    if log.max_seq_len is not None:
-        return Fact(log.max_seq_len, "the engine configuration vLLM logged")
-    return None
+    stated = Fact(log.args.max_model_len, log.args.stated_by) if log.args and log.args.max_model_len else None
+    logged = Fact(log.max_seq_len, "the engine configuration vLLM logged") if log.max_seq_len else None
+    # What vLLM printed wins over a command line, which may not be the one this start ran.
+    return (stated or logged) if _vllm_stated(log) else (logged or stated)
 
 
 def _log_utilization(log: LogFacts | None) -> Fact[float] | None:
     if log is None:
         return None
-    if log.args is not None and log.args.gpu_memory_utilization is not None:
-        return Fact(log.args.gpu_memory_utilization, LOG_ARGS)
+    stated = (
+        Fact(log.args.gpu_memory_utilization, log.args.stated_by)
+        if log.args is not None and log.args.gpu_memory_utilization is not None
+        else None
+    )
+    if stated is not None and _vllm_stated(log):
+        return stated
     for value, where in (
         (log.refusal.utilization if log.refusal else None, "vLLM's refusal to start"),
         (log.profile.utilization if log.profile else None, log.profile.source if log.profile else ""),
@@ -174,7 +183,11 @@ def _log_utilization(log: LogFacts | None) -> Fact[float] | None:
     ):
         if value is not None:
             return Fact(value, where)
-    return None
+    return stated
+
+
+def _vllm_stated(log: LogFacts) -> bool:
+    return log.args is not None and log.args.stated_by == STATED_BY_VLLM
 
 
 def _pool_tokens(configs: list[CacheConfig], log: LogFacts | None) -> Fact[int] | None:

@@ -7,10 +7,10 @@ where each start begins). vLLM's own line wins over a pasted command, which fill
 
 from __future__ import annotations
 
-import contextlib
 import re
+from dataclasses import replace
 
-from sidecar.doctor.logfacts import Facts, ServerArgs
+from sidecar.doctor.logfacts import STATED_BY_OPTION, STATED_BY_PASTED, STATED_BY_VLLM, Facts, LogFacts, ServerArgs
 
 ARGS_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})")
 
@@ -51,6 +51,9 @@ _ARG_TYPES: dict[str, type] = {
     "swap_space": float,
     "cpu_offload_gb": float,
 }
+
+
+_KIND_WORDS = {int: "a whole number", float: "a number", str: "a value"}
 
 
 def server_args(line: str, facts: Facts) -> bool:
@@ -129,15 +132,60 @@ def command_line(line: str, facts: Facts) -> bool:
     command_model(command, facts)
     if "args" in facts:
         return False
+    values, _ = _command_values(line, strict=False)
+    facts["args"] = ServerArgs(complete=False, stated_by=STATED_BY_PASTED, **values)  # type: ignore[arg-type]
+    return False
+
+
+def stated_command(text: str) -> tuple[ServerArgs, str | None]:
+    """The arguments and model of the command that started vLLM, as the user gives it (`--vllm-command`): `vllm
+    serve M --flag value ...`, `python -m vllm.entrypoints.openai.api_server --model M ...`, or the flags alone (a
+    container's args). ValueError, naming the flag, for a value vLLM would refuse too, or for a text with
+    neither a flag the doctor reads nor a model."""
+    values, config_file = _command_values(text, strict=True)
+    command = COMMAND_MODEL.search(text)
+    model = (command.group(1) or command.group(2)) if command is not None else None
+    if model is None and all(value is None for value in values.values()):
+        raise ValueError(
+            f"--vllm-command names no model and none of the flags the doctor reads (--gpu-memory-utilization, "
+            f"--max-num-seqs, --max-model-len, --tensor-parallel-size, ...): got {text!r}"
+        )
+    values["model"] = values["model"] or model
+    # Flags left out mean vLLM's defaults, unless a --config file may hold them.
+    return ServerArgs(complete=config_file, stated_by=STATED_BY_OPTION, **values), model  # type: ignore[arg-type]
+
+
+def with_stated_command(log: LogFacts, args: ServerArgs, model: str | None) -> LogFacts:
+    """The log's facts with the user's command for the start it diagnoses: vLLM's own arguments line wins; the
+    user's command wins over a command line pasted in the log."""
+    if log.args is not None and log.args.stated_by == STATED_BY_VLLM:
+        return log
+    return replace(log, args=args, model=log.model or model)
+
+
+def _command_values(text: str, *, strict: bool) -> tuple[dict[str, object], bool]:
+    """The flags of a command line the doctor reads (`--flag value`, `--flag=value`, switches, `--no-` switches),
+    and whether it names a `--config` file. A value that does not parse is skipped, or with `strict` refused."""
     values: dict[str, object] = dict.fromkeys(_ARG_TYPES)
-    for flag in _COMMAND_FLAG.finditer(line):
+    config_file = False
+    for flag in _COMMAND_FLAG.finditer(text):
         key = flag.group(1).replace("-", "_")
-        kind = _ARG_TYPES.get(key)
+        config_file = config_file or key == "config"
+        negated = key.startswith("no_") and _ARG_TYPES.get(key[3:]) is bool
+        kind = bool if negated else _ARG_TYPES.get(key)
         raw = (flag.group(2) or "").strip("'\"")
-        if kind is bool:
+        if negated:
+            values[key[3:]] = False
+        elif kind is bool:
             values[key] = raw.lower() not in ("false", "0")  # a switch, or `--flag=True`
         elif kind is not None and raw:
-            with contextlib.suppress(ValueError):
+            try:
                 values[key] = kind(raw)
-    facts["args"] = ServerArgs(complete=False, **values)  # type: ignore[arg-type]
-    return False
+            except ValueError:
+                if strict:
+                    raise ValueError(
+                        f"--vllm-command: --{flag.group(1)} needs {_KIND_WORDS[kind]}, got {raw!r}"
+                    ) from None
+        elif kind is not None and strict:
+            raise ValueError(f"--vllm-command: --{flag.group(1)} has no value")
+    return values, config_file

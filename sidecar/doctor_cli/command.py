@@ -41,6 +41,13 @@ class DoctorSettings(ReportSettings):
         description="an incident folder the daemon kept (<state-dir>/incidents/...): its log, metrics and /status "
         "history instead of a live vLLM and --history",
     )
+    vllm_command: str | None = Field(
+        None,
+        description="the command that started vLLM (vllm serve MODEL --gpu-memory-utilization 0.85 ..., or its flags "
+        "alone), for a --vllm-log or --incident whose log does not state them: values instead of steps where the "
+        "reading needs the budget or the batch sizes; vLLM's own arguments line, where the log has one, wins",
+        json_schema_extra={"metavar": "TEXT"},
+    )
     gpu_source: Literal["nvml", "sim", "none"] = Field(
         "nvml", description="nvml; sim: the simulator's /sim/gpu at --vllm-url; none"
     )
@@ -93,12 +100,19 @@ def run(flags: argparse.Namespace) -> int:
     from sidecar.doctor.diagnose import diagnose  # noqa: PLC0415 - keeps the CLI's start light
     from sidecar.doctor.finding import Severity  # noqa: PLC0415
     from sidecar.doctor.render import exit_code, render_json, render_text  # noqa: PLC0415
+    from sidecar.doctor.start_args import stated_command  # noqa: PLC0415
     from sidecar.doctor_cli.gather import InputError, Options, gather  # noqa: PLC0415
 
     try:
         args = load_tool_settings(DoctorSettings, flags)
     except SettingsError as error:
         print(f"vllm-sidecar: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.vllm_command is not None and args.vllm_log is None and args.incident is None:
+        print(
+            "vllm-sidecar: error: --vllm-command gives the flags of a log's start: give --vllm-log or --incident too",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         options = Options(
@@ -112,6 +126,7 @@ def run(flags: argparse.Namespace) -> int:
             vllm_process_pattern=str(args.vllm_process_pattern),
             timeout_s=args.request_timeout,
             incident=Path(args.incident) if args.incident is not None else None,
+            command=stated_command(args.vllm_command) if args.vllm_command is not None else None,
         )
         evidence = asyncio.run(gather(options))
     except (InputError, ValueError) as error:

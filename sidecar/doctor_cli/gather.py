@@ -12,7 +12,7 @@ import re
 import sys
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,7 +23,8 @@ from sidecar.doctor.evidence import Evidence, GpuEvidence, HistoryFacts, LiveEvi
 from sidecar.doctor.histogram import SAMPLE_NAMES
 from sidecar.doctor.history import HistoryError, from_ledger
 from sidecar.doctor.log_parser import parse_log
-from sidecar.doctor.logfacts import LogFacts
+from sidecar.doctor.logfacts import LogFacts, ServerArgs
+from sidecar.doctor.start_args import with_stated_command
 from sidecar.doctor.traffic import read_traffic
 from sidecar.doctor_cli.history_reading import status_history
 from sidecar.doctor_cli.incident_reading import read_incident
@@ -62,6 +63,7 @@ class Options:
     timeout_s: float
     max_body_bytes: int = 16 * 2**20
     incident: Path | None = None  # an incident folder: its log, metrics and history instead of the live reads
+    command: tuple[ServerArgs, str | None] | None = None  # --vllm-command: the arguments and model it gives
 
 
 STDIN = "-"
@@ -93,6 +95,16 @@ def _tail(stream: BinaryIO) -> bytes:
 
 
 async def gather(options: Options) -> Evidence:
+    evidence = await _gather(options)
+    if options.command is None:
+        return evidence
+    if evidence.log is None:
+        unused = "--vllm-command not used: it gives the flags of a log's start, and there is no log to read"
+        return replace(evidence, problems=(*evidence.problems, unused))
+    return replace(evidence, log=with_stated_command(evidence.log, *options.command))
+
+
+async def _gather(options: Options) -> Evidence:
     if options.incident is not None:
         return await asyncio.to_thread(_from_incident, options.incident, options.vllm_log)
     log = read_log(options.vllm_log) if options.vllm_log is not None else None
