@@ -83,6 +83,7 @@ SETS = {
     "heldout-25bi",
     "heldout-25bj",
     "heldout-25bk",
+    "heldout-25bl",
 }
 
 
