@@ -131,7 +131,10 @@ _ENGINE_DEAD = re.compile(
 # The frames of vLLM's check that the KV cache it sized holds one max_model_len request (V0 `initialize_cache` ->
 # `raise_if_cache_size_invalid`, V1 `check_enough_kv_cache_memory`): a traceback through them is that refusal.
 _KV_CHECK = re.compile(r"\b(?:raise_if_cache_size_invalid|_?check_enough_kv_cache_memory|initialize_cache)\b")
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception): ")
+# A traceback's header, its exception line, or a frame in vLLM's code (an excerpt that starts mid-traceback).
+_TRACEBACK = re.compile(
+    r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception): |File \"[^\"]*\bvllm/[^\"]*\", line \d+"
+)
 # V1's process names and sources (EngineCore, VllmWorker rank=, Worker_TP, vllm/v1/), else V0's (MQLLMEngine,
 # VllmWorkerProcess, vllm/worker/, vllm/engine/llm_engine.py).
 _ENGINE_GENERATION = re.compile(

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from sidecar.doctor import remedies
 from sidecar.doctor.cpu_kv import cpu_kv_refusal
+from sidecar.doctor.cut_traceback import cut_traceback
 from sidecar.doctor.evidence import Evidence
 from sidecar.doctor.finding import Cause, Finding, Recommendation, Severity
 from sidecar.doctor.formula import gib, tokens
@@ -68,8 +69,8 @@ def log_memory(evidence: Evidence, setup: Setup) -> Finding | None:
         finding = no_kv_room(None, ledger, setup, log)
     else:
         finding = _inferred_kv_refusal(ledger, setup, log)
-        if finding is None and log.cut_in is OomPhase.PROFILING:
-            finding = _cut_in_profile_run(ledger, setup, log)
+        if finding is None and log.cut_in is not None:
+            finding = cut_traceback(log.cut_in, ledger, setup, log)
     if finding is not None and log.engine_dead:
         finding = _died(finding)
     return finding
@@ -144,32 +145,6 @@ def _kv_check_cut(ledger: MemoryLedger, setup: Setup) -> Finding:
             "KV cache memory'): set --max-model-len at most C, or give the KV cache more memory; 'No available "
             "memory for the cache blocks': a larger --gpu-memory-utilization where the card has room; in both, a "
             "lower budget makes it worse",
-        ),
-    )
-
-
-def _cut_in_profile_run(ledger: MemoryLedger, setup: Setup, log: LogFacts) -> Finding:
-    """The log ends inside a traceback through the profile run, its error line cut: most often the dummy batch
-    ran out of memory, but the log does not say so. What to look for, and the first step if it did."""
-    halved = sequences(setup, log, "the profile run runs max_num_seqs dummy requests")
-    first = (
-        f"set --max-num-seqs {halved.value} ({halved.why})"
-        if halved is not None
-        else "halve --max-num-seqs (the profile run runs that many dummy requests)"
-    )
-    return Finding(
-        cause=Cause.CONFIGURATION_OVERSHOOT,
-        severity=Severity.WARNING,
-        summary="vLLM failed in its profile run, before the KV cache; the error itself is cut from the log",
-        evidence=(
-            "the log ends inside a traceback through the profile run (the dummy batch that sizes the KV cache), "
-            "before the error line",
-            *ledger.lines(),
-        ),
-        steps=(
-            "find the error line at the traceback's end: if it is CUDA out of memory, the dummy batch did not fit "
-            f"beside the weights, and gpu_memory_utilization does not cap it: {first}; with a multimodal model, "
-            "fewer or smaller images per prompt (--limit-mm-per-prompt) shrink it too",
         ),
     )
 

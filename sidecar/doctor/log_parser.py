@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.doctor.line_handlers import CONTEXT, HANDLERS
-from sidecar.doctor.log_records import Record, join_lines, records
+from sidecar.doctor.log_records import Record, join_lines, records, undo_the_paste
 from sidecar.doctor.logfacts import Facts, LogFacts, Refusal, RefusalKind
 from sidecar.doctor.oom_log import find_oom
 from sidecar.doctor.phase import SERVING_SIGNS, cut_in_traceback, oom_phase
@@ -118,8 +118,9 @@ def log_lines(text: str) -> list[str]:
 
 
 def rejoin(lines: list[str]) -> list[str]:
-    """Lines with each wrapped message put back together (see `log_records`)."""
-    return [record.text for record in join_lines(lines)]
+    """Lines with each wrapped message put back together, colours dropped, as `parse_log` reads them (see
+    `log_records`)."""
+    return [record.text for record in join_lines(undo_the_paste("\n".join(lines)).splitlines())]
 
 
 def _apply(handler: Callable[[str, Facts], bool], line: str, facts: Facts) -> bool:

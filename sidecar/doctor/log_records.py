@@ -1,12 +1,6 @@
 """A log as records: each line's prefix, learned from the log itself, and messages put back together. Pure.
 
-Whatever prints vLLM's output adds its own prefix to each line: vLLM's logger (`ERROR 03-20 17:39:14
-[core.py:1100]`), its multiprocess decorator (`(EngineCore_DP0 pid=43)`), a launcher (`2025-05-01 12:00:00 |
-ERROR | stderr |`), docker compose, journald, `kubectl logs --timestamps`, a markdown quote. No list of known
-prefixes is kept: a line's head is read as a run of prefix-shaped tokens (timestamps, levels, bracketed groups,
-separators, `name[pid]:` tags), and a head counts as a prefix only when its shape (digits masked, levels and
-group contents erased) starts enough lines of this log. `22.5 GiB KV cache is needed` is then a message that a
-terminal wrapped, not a line with a `22.5` prefix.
+Each line's prefix (a logger's, a launcher's, a paste's) is learned from the log itself (`log_prefix`).
 
 A line continues the record before it when it does not start a record of its own: it has no learned prefix,
 and it is neither indented (a traceback's code), nor a traceback or exception line, nor a progress bar, nor led
@@ -20,32 +14,13 @@ for wraps that fell on a space the paste dropped.
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 from dataclasses import dataclass
 
+from sidecar.doctor.log_prefix import line_prefixes
+
 _ANSI = re.compile(r"(?:\x1b|\^\[)\[[\d;]*m")
-_MONTHS = "Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
-_LEVELS = (
-    "INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL|TRACE|NOTICE|Info|Warning|Warn|Error|Debug|Critical|"
-    "info|warning|warn|error|debug|stdout|stderr"
-)
-# One token of a line's head, each followed by whitespace (or the end). The group names are the token's class.
-_HEAD_TOKEN = re.compile(
-    r"(?P<group>\([^()\n]{1,160}\)|\[[^\[\]\n]{1,160}\]|<[^<>\n]{1,60}>):?"
-    rf"|(?P<level>(?:{_LEVELS})):?"
-    rf"|(?P<month>(?:{_MONTHS}))"
-    r"|(?P<tag>(?:[\w.\-]+\s+)?[\w.\-/@]+\[\d+\]:|[\w.\-/@]+(?=\s+\|))"
-    r"|(?P<where>[\w.\-/]+:\d+\])"  # V0's and glog's `engine.py:135]`
-    r"|(?P<time>\d[\d\-:/.,T]*(?:Z|[+-]\d\d:?\d\d)?)"
-    r"|(?P<sep>[|>»:*\-\u2502\u2503\u258c\u258d\u258e])"  # quote bars a rendered page's copy keeps: │ ┃ ▌ ▍ ▎
-)
-_SPACE = re.compile(r"[ \t]+")
 _QUOTE_BAR = re.compile(r"[ \t]*(?:[|>\u2502\u2503\u258c\u258d\u258e][ \t]*)+")
-_MAX_HEAD_TOKENS = 14
-_MIN_PREFIX_LINES = 2  # a head shape must start at least this many lines ...
-_MIN_PREFIX_SHARE = 0.05  # ... and this share of the non-empty lines to count as the log's prefix
 _PREFIXED_LOG_SHARE = 0.5  # a log where at least this share of lines carry a prefix is a prefixed log
 _WRAPPED_AT = 60  # a line this long that no sentence's end closes was wrapped
 _MAX_RECORD_CHARS = 65536  # a wrapped message is never longer: past it, a run of loose lines starts a new record
@@ -131,13 +106,25 @@ def undo_the_paste(text: str) -> str:
 
 
 def records(text: str) -> list[Record]:
-    return _rejoin_long_messages(join_lines(undo_the_paste(text).splitlines()))
+    return _without_a_cut_prefix(_rejoin_long_messages(join_lines(undo_the_paste(text).splitlines())))
+
+
+def _without_a_cut_prefix(read: list[Record]) -> list[Record]:
+    """The records less a last line that is only the start of the prefix the line before it has (digits aside):
+    an excerpt cut inside the next line's prefix (`WARN  PyProcess`) holds nothing of that line's message."""
+    if len(read) < 2:
+        return read
+    last, before = _masked(read[-1].text.strip()), _masked(read[-2].prefix.strip())
+    return read[:-1] if last and len(last) < len(before) and before.startswith(last) else read
+
+
+def _masked(text: str) -> str:
+    """Digits masked, as a prefix's shape is compared (its clock and pids change from line to line)."""
+    return re.sub(r"\d+", "9", text)
 
 
 def join_lines(lines: list[str]) -> list[Record]:
-    heads = [_head(line) for line in lines]
-    learned = _learned_shapes(heads, sum(1 for line in lines if line.strip()))
-    prefixes = [_learned_prefix(line, head, learned) for line, head in zip(lines, heads, strict=True)]
+    prefixes, columns = line_prefixes(lines)
     non_empty = [prefix for line, prefix in zip(lines, prefixes, strict=True) if line.strip()]
     prefixed_log = bool(non_empty) and sum(1 for prefix in non_empty if prefix) >= _PREFIXED_LOG_SHARE * len(non_empty)
     # Each record as its prefix and its parts, joined once at the end (a long run of continuations stays linear),
@@ -145,7 +132,7 @@ def join_lines(lines: list[str]) -> list[Record]:
     joined: list[tuple[str, list[str]]] = []
     message_at = 0
     size = 0
-    for line, prefix, head in zip(lines, prefixes, heads, strict=True):
+    for line, prefix, column in zip(lines, prefixes, columns, strict=True):
         # A quoted paste (`> `, `│ `, `▎ ` on every line) repeats its bar on the lines a wrap made: under the same
         # bar, a line is read as an unprefixed one would be.
         quoted = bool(prefix) and bool(joined) and joined[-1][0] == prefix and _QUOTE_BAR.fullmatch(prefix)
@@ -163,7 +150,7 @@ def join_lines(lines: list[str]) -> list[Record]:
             size += len(glue)
         else:
             joined.append((prefix, [line]))
-            message_at = head[-1][1] if head else 0
+            message_at = column
             size = len(line)
     return [Record(text="".join(parts), prefix=prefix) for prefix, parts in joined]
 
@@ -234,56 +221,6 @@ def _rejoin_long_messages(read: list[Record]) -> list[Record]:
                     break
         rejoined.append(record)
     return rejoined
-
-
-def _head(line: str) -> list[tuple[str, int]]:
-    """The prefix-shaped tokens a line starts with: (shape, end offset including the one space after it)."""
-    tokens: list[tuple[str, int]] = []
-    at = 0
-    while len(tokens) < _MAX_HEAD_TOKENS:
-        match = _HEAD_TOKEN.match(line, at)
-        if match is None:
-            break
-        end = match.end()
-        space = _SPACE.match(line, end)
-        if space is None and end < len(line):
-            break  # a token must stand alone: `ERROR:` yes, `Error(` or `1048576),` no
-        tokens.append((_shape(match), end + (1 if space is not None else 0)))
-        at = space.end() if space is not None else end
-    return tokens
-
-
-def _shape(match: re.Match[str]) -> str:
-    kind = match.lastgroup or ""
-    text = match.group(0)
-    if kind == "group":
-        return text[0] + text[-1] if text[-1] != ":" else text[0] + text[-2] + ":"
-    if kind == "time":
-        return re.sub(r"\d+", "9", text)
-    if kind == "sep":
-        return text
-    return kind  # level, month, tag, where: their words vary line to line
-
-
-def _learned_shapes(heads: list[list[tuple[str, int]]], non_empty: int) -> set[tuple[str, ...]]:
-    """Head shapes (each leading run of tokens) that start enough lines of this log to be its prefix."""
-    counts: Counter[tuple[str, ...]] = Counter()
-    for head in heads:
-        shapes = tuple(shape for shape, _ in head)
-        counts.update(shapes[: n + 1] for n in range(len(shapes)))
-    lines = sum(1 for head in heads if head) or 1
-    # A one-line paste has nothing to compare with: its own head is its prefix. One head among several lines is
-    # no prefix (`69.27 MiB is reserved ...`, a wrapped message's number).
-    needed = max(min(_MIN_PREFIX_LINES, max(non_empty, 1)), math.ceil(_MIN_PREFIX_SHARE * lines))
-    return {shapes for shapes, count in counts.items() if count >= needed}
-
-
-def _learned_prefix(line: str, head: list[tuple[str, int]], learned: set[tuple[str, ...]]) -> str:
-    shapes = tuple(shape for shape, _ in head)
-    for n in range(len(head), 0, -1):
-        if shapes[:n] in learned:
-            return line[: head[n - 1][1]]
-    return ""
 
 
 def _continues(line: str, prefix: str, previous: tuple[str, list[str]], *, prefixed_log: bool, hanging: int) -> bool:

@@ -38,7 +38,7 @@ _FAMILY = loose(
     # AWS Neuron's runtime: "nrt_tensor_allocate status=4 message="Allocation Failure"", and its driver's
     # "Failed to allocate 512.000MB (usage: tensors) on ND 0:NC 0".
     r"|nrt_tensor_allocate status=\d+ message=.Allocation Failure|Failed to allocate [\d.]+ ?MB \(usage: \w+\) on ND \d"
-    r"|Cuda failure \d* ?'out of memory'|Ran out of memory in memory space (?:hbm|vmem|smem)"
+    r"|Cuda failure \d* ?'?out of memory'?|Ran out of memory in memory space (?:hbm|vmem|smem)"
     # XLA's refusals on a TPU: "RESOURCE_EXHAUSTED: ... memory", or PJRT's "Error allocating device buffer".
     r"|RESOURCE_EXHAUSTED: (?:.{0,200}memory|Error allocating device buffer)|Runtime(?:Buffer|Program)AllocationFailure"
     r"|Error allocating device buffer: Attempting to allocate"

@@ -46,6 +46,49 @@ def test_the_prefix_is_learned_from_the_lines_that_share_it(name: str) -> None:
     assert all(record.prefix == template.format(n=n) for n, record in enumerate(read))
 
 
+# Launchers' tags that no token shape describes, before vLLM's own prefix or none: learned from their words.
+TAGGED = {
+    "djl serving": "WARN  PyProcess W-252-model-stderr: ",
+    "a job's stderr": "serve-job.err: ",
+    "both, then vllm's": "serve-job.err: WARN  PyProcess W-7-model-stderr: (EngineCore_DP0 pid=7) ERROR 03-20 ",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAGGED))
+def test_a_launchers_tag_that_every_line_repeats_is_learned_as_its_prefix(name: str) -> None:
+    tag = TAGGED[name]
+    body = [
+        "Traceback (most recent call last):",
+        '  File "/x/vllm/worker/worker.py", line 125, in warm_up_model',
+        "    self.model_runner.capture_model(self.gpu_cache)",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+    ]
+    read = records("\n".join(tag + line for line in body))
+    assert [(record.prefix, record.payload) for record in read] == [(tag, line) for line in body]
+
+
+def test_a_message_that_many_lines_start_with_is_no_tag() -> None:
+    """vLLM's stats lines all start `Engine 000:` after its prefix, but nothing prefix-like or a traceback follows
+    it: the message keeps its words."""
+    stats = "INFO 02-27 07:36:{n:02d} [loggers.py:257] "
+    body = "Engine 000: Avg prompt throughput: 0.0 tokens/s, Running: 189 reqs, Waiting: 766 reqs"
+    read = records("\n".join(stats.format(n=n) + body for n in range(6)))
+    assert [record.payload for record in read] == [body] * 6
+
+
+def test_a_short_paste_with_a_tag_on_each_line_reads_the_error_after_it() -> None:
+    refusal = parse_log("serve-job.err: " + V1_REFUSAL).refusal
+    assert refusal is not None
+    assert (refusal.max_model_len, refusal.estimated_max_len) == (1048576, 678112)
+
+
+def test_an_excerpt_cut_inside_the_next_lines_prefix_drops_that_fragment() -> None:
+    tag = "Nov 26 03:41:{n:02d} gpu-node-3 vllm[1234]: WARN  PyProcess W-252-model-stderr: "
+    lines = [tag.format(n=n) + f'  File "/x/vllm/worker/worker.py", line {n}, in warm_up_model' for n in range(3)]
+    read = records("\n".join([*lines, "Nov 26 03:41:03 gpu-node-3 vllm[1234]: WARN  PyPro"]))
+    assert [record.text for record in read] == lines
+
+
 def test_a_line_that_starts_with_a_number_is_not_a_prefix_of_its_own() -> None:
     """The KV refusal a terminal wrapped after the comma: `22.5 GiB ...` continues the line before it."""
     head, tail = V1_REFUSAL.split(", (", 1)

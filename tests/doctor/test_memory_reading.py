@@ -876,6 +876,33 @@ def test_a_log_cut_inside_the_profile_runs_traceback_says_what_to_look_for_and_n
     assert "cut" not in _finding(whole).summary
 
 
+def test_a_log_cut_inside_the_graph_capture_recommends_eager_mode_and_the_budget_only_as_a_step() -> None:
+    """An excerpt that starts mid-traceback (no header, no error line) through V0's warm-up into capture_model:
+    eager mode skips the capture whatever the cut error was; a lower budget helps only an OOM."""
+    tag = "WARN  PyProcess W-252-model-stderr: "
+    cut = (
+        f'{tag}  File "/usr/local/lib/python3.10/dist-packages/vllm/engine/ray_utils.py", line 30, in execute_method\n'
+        f"{tag}    return executor(*args, **kwargs)\n"
+        f'{tag}  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py", line 125, in warm_up_model\n'
+        f"{tag}    self.model_runner.capture_model(self.gpu_cache)\n"
+        f'{tag}  File "/usr/local/lib/python3.10/dist-packages/torch/utils/_contextlib.py", line 115, in decorate\n'
+        "WARN  PyPro"
+    )
+    assert parse_log(cut).cut_in is OomPhase.GRAPH_CAPTURE
+    finding = _finding(cut)
+    assert finding.cause is Cause.CONFIGURATION_OVERSHOOT
+    assert _flags(finding) == {"--enforce-eager": ""}
+    assert "error itself is cut" in finding.summary
+    assert "--gpu-memory-utilization a few hundredths below what you set" in finding.steps[0]
+    assert _flags(_finding("$ vllm serve m --enforce-eager\n" + cut)) == {}  # eager already: nothing to skip
+
+
+def test_an_nccl_out_of_memory_without_quotes_is_an_oom() -> None:
+    oom = parse_log("enqueue.cc:1556 NCCL WARN Cuda failure 2 out of memory\n").oom
+    assert oom is not None
+    assert oom.tried_bytes is None
+
+
 def test_a_traceback_cut_inside_the_kv_check_is_its_refusal_with_no_size_made_up() -> None:
     """V0's `raise_if_cache_size_invalid` raises one of two refusals; cut before either, the log is still vLLM's
     refusal at the check, and nothing sizes a flag."""

@@ -3,9 +3,11 @@
 The prefixes are the documented formats of the tools: journalctl's default `short` output (`Mon DD HH:MM:SS host
 identifier[pid]: `, journalctl(1) --output=short), `kubectl logs --timestamps` (an RFC 3339 timestamp with
 nanoseconds and a space before each line), `docker compose logs` (the container name padded, then `| `), Ray's
-driver-side worker redirection (`(ActorName pid=N, ip=A.B.C.D) `) and vLLM's own multiprocess prefix
-(`(EngineCore_DP0 pid=N) `). Each logical line of the log (a message a paste wrapped is put back first, as the
-tool would have seen it) gets the prefix; the doctor must name the same cause and recommend the same values.
+driver-side worker redirection (`(ActorName pid=N, ip=A.B.C.D) `), vLLM's own multiprocess prefix
+(`(EngineCore_DP0 pid=N) `), and two launchers' tags that no token shape describes (DJL Serving's
+`WARN  PyProcess W-7-model-stderr: `, a job's `serve-job.err: `). Each logical line of the log (a message a paste
+wrapped is put back first, as the tool would have seen it) gets the prefix; the doctor must name the same cause
+and recommend the same values.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ PREFIXES: dict[str, Callable[[int], str]] = {
     "docker-compose": lambda _: "vllm-1  | ",
     "ray-worker": lambda _: "(RayWorkerWrapper pid=4123, ip=10.0.0.7) ",
     "engine-core": lambda _: "(EngineCore_DP0 pid=7) ",
+    # A launcher's own tag, which no token shape describes: learned because every line repeats it.
+    "launcher-tag": lambda _: "WARN  PyProcess W-7-model-stderr: ",
+    "job-tag": lambda _: "serve-job.err: ",
 }
 # Logs that already carry an outer prefix of their own (a `> ` quote, CI timestamps, compose) are not wrapped again:
 # no tool puts journald in front of a markdown quote.
@@ -68,7 +73,7 @@ def _doctor(path: Path) -> tuple[int, dict[str, Any]]:
 
 @functools.cache
 def _plain(file: str) -> tuple[int, dict[str, Any]]:
-    """The bare log's reading, once for its five prefixes (half of this module's time was reading it again)."""
+    """The bare log's reading, once for its seven prefixes (half of this module's time was reading it again)."""
     return _doctor(CORPUS / file)
 
 
