@@ -137,27 +137,29 @@ def command_line(line: str, facts: Facts) -> bool:
     return False
 
 
-def stated_command(text: str) -> tuple[ServerArgs, str | None]:
-    """The arguments and model of the command that started vLLM, as the user gives it (`--vllm-command`): `vllm
-    serve M --flag value ...`, `python -m vllm.entrypoints.openai.api_server --model M ...`, or the flags alone (a
-    container's args). ValueError, naming the flag, for a value vLLM would refuse too, or for a text with
-    neither a flag the doctor reads nor a model."""
-    values, config_file = _command_values(text, strict=True)
+def stated_command(
+    text: str, *, stated_by: str = STATED_BY_OPTION, strict: bool = True
+) -> tuple[ServerArgs, str | None]:
+    """The arguments and model of the command that started vLLM, as the user gives it (`--vllm-command`) or an
+    incident kept it: `vllm serve M --flag value ...`, `python -m vllm.entrypoints.openai.api_server --model M
+    ...`, or the flags alone (a container's args). With `strict`, ValueError, naming the flag, for a value vLLM
+    would refuse too, or for a text with neither a flag the doctor reads nor a model."""
+    values, config_file = _command_values(text, strict=strict)
     command = COMMAND_MODEL.search(text)
     model = (command.group(1) or command.group(2)) if command is not None else None
-    if model is None and all(value is None for value in values.values()):
+    if strict and model is None and all(value is None for value in values.values()):
         raise ValueError(
             f"--vllm-command names no model and none of the flags the doctor reads (--gpu-memory-utilization, "
             f"--max-num-seqs, --max-model-len, --tensor-parallel-size, ...): got {text!r}"
         )
     values["model"] = values["model"] or model
     # Flags left out mean vLLM's defaults, unless a --config file may hold them.
-    return ServerArgs(complete=config_file, stated_by=STATED_BY_OPTION, **values), model  # type: ignore[arg-type]
+    return ServerArgs(complete=config_file, stated_by=stated_by, **values), model  # type: ignore[arg-type]
 
 
 def with_stated_command(log: LogFacts, args: ServerArgs, model: str | None) -> LogFacts:
-    """The log's facts with the user's command for the start it diagnoses: vLLM's own arguments line wins; the
-    user's command wins over a command line pasted in the log."""
+    """The log's facts with the given command for the start it diagnoses: vLLM's own arguments line wins; the
+    given command wins over a command line pasted in the log (and `--vllm-command` over an incident's)."""
     if log.args is not None and log.args.stated_by == STATED_BY_VLLM:
         return log
     return replace(log, args=args, model=log.model or model)

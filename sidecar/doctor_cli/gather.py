@@ -23,8 +23,8 @@ from sidecar.doctor.evidence import Evidence, GpuEvidence, HistoryFacts, LiveEvi
 from sidecar.doctor.histogram import SAMPLE_NAMES
 from sidecar.doctor.history import HistoryError, from_ledger
 from sidecar.doctor.log_parser import parse_log
-from sidecar.doctor.logfacts import LogFacts, ServerArgs
-from sidecar.doctor.start_args import with_stated_command
+from sidecar.doctor.logfacts import STATED_BY_INCIDENT, LogFacts, ServerArgs
+from sidecar.doctor.start_args import stated_command, with_stated_command
 from sidecar.doctor.traffic import read_traffic
 from sidecar.doctor_cli.history_reading import status_history
 from sidecar.doctor_cli.incident_reading import read_incident
@@ -156,11 +156,18 @@ def _from_incident(folder: Path, vllm_log: Path | None) -> Evidence:
     return Evidence(
         live=live,
         gpu=GpuEvidence(source="none", reading=None, error=None),
-        log=read_log(log_path) if log_path is not None else None,
+        log=_with_incident_command(read_log(log_path), incident.command) if log_path is not None else None,
         log_path=str(log_path) if log_path is not None else None,
         history=incident.history,
         problems=tuple(problems),
     )
+
+
+def _with_incident_command(log: LogFacts, command: str | None) -> LogFacts:
+    """The log with the flags of the command line the incident kept (where its log has no arguments line)."""
+    if command is None:
+        return log
+    return with_stated_command(log, *stated_command(command, stated_by=STATED_BY_INCIDENT, strict=False))
 
 
 async def _fetch(client: httpx.AsyncClient, url: str, max_bytes: int, timeout_s: float) -> bytes:

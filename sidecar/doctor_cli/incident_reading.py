@@ -38,6 +38,7 @@ class IncidentEvidence:
     version: str | None  # vLLM's version, as the newest /status document says it
     history: HistoryFacts | None
     lines: tuple[str, ...]  # the headline and what was not captured, for the notes
+    command: str | None = None  # vLLM's API server's command line, where the daemon saw its process
 
 
 def read_incident(folder: Path) -> IncidentEvidence:
@@ -68,7 +69,13 @@ def read_incident(folder: Path) -> IncidentEvidence:
             lines.append(f"incident {folder}: its metrics not used: {error}")
     log = folder / LOG_FILE if LOG_FILE in files and (folder / LOG_FILE).is_file() else None
     return IncidentEvidence(
-        folder=folder, log=log, metrics=metrics, version=version, history=history, lines=tuple(lines)
+        folder=folder,
+        log=log,
+        metrics=metrics,
+        version=version,
+        history=history,
+        lines=tuple(lines),
+        command=manifest.get("vllm_command"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NotRequired
 
 from typing_extensions import TypedDict
 
@@ -79,3 +80,5 @@ class ManifestDocument(TypedDict):
     not_captured: list[NotCaptured]
     capture_seconds: float  # how long the capture took (what it held the restart back, before a restart)
     limits: LimitsDocument
+    # vLLM's API server's command line (secrets as ***) where its process was seen; not in folders before it
+    vllm_command: NotRequired[str | None]

@@ -56,6 +56,7 @@ class VllmProcess:
     pid: int
     role: ProcessRole
     title: str  # its command line, shortened for a manifest line
+    command: str  # its whole command line, secrets redacted
     state: str
 
 
@@ -106,6 +107,7 @@ def vllm_processes(table: Iterable[ProcessEntry], *, port: int, own_pid: int) ->
             pid=pid,
             role=role_of(alive[pid].command) or ProcessRole.OTHER,
             title=_short(alive[pid].command),
+            command=redacted(" ".join(alive[pid].command.split())),
             state=alive[pid].state,
         )
         for pid in found

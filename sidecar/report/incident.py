@@ -95,6 +95,7 @@ def manifest_document(
     capture_s: float,
     timeout_s: float,
     max_bytes: int,
+    vllm_command: str | None = None,
 ) -> ManifestDocument:
     return {
         "version": MANIFEST_VERSION,
@@ -108,6 +109,7 @@ def manifest_document(
         "not_captured": list(not_captured),
         "capture_seconds": round(capture_s, 3),
         "limits": LimitsDocument(timeout_seconds=timeout_s, max_bytes=max_bytes),
+        "vllm_command": vllm_command,
     }
 
 

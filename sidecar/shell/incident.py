@@ -22,7 +22,7 @@ from structlog.typing import FilteringBoundLogger
 
 from sidecar.actuators.log_source import LogRead, LogSource, LogUnreadableError, Wanted
 from sidecar.model.incident import IncidentRef, Kind, Trigger
-from sidecar.parse.vllm_process import VllmProcess, VllmProcesses
+from sidecar.parse.vllm_process import ProcessRole, VllmProcess, VllmProcesses
 from sidecar.report.document import finite
 from sidecar.report.incident import incident_name, manifest_document, summary_line
 from sidecar.shell.incident_files import IncidentFiles, Piece, plan
@@ -130,7 +130,8 @@ class IncidentRecorder:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         late = f"not in within the incident's {gather_s:g} s"
-        pieces += stack_task.result() if stack_task in done else [Piece.missing(Kind.STACKS, late)]
+        stacks, command = stack_task.result() if stack_task in done else ([Piece.missing(Kind.STACKS, late)], None)
+        pieces += stacks
         pieces.append(log_task.result() if log_task in done else Piece.missing(Kind.LOG, late))
         pieces.append(self._metrics(incident))
         pieces.append(self._history())
@@ -146,6 +147,7 @@ class IncidentRecorder:
             capture_s=self._clock() - started,
             timeout_s=settings.timeout_s,
             max_bytes=settings.max_bytes,
+            vllm_command=command,
         )
         self.kept[str(trigger)] += 1
         for part in planned.not_captured:
@@ -161,21 +163,23 @@ class IncidentRecorder:
             return None
         return summary_line(document)
 
-    async def _stacks(self, trigger: Trigger, timeout_s: float) -> list[Piece]:
+    async def _stacks(self, trigger: Trigger, timeout_s: float) -> tuple[list[Piece], str | None]:
+        """vLLM's stacks, and its API server's command line (for the doctor: the flags its log may not state)."""
         if trigger is Trigger.AFTER_CRASH:
-            return [Piece.missing(Kind.STACKS, GONE_AFTER_CRASH)]
-        py_spy = self._py_spy
-        if py_spy is None:
-            return [Piece.missing(Kind.STACKS, NO_PY_SPY)]
+            return [Piece.missing(Kind.STACKS, GONE_AFTER_CRASH)], None
         deadline = self._clock() + timeout_s
         found = await asyncio.to_thread(self._find_processes)
+        command = next((p.command for p in found.processes if p.role is ProcessRole.API_SERVER and p.command), None)
+        py_spy = self._py_spy
+        if py_spy is None:
+            return [Piece.missing(Kind.STACKS, NO_PY_SPY)], command
         if not found.processes:
-            return [Piece.missing(Kind.STACKS, NOT_SEEN)]
+            return [Piece.missing(Kind.STACKS, NOT_SEEN)], command
         left_s = max(0.05, deadline - self._clock())
         dumps = await asyncio.gather(
             *(self._dump_one(py_spy, process, left_s, found.note) for process in found.processes)
         )
-        return list(dumps)
+        return list(dumps), command
 
     async def _dump_one(self, py_spy: Path, process: VllmProcess, timeout_s: float, how: str | None) -> Piece:
         dump = await self._dump(py_spy, process.pid, timeout_s=timeout_s)

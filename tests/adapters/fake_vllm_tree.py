@@ -23,6 +23,8 @@ from typing import IO
 ENGINE_FUNCTION = "engine_core_busy_loop"
 _READY_S = 30.0  # bounds a broken start only: the two processes say when they are in their loops
 SERVER_FUNCTION = "api_server_waiting_for_requests"
+SECRET_KEY = "sk-fake-tree"  # noqa: S105 - a made-up key an incident must not keep
+COMMAND_FLAGS = ("--gpu-memory-utilization", "0.85", "--api-key", SECRET_KEY)
 
 
 def api_server_waiting_for_requests() -> None:
@@ -40,7 +42,7 @@ def engine_core_busy_loop() -> None:
 class FakeVllmTree:
     def __init__(self, port: int) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "vllm.entrypoints.openai.api_server", "--port", str(port)],
+            [sys.executable, __file__, "vllm.entrypoints.openai.api_server", "--port", str(port), *COMMAND_FLAGS],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,

@@ -35,7 +35,7 @@ from sidecar.shell.incident_files import Piece, plan
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.stack_dump import NO_PERMISSION, NO_PY_SPY, StackDump, dump_stack, find_py_spy
 from sidecar.sources.vllm_processes import find_vllm_processes
-from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, SERVER_FUNCTION, FakeVllmTree
+from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, SECRET_KEY, SERVER_FUNCTION, FakeVllmTree
 from tests.conftest import required_in_ci
 from tests.loopback import closed_port
 
@@ -176,6 +176,10 @@ async def test_the_incident_holds_the_stopped_engine_cores_stack(py_spy: Path, t
     assert SERVER_FUNCTION in (folder / f"stacks-api_server-{tree.server_pid}.txt").read_text()
     assert document["not_captured"] == []
     assert {item["kind"] for item in document["captured"]} == {"stacks", "log", "metrics", "status_history"}  # type: ignore[attr-defined]
+    # The API server's command line, for the doctor (the flags a log's tail lacks), with its key redacted.
+    assert str(document["vllm_command"]).endswith(f"--port {port} --gpu-memory-utilization 0.85 --api-key ***")
+    assert SECRET_KEY not in (folder / MANIFEST_FILE).read_text()
+    assert not any(SECRET_KEY in path.read_text() for path in folder.glob("stacks-*.txt"))
     assert (folder / LOG_FILE).read_text().endswith("ERROR the engine stopped answering\n")
     assert os.stat(folder).st_mode & 0o777 == 0o700
 
@@ -206,7 +210,9 @@ async def test_the_capture_never_takes_longer_than_its_limit(tmp_path: Path) -> 
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
-    engine = VllmProcess(pid=7, role=ProcessRole.ENGINE_CORE, title="VLLM::EngineCore", state="T")
+    engine = VllmProcess(
+        pid=7, role=ProcessRole.ENGINE_CORE, title="VLLM::EngineCore", command="VLLM::EngineCore", state="T"
+    )
     processes = VllmProcesses(processes=(engine,), note=None)
     incidents = recorder(
         tmp_path, py_spy=Path("/bin/true"), processes=processes, timeout_s=1.0, log=HangingLog(), dump=hanging_dump

@@ -22,6 +22,7 @@ from sidecar.actuators.log_source import Wanted
 from sidecar.cli import main
 from sidecar.doctor_cli.incident_reading import top_frames
 from sidecar.model.incident import MANIFEST_FILE, Trigger
+from sidecar.parse.vllm_process import ProcessRole, VllmProcess, VllmProcesses
 from sidecar.shell.incident import IncidentRecorder, IncidentSettings, MetricsRead
 from sidecar.sources.stack_dump import NO_PY_SPY
 from tests.cause.logs import OOM_CAUSE, oom_death
@@ -37,18 +38,23 @@ def _no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def _incident(tmp_path: Path) -> Path:
+NO_PROCESSES = VllmProcesses(processes=(), note=None)
+
+
+def _incident(
+    tmp_path: Path, log_text: str | None = None, processes: VllmProcesses = NO_PROCESSES, *, metrics: bool = True
+) -> Path:
     log = tmp_path / "vllm.log"
-    log.write_text(oom_death())
+    log.write_text(oom_death() if log_text is None else log_text)
     history = [json.loads((STATUS / name).read_text()) for name in ("hang-pressure-4s.json", "hang-restarted.json")]
-    metrics = (EXPOSITIONS / "vllm-0.32.0-cpu-after-load.prom").read_text()
+    exposition = (EXPOSITIONS / "vllm-0.32.0-cpu-after-load.prom").read_text()
     recorder = IncidentRecorder(
         IncidentSettings(state_dir=tmp_path / "state", keep=5, timeout_s=10, max_bytes=2**20, vllm_url="http://x"),
         logger=structlog.get_logger(),
         log_source=FileLog(log),
         py_spy=None,
-        find_processes=lambda: pytest.fail("no stacks without py-spy"),
-        last_metrics=lambda: MetricsRead(text=metrics, wall_time_s=time.time()),
+        find_processes=lambda: processes,
+        last_metrics=lambda: MetricsRead(text=exposition, wall_time_s=time.time()) if metrics else None,
         status_history=lambda: history,
     )
     incident = recorder.reserve("engine_dead", time.time())
@@ -77,6 +83,45 @@ def test_the_doctor_diagnoses_from_the_incident_alone(tmp_path: Path, capsys: py
     assert f"stacks not captured: {NO_PY_SPY}" in text
     assert f"at incident {folder}: read /metrics" in text
     assert "(the newest of 2 /status documents)" in text
+
+
+def test_the_command_line_the_incident_kept_gives_the_flags_its_log_does_not_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long-running server's log tail has no arguments line; the API server's command line, seen when the
+    incident was taken, gives its budget: a value where the log alone gives a step."""
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "23.69 GiB of which 979.69 MiB is free. Including non-PyTorch memory, this process has 22.73 GiB memory in "
+        "use. Of the allocated memory 22.29 GiB is allocated by PyTorch, and 129.54 MiB is reserved by PyTorch but "
+        "unallocated.\n"
+    )
+    command = "python3 -m vllm.entrypoints.openai.api_server --model m --gpu-memory-utilization 0.85 --api-key ***"
+    server = VllmProcess(pid=41, role=ProcessRole.API_SERVER, title=command, command=command, state="S")
+    # No /metrics kept: vLLM's own cache_config_info would state the budget and win.
+    folder = _incident(tmp_path, oom, VllmProcesses(processes=(server,), note=None), metrics=False)
+    assert json.loads((folder / MANIFEST_FILE).read_text())["vllm_command"] == command
+    capsys.readouterr()
+    nothing_there = f"http://127.0.0.1:{closed_port()}"
+    main(["doctor", "--incident", str(folder), "--vllm-url", nothing_there, "--json"])
+    document = json.loads(capsys.readouterr().out)
+    budget = [r for r in document["findings"][0]["recommendations"] if r["flag"] == "--gpu-memory-utilization"]
+    assert [r["value"] for r in budget] == [0.79]  # 0.85 - 1.04 GiB / 23.69 GiB - 1 %
+    assert "flags: the vLLM command line the incident kept (gpu_memory_utilization 0.85)" in document["notes"]
+    main(
+        [
+            "doctor",
+            "--incident",
+            str(folder),
+            "--vllm-url",
+            nothing_there,
+            "--json",
+            "--vllm-command",
+            "--gpu-memory-utilization 0.8",
+        ]
+    )
+    given = json.loads(capsys.readouterr().out)
+    assert "flags: --vllm-command (gpu_memory_utilization 0.8)" in given["notes"]  # the user's word wins
 
 
 def test_a_folder_that_is_no_incident_is_one_line_and_exit_2(

@@ -97,4 +97,6 @@ def test_the_incident_holds_the_stopped_engine_cores_stack(tmp_path: Path) -> No
     assert "state T" in engine_stack.splitlines()[0]
     assert ENGINE_MODULE in engine_stack
     assert {item["kind"] for item in manifest["captured"]} >= {"stacks", "log", "metrics", "status_history"}
+    # The API server's command line, for `doctor --incident` (the flags a log's tail may not state).
+    assert "vllm.entrypoints.openai.api_server --model " in manifest["vllm_command"], manifest
     assert any(f"engine_core {engine} " in line for line in read_incident(folder).lines)
