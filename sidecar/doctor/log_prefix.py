@@ -45,10 +45,11 @@ _MAX_TAG_WORDS = 4
 _TAG_END = (":", "|", "]", ">")
 # What follows a launcher's tag on some line: a traceback's or an exception's line, or a prefix of its own (a level,
 # a bracketed or parenthesised group, a `file.py:N]`, a clock time or a date: not a bare number, which a message has).
+# Not an indented line alone: a progress bar (`Loading safetensors checkpoint shards:   0% Completed`) is indented
+# after words many lines start with.
 _AFTER_TAG = re.compile(
     rf'[ \t]*(?:File "|Traceback \(most recent|(?:{_LEVELS})\b|[(\[<]|[\w.\-/]+:\d+\]|\d+[:\-]\d'
     r"|[\w.]*(?:Error|Exception)\b)"  # an exception's line: `ValueError: ...`, `torch.OutOfMemoryError: ...`
-    r"|[ \t]{2,}\S"
 )
 _MAX_TAGS = 3  # launchers inside launchers: a job's tag, then DJL's, then vLLM's own prefix
 

@@ -76,6 +76,12 @@ def test_a_message_that_many_lines_start_with_is_no_tag() -> None:
     assert [record.payload for record in read] == [body] * 6
 
 
+def test_a_progress_bar_many_lines_start_with_is_no_tag() -> None:
+    bars = [f"Loading safetensors checkpoint shards:   {n}0% Completed | {n}/10 [00:0{n}<00:09]" for n in range(1, 8)]
+    read = records("\n".join([*bars, "Traceback (most recent call last):", '  File "/x/vllm/y.py", line 1, in f']))
+    assert [record.prefix for record in read] == [""] * 9
+
+
 def test_a_short_paste_with_a_tag_on_each_line_reads_the_error_after_it() -> None:
     refusal = parse_log("serve-job.err: " + V1_REFUSAL).refusal
     assert refusal is not None
