@@ -84,6 +84,7 @@ SETS = {
     "heldout-25bj",
     "heldout-25bk",
     "heldout-25bl",
+    "heldout-25bm",
 }
 
 
