@@ -30,6 +30,8 @@ _FAMILY = loose(
     r"|hipErrorOutOfMemory|CUDA_ERROR_OUT_OF_MEMORY|(?<!Search\x20for\x20`)cudaErrorMemoryAllocation"
     r"|Triton Error \[(?:CUDA|HIP)\]: out of memory|not enough (?:GPU|device) memory"
     r"|CUBLAS_STATUS_ALLOC_FAILED"
+    # Tenstorrent's allocator (tt-metal): "Out of Memory: Not enough space to allocate N B DRAM buffer across K banks".
+    r"|Out of Memory: Not enough space to allocate \d+ B"
     # Intel Gaudi's device-memory module: "MODULE:PT_DEVMEM Allocation failed for size::939524096 (896)MB", or
     # "MODULE:PT_DEVMEM OOM: No enough memory for defragment."
     r"|MODULE:PT_DEVMEM (?:Allocation failed|OOM)"

@@ -897,6 +897,15 @@ def test_a_log_cut_inside_the_graph_capture_recommends_eager_mode_and_the_budget
     assert _flags(_finding("$ vllm serve m --enforce-eager\n" + cut)) == {}  # eager already: nothing to skip
 
 
+def test_tenstorrents_dram_allocator_failure_is_an_oom() -> None:
+    line = (
+        "[SERVER] ERROR 10-27 19:32:31 [engine.py:187] Out of Memory: Not enough space to allocate 427819008 B DRAM "
+        "buffer across 12 banks, where each bank needs to store 35651584 B, but bank size is only 1046181792 B\n"
+    )
+    assert parse_log(line).oom is not None
+    assert _finding(line).cause is Cause.CONFIGURATION_OVERSHOOT
+
+
 def test_an_nccl_out_of_memory_without_quotes_is_an_oom() -> None:
     oom = parse_log("enqueue.cc:1556 NCCL WARN Cuda failure 2 out of memory\n").oom
     assert oom is not None
