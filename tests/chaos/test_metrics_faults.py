@@ -204,7 +204,9 @@ def test_a_broken_metrics_endpoint_is_held_through_and_nothing_is_lost(rig: Rig,
         if e.get("event") in ("source_failed", "source_ok") and e.get("source") == "vllm"
     ]
     assert all(before != after for before, after in itertools.pairwise(sequence)), f"one line per tick: {sequence}"
-    assert len(failed) <= 3, f"one line per change, not one per tick: {failed}"
+    # The pairwise check above proves one line per change; this bound only catches a flood. A 64 MiB answer on a
+    # loaded box alternates between the cap and the 0.4 s timeout, each a change (CI of 2026-12-01: five lines).
+    assert len(failed) <= 8, f"one line per change, not one per tick: {failed}"
     assert 1 <= len(recovered) <= len(failed), recovered
 
     # What was lost: nothing. No action at all, and the values are vLLM's own again.
