@@ -102,23 +102,24 @@ def vllm_processes(table: Iterable[ProcessEntry], *, port: int, own_pid: int) ->
         found = {pid for pid, entry in alive.items() if entry.command.startswith(TITLE_PREFIX)}
         if found:
             note = f"no vLLM server for port {port} seen; took every process titled {TITLE_PREFIX}*"
-    processes = [
-        VllmProcess(
-            pid=pid,
-            role=role_of(alive[pid].command) or ProcessRole.OTHER,
-            title=_short(alive[pid].command),
-            command=redacted(" ".join(alive[pid].command.split())),
-            state=alive[pid].state,
-        )
-        for pid in found
-    ]
+    processes = [_process(alive[pid]) for pid in found]
     rank = {role: index for index, role in enumerate(ROLE_ORDER)}
     processes.sort(key=lambda process: (rank.get(process.role, len(rank)), process.pid))
     return VllmProcesses(processes=tuple(processes), note=note)
 
 
-def _short(command: str, limit: int = 160) -> str:
-    flat = redacted(" ".join(command.split()))
+def _process(entry: ProcessEntry) -> VllmProcess:
+    command = redacted(" ".join(entry.command.split()))
+    return VllmProcess(
+        pid=entry.pid,
+        role=role_of(entry.command) or ProcessRole.OTHER,
+        title=_short(command),
+        command=command,
+        state=entry.state,
+    )
+
+
+def _short(flat: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
