@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from sidecar.model.server_command import ServerCommand
+
 MAX_LOG_BYTES = 256 * 2**10  # of log text per read (per container instance on Kubernetes): the tail counts
 
 
@@ -35,6 +37,8 @@ class LogRun:
 class LogRead:
     where: str  # "journal of vllm.service (system manager)", "pod vllm-0 container vllm", "file /var/log/vllm.log"
     runs: tuple[LogRun, ...]  # oldest first; at least one
+    # Not from the log: the flags a log tail read after hours of serving no longer states (`server_command`).
+    command: ServerCommand | None = None
 
 
 class LogUnreadableError(Exception):

@@ -14,6 +14,7 @@ STATED_BY_VLLM = "the arguments vLLM logged at start"
 STATED_BY_PASTED = "the command line pasted with the log"
 STATED_BY_OPTION = "--vllm-command"
 STATED_BY_INCIDENT = "the vLLM command line the incident kept"
+STATED_BY_PROCESS = "vLLM's server command line, as the sidecar saw it while vLLM served"
 
 # What the parser's line handlers gather as they read, keyed by LogFacts' field names (and a few working keys
 # they drop before building it).

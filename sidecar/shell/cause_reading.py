@@ -29,11 +29,13 @@ from sidecar.doctor.evidence import Evidence, GpuEvidence, LiveEvidence
 from sidecar.doctor.finding import Finding, Severity
 from sidecar.doctor.formula import gib
 from sidecar.doctor.log_parser import log_lines, parse_log, shows_serving
-from sidecar.doctor.logfacts import LogFacts
+from sidecar.doctor.logfacts import STATED_BY_PROCESS, STATED_BY_VLLM, LogFacts
 from sidecar.doctor.render import paste
 from sidecar.doctor.setup import Fact, Setup, resolve
+from sidecar.doctor.start_args import stated_command, with_stated_command
 from sidecar.model.cause import CrashCause, FlagChange
 from sidecar.model.remediation import REMEDIABLE
+from sidecar.model.server_command import ServerCommand
 from sidecar.model.text import plural
 
 MAX_STARTS = 2  # the newest two starts are all any choice above looks at
@@ -54,16 +56,18 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
     if not starts:
         return CrashCause.unknown("vLLM's log is empty", source=read.where, wall_time_s=wall_time_s)
     start = _choose(starts, wanted)
-    source = ", ".join(part for part in (read.where, start.label, plural(start.facts.lines_read, "line")) if part)
-    evidence = _evidence(start.facts, source)
+    facts, flags_from = _with_command(start.facts, read.command)
+    parts = (read.where, start.label, plural(facts.lines_read, "line"), flags_from)
+    source = ", ".join(part for part in parts if part)
+    evidence = _evidence(facts, source)
     finding = _cause(evidence)
     ended = (f"how it ended: {start.ended}",) if start.ended else ()
     setup = resolve(evidence)
     ran_with = tuple((flag, float(value)) for flag in REMEDIABLE if (value := _today(flag, setup)) is not None)
     if finding is None:
         said = f" ({start.ended})" if start.ended else ""
-        unknown = CrashCause.unknown(_what_it_shows(start.facts) + said, source=source, wall_time_s=wall_time_s)
-        return dataclasses.replace(unknown, crashed=crashed(start.facts), ran_with=ran_with)
+        unknown = CrashCause.unknown(_what_it_shows(facts) + said, source=source, wall_time_s=wall_time_s)
+        return dataclasses.replace(unknown, crashed=crashed(facts), ran_with=ran_with)
     return CrashCause(
         cause=finding.cause.value,
         severity=finding.severity.value,
@@ -76,9 +80,18 @@ def explain(read: LogRead, wanted: Wanted, *, wall_time_s: float) -> CrashCause:
         source=source,
         read_wall_time_s=wall_time_s,
         steps=finding.steps,
-        crashed=crashed(start.facts),
+        crashed=crashed(facts),
         ran_with=ran_with,
     )
+
+
+def _with_command(facts: LogFacts, command: ServerCommand | None) -> tuple[LogFacts, str | None]:
+    """The start's facts with the flags of the server command line the sidecar saw, where its log does not state
+    them (a tail read after hours of serving), and the words that say so; vLLM's own arguments line wins."""
+    if command is None or (facts.args is not None and facts.args.stated_by == STATED_BY_VLLM):
+        return facts, None
+    args, model = stated_command(command.command, stated_by=STATED_BY_PROCESS, strict=False)
+    return with_stated_command(facts, args, model), f"flags from vLLM's server command line (pid {command.pid})"
 
 
 def crashed(facts: LogFacts) -> bool:

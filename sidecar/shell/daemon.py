@@ -35,6 +35,7 @@ from sidecar.shell.acting_setup import build_acting_parts, build_sinks, policy_s
 from sidecar.shell.crash_cause import CrashCauseStep
 from sidecar.shell.incident_setup import build_recorder
 from sidecar.shell.ledger_store import LEDGER_FILE, read_boot_id, state_dir_problem
+from sidecar.shell.log_with_command import LogWithCommand
 from sidecar.shell.poller import (
     Poller,
     build_allocator_source,
@@ -51,6 +52,7 @@ from sidecar.shell.sdnotify import run_watchdog, watchdog_interval_s
 from sidecar.shell.settings import Settings, SettingsError, setting_error
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.probe import CompletionProbe
+from sidecar.sources.vllm_command import ServerCommandMemory
 from sidecar.sources.vllm_start import VllmStartWatch
 
 SHUTDOWN_GRACE_S = 2.0
@@ -91,13 +93,17 @@ class Daemon:
         self._gpu = build_gpu_source(settings, self._vllm_fetcher)  # the simulator's GPUs live at --vllm-url
         parts = build_acting_parts(settings)
         self._start_check = parts.start_check
+        vllm_port = urlsplit(settings.vllm_url).port or _default_port(settings.vllm_url)
+        # vLLM's flags from its server's command line, for readings of a log tail that no longer states them
+        self.server_command = ServerCommandMemory(vllm_port)
+        vllm_log = LogWithCommand(parts.vllm_log, self.server_command) if parts.vllm_log is not None else None
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
-        self.crash_cause = CrashCauseStep(parts.vllm_log, deliver=self.notifier.notify, logger=self._log)
+        self.crash_cause = CrashCauseStep(vllm_log, deliver=self.notifier.notify, logger=self._log)
         self._views: deque[View] = deque(maxlen=STATUS_HISTORY_VIEWS)  # for an incident's /status history
         vllm_source = build_vllm_source(settings, self._vllm_fetcher)
         self.incidents = build_recorder(
-            settings, logger=self._log, log_source=parts.vllm_log, vllm=vllm_source, status_history=self._status_history
+            settings, logger=self._log, log_source=vllm_log, vllm=vllm_source, status_history=self._status_history
         )
         self.acting = Acting(
             policy=Policy(policy_settings(settings)),
@@ -118,7 +124,7 @@ class Daemon:
         self.remediator = build_remediator(
             settings,
             logger=self._log,
-            log_source=parts.vllm_log,
+            log_source=vllm_log,
             notify=self.crash_cause.notify,
             flags_target=parts.flags_target,
         )
@@ -135,7 +141,8 @@ class Daemon:
             on_view=self._on_view,
             supervision=parts.actuator.supervision,
             supervision_timeout_s=settings.poll_timeout_s,
-            start_watch=VllmStartWatch(urlsplit(settings.vllm_url).port or _default_port(settings.vllm_url)),
+            start_watch=VllmStartWatch(vllm_port),
+            command_memory=self.server_command,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(

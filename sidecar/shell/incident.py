@@ -132,7 +132,10 @@ class IncidentRecorder:
         late = f"not in within the incident's {gather_s:g} s"
         stacks, command = stack_task.result() if stack_task in done else ([Piece.missing(Kind.STACKS, late)], None)
         pieces += stacks
-        pieces.append(log_task.result() if log_task in done else Piece.missing(Kind.LOG, late))
+        log, seen = log_task.result() if log_task in done else (Piece.missing(Kind.LOG, late), None)
+        pieces.append(log)
+        # vLLM gone (after a crash, or in another process namespace): its command line as seen while it served
+        command = command or seen
         pieces.append(self._metrics(incident))
         pieces.append(self._history())
         planned = plan(pieces, settings.max_bytes)
@@ -155,8 +158,8 @@ class IncidentRecorder:
                 self.missing[part["kind"]] += 1
         left_s = max(0.0, settings.timeout_s - (self._clock() - started))
         write = asyncio.ensure_future(asyncio.to_thread(self.files.write, incident, planned, document))
-        done, _ = await asyncio.wait({write}, timeout=left_s)
-        if not done:  # the thread finishes on its own; the restart does not wait for it
+        written, _ = await asyncio.wait({write}, timeout=left_s)
+        if not written:  # the thread finishes on its own; the restart does not wait for it
             self._log.warning("incident_write_slow", incident=incident.path, waited_s=round(left_s, 3))
         elif write.result() is not None:
             self._log.error("incident_failed", incident=incident.path, error=write.result())
@@ -196,18 +199,20 @@ class IncidentRecorder:
             cut=dump.truncated,
         )
 
-    async def _read_log(self, incident: IncidentRef, wanted: Wanted, timeout_s: float) -> Piece:
+    async def _read_log(self, incident: IncidentRef, wanted: Wanted, timeout_s: float) -> tuple[Piece, str | None]:
+        """vLLM's log, and the server command line the sidecar saw while vLLM served, where it saw one."""
         source = self._log_source
         if source is None:
-            return Piece.missing(Kind.LOG, "no vLLM log to read: set --vllm-log FILE")
+            return Piece.missing(Kind.LOG, "no vLLM log to read: set --vllm-log FILE"), None
         try:
             async with asyncio.timeout(timeout_s):
                 read = await source.read(until_wall_s=incident.wall_time_s, wanted=wanted)
         except TimeoutError:
-            return Piece.missing(Kind.LOG, f"reading {source.where} took longer than {timeout_s:g} s")
+            return Piece.missing(Kind.LOG, f"reading {source.where} took longer than {timeout_s:g} s"), None
         except LogUnreadableError as error:
-            return Piece.missing(Kind.LOG, f"cannot read {source.where}: {error}")
-        return Piece.found(Kind.LOG, _log_text(read).encode(), note=_log_note(read), tail=True)
+            return Piece.missing(Kind.LOG, f"cannot read {source.where}: {error}"), None
+        log = Piece.found(Kind.LOG, _log_text(read).encode(), note=_log_note(read), tail=True)
+        return log, read.command.command if read.command is not None else None
 
     def _metrics(self, incident: IncidentRef) -> Piece:
         read = self._last_metrics()

@@ -29,6 +29,7 @@ from sidecar.sources.allocator_probe import AllocatorProbeSource
 from sidecar.sources.fetch import BodyFetcher, HttpxFetcher, PlainHttpFetcher
 from sidecar.sources.gpu import GpuSource
 from sidecar.sources.sim_gpu import SimGpuSource
+from sidecar.sources.vllm_command import ServerCommandMemory
 from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import VllmStartWatch, boot_clock_s
 
@@ -111,12 +112,14 @@ class Poller:
         supervision: Callable[[], Awaitable[Supervision]] | None = None,
         supervision_timeout_s: float = 2.0,
         start_watch: VllmStartWatch | None = None,
+        command_memory: ServerCommandMemory | None = None,
         boot_clock: Callable[[], float] = boot_clock_s,
     ) -> None:
         self._on_view = on_view
         self._supervision = supervision
         self._supervision_timeout_s = supervision_timeout_s
         self._start_watch = start_watch
+        self._command_memory = command_memory
         self._boot_clock = boot_clock
         self._gone_since_boot_s: float | None = None  # the first poll of this spell with nothing listening
         self._reached_boot_s: float | None = None  # when the last poll that reached vLLM began: it was up then
@@ -149,12 +152,15 @@ class Poller:
                 self._gpu.read() if self._gpu is not None else _nothing(),
                 self._allocator.read() if self._allocator is not None else _nothing(),
             )
+        newly_reached = self._gone_since_boot_s is not None or self._reached_boot_s is None
         if not reading.unreachable:
             self._gone_since_boot_s = None
             self._reached_boot_s = began_boot_s
         elif self._gone_since_boot_s is None:
             self._gone_since_boot_s = self._boot_clock()
         supervision = await self._who_restarts() if reading.unreachable else None
+        if self._command_memory is not None:
+            await self._command_memory.observe(reached=not reading.unreachable, newly_reached=newly_reached)
         snapshot = Snapshot(
             monotonic_s=self._clock(),
             wall_time_s=self._wall_clock(),

@@ -23,6 +23,7 @@ from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.log_source import LogRead, Wanted
 from sidecar.actuators.none import NoActuator
 from sidecar.model.incident import LOG_FILE, MANIFEST_FILE, IncidentRef, Kind, Trigger
+from sidecar.model.server_command import ServerCommand
 from sidecar.notify.message import Notification, NotificationKind
 from sidecar.parse.vllm_process import ProcessRole, VllmProcess, VllmProcesses
 from sidecar.policy.decision import Action, ActionKind, Decision, PolicyState
@@ -32,8 +33,10 @@ from sidecar.report.incident import MANIFEST_RESERVE_BYTES
 from sidecar.shell.acting import Acting
 from sidecar.shell.incident import NOT_SEEN, IncidentRecorder, IncidentSettings, MetricsRead, StackDumper
 from sidecar.shell.incident_files import Piece, plan
+from sidecar.shell.log_with_command import LogWithCommand
 from sidecar.shell.state_file import StateFile
 from sidecar.sources.stack_dump import NO_PERMISSION, NO_PY_SPY, StackDump, dump_stack, find_py_spy
+from sidecar.sources.vllm_command import ServerCommandMemory
 from sidecar.sources.vllm_processes import find_vllm_processes
 from tests.adapters.fake_vllm_tree import ENGINE_FUNCTION, SECRET_KEY, SERVER_FUNCTION, FakeVllmTree
 from tests.conftest import required_in_ci
@@ -307,3 +310,17 @@ async def test_a_crash_the_sidecar_did_not_restart_is_an_incident_its_notificati
     shown = acting.view().last_incident
     assert shown is not None
     assert shown.path == note.incident
+
+
+async def test_after_a_crash_the_incident_keeps_the_command_line_seen_while_vllm_served(tmp_path: Path) -> None:
+    """vLLM's processes are gone after a crash; the server command line the sidecar read while vLLM served (what
+    every read of the log carries) is kept instead, for `doctor --incident`."""
+    memory = ServerCommandMemory(8000)
+    memory.seen = ServerCommand(pid=77, command="vllm serve m --max-num-seqs 64", seen_wall_s=time.time() - 600)
+    log = LogWithCommand(FileLog(tmp_path / "vllm.log"), memory)
+    written, folder = await capture(recorder(tmp_path, py_spy=None, log=log), "vllm_died", Trigger.AFTER_CRASH)
+    assert written is not None
+    assert manifest(folder)["vllm_command"] == "vllm serve m --max-num-seqs 64"
+    memory.seen = None
+    written, folder = await capture(recorder(tmp_path, py_spy=None, log=log), "vllm_died", Trigger.AFTER_CRASH)
+    assert manifest(folder)["vllm_command"] is None

@@ -19,6 +19,7 @@ from sidecar.derive.settings import DeriveSettings
 from sidecar.model.supervision import Restarter, Supervision
 from sidecar.shell.poller import Poller
 from sidecar.sources.fetch import HttpxFetcher
+from sidecar.sources.vllm_command import ServerCommandMemory
 from sidecar.sources.vllm_http import VllmHttpSource
 from sidecar.sources.vllm_start import StartedServer, VllmStartWatch, boot_clock_s, serves_port
 from tests.loopback import closed_port
@@ -208,3 +209,39 @@ async def test_a_hand_restart_between_two_polls_is_seen_though_it_began_before_t
     assert later is not None
     assert later.restarter is Restarter.SUPERVISOR, later
     assert f"not by the sidecar (pid {hand.pid}: " in later.detail
+
+
+async def test_the_servers_command_line_is_kept_from_the_poll_that_reaches_a_new_start(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """What a death's reading uses where the log tail no longer states vLLM's flags: the command line of the
+    server for the port, read from the real /proc when a poll reaches vLLM after one that did not."""
+    port = closed_port()
+    first = _start("vllm", "serve", "m", "--port", str(port), "--gpu-memory-utilization", "0.8")
+    processes.append(first)
+    _seen(VllmStartWatch(port), 0.0, 1)
+    memory = ServerCommandMemory(port)
+    async with httpx.AsyncClient() as client:
+        source = VllmHttpSource(
+            fetcher=HttpxFetcher(client), base_url=f"http://127.0.0.1:{port}", timeout_s=1.0, max_body_bytes=2**20
+        )
+        poller = Poller(vllm=source, gpu=None, derive=DeriveSettings(), command_memory=memory)
+        await poller.tick()  # nothing listens yet: vLLM is loading, /proc is not read
+        assert memory.seen is None
+        server = _serve_http(port)  # it answers (404: reached, though no vLLM)
+        processes.append(server)
+        await poller.tick()
+        assert memory.seen is not None
+        assert (memory.seen.pid, memory.seen.command.split()[-2:]) == (first.pid, ["--gpu-memory-utilization", "0.8"])
+        server.kill()
+        server.wait()
+        first.kill()
+        first.wait()
+        await poller.tick()  # gone: what was seen is kept for the death's reading
+        assert memory.seen.pid == first.pid
+        second = _start("vllm", "serve", "m", "--port", str(port), "--max-num-seqs", "64")
+        processes.append(second)
+        _seen(VllmStartWatch(port), 0.0, 1)
+        processes.append(_serve_http(port))
+        await poller.tick()
+        assert (memory.seen.pid, memory.seen.command.split()[-2:]) == (second.pid, ["--max-num-seqs", "64"])
