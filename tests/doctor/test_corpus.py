@@ -85,6 +85,7 @@ SETS = {
     "heldout-25bk",
     "heldout-25bl",
     "heldout-25bm",
+    "heldout-25bn",
 }
 
 
