@@ -25,6 +25,7 @@ from sidecar.actuators.log_source import LogSource
 from sidecar.actuators.none import NoActuator
 from sidecar.config.setting_origin import Layer
 from sidecar.file_cap import FileTooLargeError, read_capped_file
+from sidecar.model.server_command import ServerCommand
 from sidecar.notify.event import EventNotificationSink, EventSink
 from sidecar.notify.payload import Origin, WebhookFormat
 from sidecar.notify.sink import NotificationSink
@@ -50,6 +51,8 @@ class ActingParts:
     start_check: StartCheck | None = None  # the platform's answers the daemon awaits before it starts
     # Where --remediate keeps its record and vLLM's flags when the platform holds them (Kubernetes: the Deployment)
     flags_target: FlagsTarget | None = None
+    # vLLM's command line as the platform declares it (Kubernetes: the pod's spec), for readings of its log
+    declared_command: Callable[[], Awaitable[ServerCommand | None]] | None = None
 
 
 def policy_settings(settings: Settings) -> PolicySettings:
@@ -96,6 +99,7 @@ def _acting_parts(settings: Settings) -> ActingParts:
             raise setting_error(settings, "exec_command", problem, allowed=False)
         return ActingParts(actuator=ExecActuator(argv), events=None, pod=None)
     if settings.actuator == "kubernetes" or settings.kubernetes_events:
+        from sidecar.actuators.kube_command import PodSpecCommand  # noqa: PLC0415
         from sidecar.actuators.kube_credentials import CredentialsError  # noqa: PLC0415
         from sidecar.actuators.kube_flags import DeploymentFlags  # noqa: PLC0415
         from sidecar.actuators.kube_logs import PodLog  # noqa: PLC0415
@@ -122,6 +126,7 @@ def _acting_parts(settings: Settings) -> ActingParts:
         try:
             # vLLM's container is in this pod: its log is read with the same client (the Role grants get pods/log)
             log = PodLog(client, pod=ref.name, namespace=ref.namespace, container=settings.vllm_container)
+            declared = PodSpecCommand(client, pod=ref.name, namespace=ref.namespace, container=settings.vllm_container)
             # --remediate's flags go into vLLM's args in the Deployment that owns this pod (built here, used only
             # with --remediate; it sends nothing until the remediator reads the record)
             flags = (
@@ -131,7 +136,14 @@ def _acting_parts(settings: Settings) -> ActingParts:
             )
         except ValueError as error:
             raise SettingsError(f"Kubernetes: {error}") from None
-        return ActingParts(actuator=actuator, events=events, pod=ref.name, vllm_log=log, flags_target=flags)
+        return ActingParts(
+            actuator=actuator,
+            events=events,
+            pod=ref.name,
+            vllm_log=log,
+            flags_target=flags,
+            declared_command=declared.read,
+        )
     return ActingParts(actuator=NoActuator(), events=None, pod=pod)
 
 

@@ -91,7 +91,7 @@ def _with_command(facts: LogFacts, command: ServerCommand | None) -> tuple[LogFa
     if command is None or (facts.args is not None and facts.args.stated_by == STATED_BY_VLLM):
         return facts, None
     args, model = stated_command(command.command, stated_by=STATED_BY_PROCESS, strict=False)
-    return with_stated_command(facts, args, model), f"flags from vLLM's server command line (pid {command.pid})"
+    return with_stated_command(facts, args, model), f"flags from {command.where}"
 
 
 def crashed(facts: LogFacts) -> bool:

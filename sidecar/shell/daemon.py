@@ -96,7 +96,11 @@ class Daemon:
         vllm_port = urlsplit(settings.vllm_url).port or _default_port(settings.vllm_url)
         # vLLM's flags from its server's command line, for readings of a log tail that no longer states them
         self.server_command = ServerCommandMemory(vllm_port)
-        vllm_log = LogWithCommand(parts.vllm_log, self.server_command) if parts.vllm_log is not None else None
+        vllm_log = (
+            LogWithCommand(parts.vllm_log, self.server_command, declared=parts.declared_command)
+            if parts.vllm_log is not None
+            else None
+        )
         self.notifier = Notifier(build_sinks(settings, parts, self._client), logger=self._log)
         # Between acting and the notifier: reads why vLLM died from its log before a restart's notification goes
         self.crash_cause = CrashCauseStep(vllm_log, deliver=self.notifier.notify, logger=self._log)

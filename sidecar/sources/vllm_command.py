@@ -65,4 +65,5 @@ class ServerCommandMemory:
             None,
         )
         if server is not None:
-            self.seen = ServerCommand(pid=server.pid, command=server.command, seen_wall_s=self._wall_clock())
+            where = f"vLLM's server command line (pid {server.pid})"
+            self.seen = ServerCommand(where=where, command=server.command, seen_wall_s=self._wall_clock())

@@ -316,7 +316,7 @@ async def test_after_a_crash_the_incident_keeps_the_command_line_seen_while_vllm
     """vLLM's processes are gone after a crash; the server command line the sidecar read while vLLM served (what
     every read of the log carries) is kept instead, for `doctor --incident`."""
     memory = ServerCommandMemory(8000)
-    memory.seen = ServerCommand(pid=77, command="vllm serve m --max-num-seqs 64", seen_wall_s=time.time() - 600)
+    memory.seen = ServerCommand(where="pid 77", command="vllm serve m --max-num-seqs 64", seen_wall_s=time.time() - 600)
     log = LogWithCommand(FileLog(tmp_path / "vllm.log"), memory)
     written, folder = await capture(recorder(tmp_path, py_spy=None, log=log), "vllm_died", Trigger.AFTER_CRASH)
     assert written is not None

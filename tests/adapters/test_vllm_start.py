@@ -211,6 +211,10 @@ async def test_a_hand_restart_between_two_polls_is_seen_though_it_began_before_t
     assert f"not by the sidecar (pid {hand.pid}: " in later.detail
 
 
+def server_of(process: subprocess.Popen[bytes]) -> str:
+    return f"vLLM's server command line (pid {process.pid})"
+
+
 async def test_the_servers_command_line_is_kept_from_the_poll_that_reaches_a_new_start(
     processes: list[subprocess.Popen[bytes]],
 ) -> None:
@@ -232,16 +236,19 @@ async def test_the_servers_command_line_is_kept_from_the_poll_that_reaches_a_new
         processes.append(server)
         await poller.tick()
         assert memory.seen is not None
-        assert (memory.seen.pid, memory.seen.command.split()[-2:]) == (first.pid, ["--gpu-memory-utilization", "0.8"])
+        assert (memory.seen.where, memory.seen.command.split()[-2:]) == (
+            server_of(first),
+            ["--gpu-memory-utilization", "0.8"],
+        )
         server.kill()
         server.wait()
         first.kill()
         first.wait()
         await poller.tick()  # gone: what was seen is kept for the death's reading
-        assert memory.seen.pid == first.pid
+        assert memory.seen.where == server_of(first)
         second = _start("vllm", "serve", "m", "--port", str(port), "--max-num-seqs", "64")
         processes.append(second)
         _seen(VllmStartWatch(port), 0.0, 1)
         processes.append(_serve_http(port))
         await poller.tick()
-        assert (memory.seen.pid, memory.seen.command.split()[-2:]) == (second.pid, ["--max-num-seqs", "64"])
+        assert (memory.seen.where, memory.seen.command.split()[-2:]) == (server_of(second), ["--max-num-seqs", "64"])

@@ -30,7 +30,7 @@ PORT = 8000
 
 
 def seen(command: str) -> ServerCommand:
-    return ServerCommand(pid=4242, command=command, seen_wall_s=WALL_S - 3600)
+    return ServerCommand(where="vLLM's server command line (pid 4242)", command=command, seen_wall_s=WALL_S - 3600)
 
 
 def read_of(text: str, command: ServerCommand | None) -> LogRead:
@@ -105,6 +105,7 @@ class Clock:
         return self.now
 
 
+PID_30 = "vLLM's server command line (pid 30)"
 SERVER = "vllm serve m --port 8000 --gpu-memory-utilization 0.8 --api-key sk-secret"
 
 
@@ -124,7 +125,9 @@ def test_the_server_for_the_port_is_read_on_the_first_poll_that_reaches_vllm() -
     assert (table.reads, kept.seen) == (0, None)
     asyncio.run(kept.observe(reached=True, newly_reached=True))
     assert kept.seen == ServerCommand(
-        pid=20, command="vllm serve m --port 8000 --gpu-memory-utilization 0.8 --api-key ***", seen_wall_s=WALL_S
+        where="vLLM's server command line (pid 20)",
+        command="vllm serve m --port 8000 --gpu-memory-utilization 0.8 --api-key ***",
+        seen_wall_s=WALL_S,
     )
 
 
@@ -138,15 +141,15 @@ def test_it_is_read_again_after_a_new_start_or_the_refresh_interval_and_kept_whe
     assert table.reads == 1  # within the interval, vLLM still answering: not read again
     table.entries = [entry(30, 1, "vllm serve m --port 8000 --max-num-seqs 64")]
     asyncio.run(kept.observe(reached=True, newly_reached=True))  # a new start: read at once
-    assert (table.reads, kept.seen and kept.seen.pid) == (2, 30)
+    assert (table.reads, kept.seen and kept.seen.where) == (2, PID_30)
     table.entries = [entry(31, 1, "VLLM::EngineCore")]  # the server's process not seen
     clock.now += 300.0
     asyncio.run(kept.observe(reached=True, newly_reached=False))
-    assert (table.reads, kept.seen and kept.seen.pid) == (3, 30)  # what was seen is kept
+    assert (table.reads, kept.seen and kept.seen.where) == (3, PID_30)  # what was seen is kept
     table.fail = True
     clock.now += 300.0
     asyncio.run(kept.observe(reached=True, newly_reached=False))  # a failing read never raises
-    assert (table.reads, kept.seen and kept.seen.pid) == (4, 30)
+    assert (table.reads, kept.seen and kept.seen.where) == (4, PID_30)
 
 
 class OneRead:

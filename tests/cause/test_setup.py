@@ -10,6 +10,7 @@ import pytest
 
 from sidecar.actuators.file_log import FileLog
 from sidecar.actuators.journal_log import JournalLog
+from sidecar.actuators.kube_command import PodSpecCommand
 from sidecar.actuators.kube_logs import PodLog
 from sidecar.model.acting import ActingView
 from sidecar.model.cause import CrashCause, FlagChange
@@ -57,6 +58,10 @@ def test_kubernetes_reads_the_named_container_of_its_own_pod(tmp_path: Path) -> 
     parts = build_acting_parts(settings)
     assert isinstance(parts.vllm_log, PodLog)
     assert (parts.vllm_log.pod, parts.vllm_log.namespace, parts.vllm_log.container) == ("vllm-0", "ml", "engine")
+    # vLLM's command line as the same container in the same pod's spec declares it
+    declared = getattr(parts.declared_command, "__self__", None)
+    assert isinstance(declared, PodSpecCommand)
+    assert (declared.pod, declared.namespace, declared.container) == ("vllm-0", "ml", "engine")
     assert load_settings({}).vllm_container == "vllm"
 
 
